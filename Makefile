@@ -1,0 +1,52 @@
+# Every target creates or reuses the local .venv: a fresh clone needs only python3 and make.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# The editable install links each module file: re-run it when a module is added or removed.
+MODULES := $(shell find src spec reference optimized -name '*.py' 2>/dev/null | sort)
+MODULE_LIST := $(VENV)/.modules
+
+.PHONY: install typecheck test crosshair verify verify-thorough bench demo plan clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q -c constraints.txt -e '.[dev,torch]' --config-settings editable_mode=strict
+	@touch $(STAMP)
+
+$(MODULE_LIST): $(STAMP) FORCE
+	@echo "$(MODULES)" > $(MODULE_LIST).new
+	@if ! cmp -s $(MODULE_LIST).new $(MODULE_LIST); then \
+	  $(PIP) install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict && \
+	  mv $(MODULE_LIST).new $(MODULE_LIST); else rm -f $(MODULE_LIST).new; fi
+
+FORCE:
+
+install: $(MODULE_LIST)
+
+typecheck: install
+	$(PY) -m mypy --strict -p pagedkv tests bench
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+crosshair: install
+	$(PY) tests/crosshair_gate.py
+
+verify: typecheck test crosshair
+
+verify-thorough: install
+	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -p no:cacheprovider
+
+bench: install
+	$(PY) -m bench $(BENCH_ARGS)
+
+demo: install
+	$(PY) -m pagedkv.cli demo $(DEMO_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .hypothesis

@@ -1,0 +1,521 @@
+"""The block pool over integer block ids (spec/state.md, "Block pool").
+
+Semantic model: ``num_blocks`` numbered blocks. Block 0 is the null block, a
+placeholder that is never allocated, hashed, freed or counted. Every other
+block is free (queued, ref count 0) or in use (ref count = holders). A
+block may carry a cache key (block hash + group id); a free block with a
+key is an eviction candidate a prefix hit can still revive. Lifecycle:
+free -> allocated -> full and hashed -> freed and evictable -> evicted (on
+reuse or ``evict_blocks``) or hit again (``touch``); see
+``pagedkv.spec.protocols``.
+
+Representation (everything indexed by block id, plain lists for speed):
+
+- ``_ref[b]``: ref count.
+- ``_hash[b]``: the raw :data:`BlockHash` (no group id) or ``None``;
+  ``_gid[b]``: the group id of that key (meaningful only when hashed).
+  Storing the group id apart means lookups never build ``hash + group id``
+  byte strings; :meth:`snapshot` rebuilds the keys.
+- ``cached_by_group[g]``: ``{raw hash: [block ids in insertion order]}``;
+  a lookup returns the first id.
+- ``_queue``: :class:`FreeBlockQueue` (its link arrays are read directly in
+  the hot loops below, bound to locals).
+
+Public methods validate their arguments and raise typed errors before any
+change. The ``_touch`` / ``_free`` variants skip validation; the managers
+call them with ids they hold, which are valid by construction (REQ-1).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from pagedkv.spec.errors import (
+    InvalidArgumentError,
+    InvariantViolation,
+    PoolExhaustedError,
+    UnknownBlockError,
+)
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.snapshot import PoolSnapshot
+from pagedkv.spec.types import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+
+from pagedkv.optimized.free_queue import FreeBlockQueue
+
+__all__ = ["BlockPool", "NULL_BLOCK"]
+
+NULL_BLOCK = 0
+"""Id of the null block."""
+
+
+def _group_suffix(group_id: int) -> bytes:
+    return group_id.to_bytes(4, "big")
+
+
+class BlockPool:
+    """A pool of ``num_blocks`` integer-id blocks with a prefix cache.
+
+    Args:
+        num_blocks: total blocks, the null block included (>= 1).
+        enable_caching: when false, blocks never get hashes and allocation
+            never evicts.
+        hash_block_size: tokens per hash of a request's ``block_hashes``;
+            ``cache_full_blocks`` requires its ``block_size`` to equal it
+            (this slice hashes at the block size).
+        enable_kv_cache_events: collect events for :meth:`take_events`.
+        num_groups: number of KV cache groups; group ids of cache keys lie in
+            ``[0, num_groups)`` (CACHE-3).
+
+    Raises:
+        InvalidArgumentError: a malformed argument.
+    """
+
+    __slots__ = (
+        "num_blocks", "enable_caching", "hash_block_size", "enable_kv_cache_events",
+        "num_groups", "_ref", "_hash", "_gid", "cached_by_group", "_queue", "_events",
+    )
+
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool,
+        *,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        num_groups: int = 1,
+    ) -> None:
+        if type(num_blocks) is not int or num_blocks < 1:
+            raise InvalidArgumentError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        if type(hash_block_size) is not int or hash_block_size < 1:
+            raise InvalidArgumentError(
+                f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        if type(num_groups) is not int or num_groups < 0:
+            raise InvalidArgumentError(f"num_groups must be an int >= 0, got {num_groups!r}")
+        self.num_blocks = num_blocks
+        self.enable_caching = bool(enable_caching)
+        self.hash_block_size = hash_block_size
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.num_groups = num_groups
+        self._ref: list[int] = [0] * num_blocks
+        self._hash: list[BlockHash | None] = [None] * num_blocks
+        self._gid: list[int] = [0] * num_blocks
+        self.cached_by_group: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
+        # The null block is never queued (POOL-1).
+        self._queue = FreeBlockQueue(num_blocks, range(1, num_blocks))
+        self._events: list[KVCacheEvent] = []
+
+    # ------------------------------------------------------------------ reads
+
+    @property
+    def null_block(self) -> int:
+        """The null block's id (0). Cost: O(1)."""
+        return NULL_BLOCK
+
+    @property
+    def ref_counts(self) -> list[int]:
+        """Ref count per block id (live list; do not mutate). Cost: O(1)."""
+        return self._ref
+
+    @property
+    def block_hashes(self) -> list[BlockHash | None]:
+        """Raw hash per block id (live list; do not mutate). Cost: O(1)."""
+        return self._hash
+
+    def ref_count(self, block_id: int) -> int:
+        """Ref count of one block. Cost: O(1).
+
+        Raises:
+            UnknownBlockError: ``block_id`` outside ``[0, num_blocks)``.
+        """
+        self._check_ids((block_id,))
+        return self._ref[block_id]
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue (evictable cached blocks included). Cost: O(1)."""
+        return self._queue.size
+
+    def get_usage(self) -> float:
+        """``1 - free / (num_blocks - 1)``; 0.0 when ``num_blocks == 1``. Cost: O(1)."""
+        if self.num_blocks == 1:
+            return 0.0
+        return 1.0 - self._queue.size / (self.num_blocks - 1)
+
+    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
+        """For each group id, the first block cached under ``block_hash`` in
+        that group; ``None`` if any group misses.
+
+        Cost: O(len(group_ids)).
+
+        Raises:
+            InvalidArgumentError: a group id outside ``[0, num_groups)``.
+        """
+        cached = self.cached_by_group
+        out: list[int] = []
+        for group_id in group_ids:
+            if not 0 <= group_id < self.num_groups:
+                raise InvalidArgumentError(
+                    f"group id must lie in [0, {self.num_groups}), got {group_id!r}")
+            holders = cached[group_id].get(block_hash)
+            if holders is None:
+                return None
+            out.append(holders[0])
+        return out
+
+    # ------------------------------------------------------------ allocation
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Pop ``num_blocks`` blocks from the front of the free queue, in
+        order; each popped block that carries a key is evicted first (map
+        entry removed, ``BlockRemoved`` event); each gets ref count 1.
+
+        Cost: O(num_blocks).
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is negative.
+            PoolExhaustedError: fewer free blocks than asked for (no change).
+        """
+        if num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks!r}")
+        queue = self._queue
+        if num_blocks > queue.size:
+            raise PoolExhaustedError(
+                f"asked for {num_blocks} blocks, {queue.size} are free")
+        # Fused pop + evict + ref update; locals bound for the loop.
+        nxt = queue.next
+        sentinel = queue.sentinel
+        ref = self._ref
+        hashes = self._hash
+        out = [0] * num_blocks
+        block = nxt[sentinel]
+        if self.enable_caching:
+            evict = self._evict
+            for i in range(num_blocks):
+                out[i] = block
+                if hashes[block] is not None:
+                    evict(block)
+                ref[block] = 1
+                block = nxt[block]
+        else:
+            for i in range(num_blocks):
+                out[i] = block
+                ref[block] = 1
+                block = nxt[block]
+        nxt[sentinel] = block
+        queue.prev[block] = sentinel
+        queue.size -= num_blocks
+        return out
+
+    def _evict(self, block: int) -> None:
+        """Drop ``block``'s key (it must carry one). Cost: O(1) amortised
+        (O(duplicates of the key) when identical blocks share it)."""
+        block_hash = self._hash[block]
+        assert block_hash is not None
+        table = self.cached_by_group[self._gid[block]]
+        holders = table[block_hash]
+        if len(holders) == 1:
+            del table[block_hash]
+        else:
+            holders.remove(block)
+        self._hash[block] = None
+        if self.enable_kv_cache_events:
+            self._events.append(BlockRemoved(block_hashes=(block_hash,), medium=MEDIUM_GPU))
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """For each non-null block in order: leave the free queue if its ref
+        count is 0, then ref count += 1.
+
+        Cost: O(len(blocks)).
+
+        Raises:
+            UnknownBlockError: an id outside ``[0, num_blocks)`` (no change).
+        """
+        ids = list(blocks)
+        self._check_ids(ids)
+        self._touch(ids)
+
+    def _touch(self, blocks: Iterable[int]) -> None:
+        """:meth:`touch` without validation (ids held by the caller)."""
+        queue = self._queue
+        prev, nxt = queue.prev, queue.next  # locals: O(1) unlink inlined below
+        ref = self._ref
+        removed = 0
+        for block in blocks:
+            if not block:  # the null block's counters never move (D-POOL-1)
+                continue
+            count = ref[block]
+            if count == 0:
+                before, after = prev[block], nxt[block]
+                nxt[before] = after
+                prev[after] = before
+                removed += 1
+            ref[block] = count + 1
+        queue.size -= removed
+
+    def free_blocks(self, blocks: Iterable[int]) -> None:
+        """Release one reference of each non-null block, in the caller's
+        order. Blocks reaching 0 in this call return to the queue: unhashed
+        ones to the front as one batch in release order, hashed ones to the
+        back in release order (D-POOL-2).
+
+        Cost: O(len(blocks)).
+
+        Raises:
+            UnknownBlockError: an id outside ``[0, num_blocks)``.
+            InvariantViolation: a block would be released more often than it
+                is referenced (POOL-3). No change in either case.
+        """
+        ids = list(blocks)
+        self._check_ids(ids)
+        ref = self._ref
+        for block, times in Counter(b for b in ids if b).items():
+            if ref[block] < times:
+                raise InvariantViolation(
+                    f"POOL-3: freeing block {block} {times} time(s) but its ref count is "
+                    f"{ref[block]}")
+        self._free(ids)
+
+    def _free(self, blocks: Iterable[int]) -> None:
+        """:meth:`free_blocks` without validation (ids held by the caller)."""
+        queue = self._queue
+        prev, nxt = queue.prev, queue.next  # locals: links spliced inline
+        sentinel = queue.sentinel
+        ref = self._ref
+        hashes = self._hash
+        tail = prev[sentinel]  # hashed blocks are linked straight after it
+        front: list[int] | None = None  # unhashed ones are rare: built lazily
+        released = 0
+        for block in blocks:
+            if not block:
+                continue
+            count = ref[block] - 1
+            ref[block] = count
+            if count == 0:
+                released += 1
+                if hashes[block] is None:
+                    if front is None:
+                        front = [block]
+                    else:
+                        front.append(block)
+                else:
+                    nxt[tail] = block
+                    prev[block] = tail
+                    tail = block
+        nxt[tail] = sentinel
+        prev[sentinel] = tail
+        queue.size += released
+        if front is not None:
+            # Splice the unhashed batch before the (possibly new) front.
+            old_front = nxt[sentinel]
+            last = sentinel
+            for block in front:
+                nxt[last] = block
+                prev[block] = last
+                last = block
+            nxt[last] = old_front
+            prev[old_front] = last
+
+    # --------------------------------------------------------------- caching
+
+    def cache_full_blocks(
+        self,
+        request: HashedRequest,
+        blocks: Sequence[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+    ) -> None:
+        """Give blocks ``[num_cached_blocks, num_full_blocks)`` of
+        ``blocks`` the keys ``request.block_hashes[i] + group_id`` (null
+        blocks and blocks already hashed are skipped) and, with events on,
+        append one ``BlockStored`` covering the blocks newly hashed (none
+        when no block was). No-op with caching disabled.
+
+        Cost: O(num_full_blocks - num_cached_blocks).
+
+        Raises:
+            InvalidArgumentError: ``block_size`` differs from the pool's
+                hash block size, ``group_id`` is out of range, or
+                ``num_full_blocks`` exceeds ``len(blocks)`` or
+                ``len(request.block_hashes)`` (no change).
+        """
+        if num_cached_blocks >= num_full_blocks or not self.enable_caching:
+            return
+        block_hashes = request.block_hashes
+        if block_size != self.hash_block_size:
+            raise InvalidArgumentError(
+                f"block_size must equal the hash block size {self.hash_block_size}, "
+                f"got {block_size!r}")
+        if not 0 <= group_id < self.num_groups:
+            raise InvalidArgumentError(
+                f"group_id must lie in [0, {self.num_groups}), got {group_id!r}")
+        if num_cached_blocks < 0 or num_full_blocks > len(blocks) or (
+                num_full_blocks > len(block_hashes)):
+            raise InvalidArgumentError(
+                f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}): the request "
+                f"holds {len(blocks)} blocks and {len(block_hashes)} block hashes")
+        hashes = self._hash
+        gids = self._gid
+        table = self.cached_by_group[group_id]
+        stored: list[BlockHash] | None = [] if self.enable_kv_cache_events else None
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if not block or hashes[block] is not None:
+                continue
+            block_hash = block_hashes[i]
+            hashes[block] = block_hash
+            gids[block] = group_id
+            holders = table.get(block_hash)
+            if holders is None:
+                table[block_hash] = [block]
+            else:
+                holders.append(block)
+            if stored is not None:
+                stored.append(block_hash)
+        if stored:
+            self._events.append(BlockStored(
+                block_hashes=tuple(stored),
+                parent_block_hash=(
+                    None if num_cached_blocks == 0 else block_hashes[num_cached_blocks - 1]),
+                token_ids=tuple(
+                    request.all_token_ids[num_cached_blocks * block_size:
+                                          num_full_blocks * block_size]),
+                block_size=block_size,
+                lora_id=request.lora_id,
+                medium=MEDIUM_GPU,
+                lora_name=request.lora_name,
+            ))
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the keys of the given blocks, in the given order (each
+        emits ``BlockRemoved``). Blocks stay where they are in the queue and
+        keep their ref counts; unhashed blocks and the null block: no-op.
+
+        Cost: O(len(block_ids)).
+
+        Raises:
+            UnknownBlockError: an id is not an int in ``[0, num_blocks)``
+                (checked for all ids before any change).
+        """
+        ids = list(block_ids)
+        self._check_ids(ids)
+        hashes = self._hash
+        for block in ids:
+            if block and hashes[block] is not None:
+                self._evict(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every key if no block but the null block is in use, append
+        ``AllBlocksCleared`` (events on) and return True; otherwise return
+        False and change nothing. The free queue order is unchanged.
+
+        Cost: O(num_blocks) on success, O(1) on refusal.
+        """
+        if self._queue.size != self.num_blocks - 1:
+            return False  # some non-null block has ref count > 0 (POOL-2)
+        for table in self.cached_by_group:
+            table.clear()
+        self._hash[:] = [None] * self.num_blocks  # in place: views share the list
+        if self.enable_kv_cache_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    # ---------------------------------------------------------------- events
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Pending events, oldest first; empties the queue. Cost: O(1)."""
+        events = self._events
+        self._events = []
+        return events
+
+    # ------------------------------------------------------- introspection
+
+    def free_queue_ids(self) -> list[int]:
+        """The free queue, front first. Cost: O(free blocks)."""
+        return self._queue.to_list()
+
+    def cache_key(self, block_id: int) -> bytes | None:
+        """The cache key (hash + group id) of a block, or None. Cost: O(1)."""
+        block_hash = self._hash[block_id]
+        if block_hash is None:
+            return None
+        return block_hash + _group_suffix(self._gid[block_id])
+
+    def snapshot(self) -> PoolSnapshot:
+        """Observable state (spec/snapshot.py); pending events are copied,
+        not taken. Cost: O(num_blocks + cached keys * log)."""
+        cached: list[tuple[bytes, tuple[int, ...]]] = []
+        for group_id, table in enumerate(self.cached_by_group):
+            suffix = _group_suffix(group_id)
+            cached.extend((block_hash + suffix, tuple(ids)) for block_hash, ids in table.items())
+        cached.sort()
+        return PoolSnapshot(
+            num_blocks=self.num_blocks,
+            ref_counts=tuple(self._ref),
+            block_hashes=tuple(self.cache_key(b) for b in range(self.num_blocks)),
+            free_queue=tuple(self._queue.to_list()),
+            cached=tuple(cached),
+            pending_events=tuple(self._events),
+        )
+
+    def check_invariants(self) -> None:
+        """Check POOL-1..4, CACHE-1..3 and EVT-1; "an expensive no-op" when
+        all is well. Cost: O(num_blocks + cached ids).
+
+        Raises:
+            InvariantViolation: the message starts with the invariant's ID.
+        """
+        def fail(inv: str, what: str) -> None:
+            raise InvariantViolation(f"{inv}: {what}\nstate: {self.snapshot()!r}")
+
+        n = self.num_blocks
+        try:
+            self._queue.check()
+        except AssertionError as exc:
+            fail("POOL-2", f"free queue links broken: {exc}")
+        queue = self._queue.to_list()
+        if self._ref[0] != 0 or self._hash[0] is not None or 0 in queue:
+            fail("POOL-1", "null block queued, referenced or hashed")
+        queued = set(queue)
+        if any(not 0 < b < n for b in queue):
+            fail("POOL-2", "free queue holds an id outside [1, num_blocks)")
+        for b in range(1, n):
+            if self._ref[b] < 0:
+                fail("POOL-3", f"block {b} has ref count {self._ref[b]}")
+            if (b in queued) != (self._ref[b] == 0):
+                fail("POOL-2", f"block {b}: queued={b in queued} ref={self._ref[b]}")
+        if self._queue.size != len(queue):
+            fail("POOL-4", f"free count {self._queue.size} != queue length {len(queue)}")
+        seen: set[int] = set()
+        for group_id, table in enumerate(self.cached_by_group):
+            for block_hash, ids in table.items():
+                if not ids or len(set(ids)) != len(ids):
+                    fail("CACHE-1", f"map entry {block_hash.hex()} holds {ids}")
+                for b in ids:
+                    if self._hash[b] != block_hash or self._gid[b] != group_id:
+                        fail("CACHE-1", f"block {b} in map under another key")
+                    seen.add(b)
+        for b in range(n):
+            if self._hash[b] is not None and b not in seen:
+                fail("CACHE-1", f"block {b} hashed but not in the map")
+            if self._hash[b] is not None and not 0 <= self._gid[b] < self.num_groups:
+                fail("CACHE-3", f"block {b} has group id {self._gid[b]}")
+        if not self.enable_caching and seen:
+            fail("CACHE-2", "caching disabled but blocks carry hashes")
+        if not self.enable_kv_cache_events and self._events:
+            fail("EVT-1", "events disabled but events pending")
+
+    def _check_ids(self, ids: Iterable[object]) -> None:
+        n = self.num_blocks
+        for block in ids:
+            if type(block) is not int or not 0 <= block < n:
+                raise UnknownBlockError(
+                    f"block id must be an int in [0, {n}), got {block!r}")

@@ -1,0 +1,167 @@
+"""Fast request block hashers, byte-identical to ``pagedkv.spec.hashing``.
+
+A hasher is called by :class:`pagedkv.spec.Request` whenever tokens arrive
+and returns the hashes of the full blocks not yet in ``block_hashes``
+(spec/hashing.md, HASH-1). The normative definition is
+:func:`pagedkv.spec.hashing.hash_block_tokens`; these differ only in how
+the bytes are produced:
+
+- ``xxh3_128``: the newly covered tokens are converted to little-endian
+  uint32 bytes once per call (``array('I')``, a C loop) and each block
+  hashes ``parent + slice``; no per-token Python work.
+- ``sha256`` / ``sha256_cbor``: the pickle / canonical CBOR encoders are C
+  already; the saving is binding them to locals and skipping the extra-key
+  scan when ``need_extra_keys`` is false.
+
+Extra keys (LoRA, multimodal, cache salt) come from the spec's own
+``block_extra_keys`` so they cannot drift from the definition; the
+multimodal scan restarts at index 0 on each call and carries its index
+across the blocks of that call, which gives the same keys as a scan from 0
+for every block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import sys
+from array import array
+from collections.abc import Callable
+
+import cbor2
+import xxhash
+
+from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.hashing import (
+    ExtraKeys,
+    HashFnName,
+    block_extra_keys,
+    need_extra_keys,
+    normalize_hash_fn,
+    seed_hash,
+)
+from pagedkv.spec.request import Request
+from pagedkv.spec.types import BlockHash
+
+__all__ = ["make_block_hasher"]
+
+_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+# array('I') is the C unsigned int: 4 bytes on every platform CPython
+# supports in practice; fall back to 'L' if not.
+_U32 = "I" if array("I").itemsize == 4 else "L"
+_SWAP = sys.byteorder != "little"
+
+
+def _tokens_le_u32(tokens: list[int]) -> bytes:
+    """``tokens`` as little-endian uint32 bytes. Cost: O(len) in C."""
+    try:
+        packed = array(_U32, tokens)
+    except OverflowError:
+        raise InvalidArgumentError(
+            "xxh3_128 hashing needs token ids in [0, 2**32); got "
+            f"{min(tokens)}..{max(tokens)}") from None
+    if _SWAP:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _extra_keys_per_block(request: Request, start: int, end: int, size: int) -> list[ExtraKeys]:
+    """Extra keys of each full block in ``[start, end)``."""
+    out: list[ExtraKeys] = []
+    mm_index = 0
+    for block_start in range(start, end, size):
+        keys, mm_index = block_extra_keys(request, block_start, block_start + size, mm_index)
+        out.append(keys)
+    return out
+
+
+def make_block_hasher(
+    hash_fn: str, hash_block_size: int, seed: str | None = None,
+) -> Callable[[Request], list[BlockHash]]:
+    """A block hasher for :class:`pagedkv.spec.Request` hashing blocks of
+    ``hash_block_size`` tokens with ``hash_fn`` and the seed hash of
+    ``seed`` (see :func:`pagedkv.spec.hashing.seed_hash`).
+
+    Cost of the hasher: O(new tokens) per call, O(1) when no block completes.
+
+    Raises:
+        InvalidArgumentError: unknown ``hash_fn`` or non-positive size.
+    """
+    name: HashFnName = normalize_hash_fn(hash_fn)
+    if type(hash_block_size) is not int or hash_block_size < 1:
+        raise InvalidArgumentError(
+            f"hash_block_size must be a positive int, got {hash_block_size!r}")
+    size = hash_block_size
+    root = seed_hash(name, seed)
+
+    if name == "xxh3_128":
+        return _xxh3_hasher(size, root)
+    return _sha_hasher(name, size, root)
+
+
+def _xxh3_hasher(size: int, root: BlockHash) -> Callable[[Request], list[BlockHash]]:
+    digest = xxhash.xxh3_128_digest
+    dumps = pickle.dumps
+    stride = 4 * size
+
+    def hash_new_blocks(request: Request) -> list[BlockHash]:
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        start = len(hashes) * size
+        end = len(tokens)
+        end -= (end - start) % size
+        if end <= start:
+            return []  # decode fast path: no block completed
+        parent = hashes[-1] if hashes else root
+        packed = _tokens_le_u32(tokens[start:end])
+        out: list[BlockHash] = []
+        append = out.append  # local binding for the per-block loop
+        if need_extra_keys(request):
+            extras = _extra_keys_per_block(request, start, end, size)
+            for i, keys in enumerate(extras):
+                offset = i * stride
+                tail = b"" if keys is None else b"\0" + dumps(keys, protocol=_PICKLE_PROTOCOL)
+                parent = BlockHash(digest(parent + packed[offset:offset + stride] + tail))
+                append(parent)
+        else:
+            for offset in range(0, len(packed), stride):
+                parent = BlockHash(digest(parent + packed[offset:offset + stride]))
+                append(parent)
+        return out
+
+    return hash_new_blocks
+
+
+def _sha_hasher(name: HashFnName, size: int, root: BlockHash) -> Callable[[Request], list[BlockHash]]:
+    sha256 = hashlib.sha256
+    if name == "sha256":
+        def encode(triple: object) -> bytes:
+            return pickle.dumps(triple, protocol=_PICKLE_PROTOCOL)
+    else:
+        def encode(triple: object) -> bytes:
+            return cbor2.dumps(triple, canonical=True)  # type: ignore[no-any-return]
+
+    def hash_new_blocks(request: Request) -> list[BlockHash]:
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        start = len(hashes) * size
+        end = len(tokens)
+        end -= (end - start) % size
+        if end <= start:
+            return []
+        parent = hashes[-1] if hashes else root
+        out: list[BlockHash] = []
+        append = out.append
+        if need_extra_keys(request):
+            extras = _extra_keys_per_block(request, start, end, size)
+        else:
+            extras = [None] * ((end - start) // size)
+        block_start = start
+        for keys in extras:
+            triple = (parent, tuple(tokens[block_start:block_start + size]), keys)
+            parent = BlockHash(sha256(encode(triple)).digest())
+            append(parent)
+            block_start += size
+        return out
+
+    return hash_new_blocks

@@ -1,0 +1,228 @@
+"""The block pool (spec/operations.md, "Block pool").
+
+Semantic model: ``num_blocks`` numbered blocks; block 0 is the null block.
+Each other block is free (in the free queue) or in use (ref count > 0), and
+may carry a cache key. The free queue is a plain list, front first; the
+prefix cache is a dict from cache key to the list of blocks carrying it, in
+insertion order. Nothing here is fast on purpose: every operation is a
+direct transcription of the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pagedkv.reference import rules
+from pagedkv.spec.errors import InvalidArgumentError, InvariantViolation, PoolExhaustedError, UnknownBlockError
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.snapshot import PoolSnapshot
+from pagedkv.spec.types import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockHashWithGroupId,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    get_block_hash,
+    make_block_hash_with_group_id,
+)
+
+__all__ = ["KVCacheBlock", "BlockPool"]
+
+
+@dataclass(eq=False)
+class KVCacheBlock:
+    """One block: its id, how many requests hold it, its cache key if any.
+
+    Compared by identity: two blocks are never "equal" just because their
+    fields match.
+    """
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHashWithGroupId | None = None
+
+    @property
+    def is_null(self) -> bool:
+        """Whether this is the null block (id 0)."""
+        return self.block_id == 0
+
+
+class BlockPool:
+    """The pool of ``num_blocks`` blocks shared by every KV cache group.
+
+    ``enable_caching`` turns the prefix cache on; ``enable_kv_cache_events``
+    records :mod:`pagedkv.spec.types` events for :meth:`take_events`.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool, *,
+                 enable_kv_cache_events: bool = False) -> None:
+        if type(num_blocks) is not int or num_blocks < 1:
+            raise InvalidArgumentError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
+        self.null_block = self.blocks[0]
+        # POOL-1: the null block never enters the free queue.
+        self.free_queue: list[KVCacheBlock] = self.blocks[1:]
+        self.cached: dict[BlockHashWithGroupId, list[KVCacheBlock]] = {}
+        self.events: list[KVCacheEvent] = []
+
+    # -- allocation --------------------------------------------------------
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue, evictable cached blocks included."""
+        return len(self.free_queue)
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks in use (:func:`rules.usage`)."""
+        return rules.usage(len(self.free_queue), self.num_blocks)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` blocks from the front of the free queue, evicting
+        the cache key of any that carries one; each gets ref count 1.
+
+        Raises:
+            PoolExhaustedError: fewer free blocks than asked for (no change).
+        """
+        if type(num_blocks) is not int or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        if num_blocks > len(self.free_queue):
+            raise PoolExhaustedError(
+                f"asked for {num_blocks} blocks, only {len(self.free_queue)} are free")
+        popped = self.free_queue[:num_blocks]
+        del self.free_queue[:num_blocks]
+        for block in popped:
+            if self.enable_caching:
+                self._evict(block)
+            block.ref_cnt = 1
+        return popped
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on each block (a prefix hit); a free one leaves
+        the free queue, wherever it stands. The null block is skipped."""
+        for block in blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block, in the given order; those that
+        reach zero return to the free queue (:func:`rules.requeue`)."""
+        blocks = [block for block in ordered_blocks if not block.is_null]
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise InvariantViolation(f"POOL-3: freeing block {block.block_id} with ref count {block.ref_cnt}")
+            block.ref_cnt -= 1
+        released: list[KVCacheBlock] = []
+        for block in blocks:
+            if block.ref_cnt == 0 and all(block is not seen for seen in released):
+                released.append(block)
+        order = rules.requeue(
+            [block.block_id for block in self.free_queue],
+            [block.block_id for block in released],
+            [block.block_hash is not None for block in released],
+        )
+        self.free_queue = [self.blocks[block_id] for block_id in order]
+
+    # -- prefix cache ------------------------------------------------------
+
+    def get_cached_block(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
+        """The first block cached under ``block_hash`` in each group, or
+        ``None`` if any group has none."""
+        found = []
+        for group_id in group_ids:
+            blocks = self.cached.get(make_block_hash_with_group_id(block_hash, group_id))
+            if not blocks:
+                return None
+            found.append(blocks[0])
+        return found
+
+    def cache_full_blocks(self, request: HashedRequest, blocks: Sequence[KVCacheBlock],
+                          num_cached_blocks: int, num_full_blocks: int, block_size: int,
+                          group_id: int) -> None:
+        """Give blocks ``[num_cached_blocks, num_full_blocks)`` of a request
+        their cache keys (skipping null and already-hashed blocks) and record
+        one ``BlockStored`` event for those newly hashed."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        hashes = request.block_hashes
+        stored: list[BlockHash] = []
+        for index in range(num_cached_blocks, num_full_blocks):
+            block = blocks[index]
+            if block.is_null or block.block_hash is not None:
+                continue
+            key = make_block_hash_with_group_id(hashes[index], group_id)
+            block.block_hash = key
+            self.cached.setdefault(key, []).append(block)
+            stored.append(hashes[index])
+        if self.enable_kv_cache_events and stored:
+            self.events.append(BlockStored(
+                block_hashes=tuple(stored),
+                parent_block_hash=None if num_cached_blocks == 0 else hashes[num_cached_blocks - 1],
+                token_ids=tuple(request.all_token_ids[num_cached_blocks * block_size:num_full_blocks * block_size]),
+                block_size=block_size,
+                lora_id=request.lora_id,
+                lora_name=request.lora_name,
+            ))
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        """Drop a block's cache key, if any, with a ``BlockRemoved`` event."""
+        key = block.block_hash
+        if key is None:
+            return
+        holders = self.cached[key]
+        holders.remove(block)
+        if not holders:
+            del self.cached[key]
+        block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.events.append(BlockRemoved(block_hashes=(get_block_hash(key),)))
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the cache keys of the given blocks, in the given order. Blocks
+        stay where they are (in use or in the free queue).
+
+        Raises:
+            UnknownBlockError: an id outside ``[0, num_blocks)`` (no change).
+        """
+        ids = list(block_ids)
+        for block_id in ids:
+            if type(block_id) is not int or not 0 <= block_id < self.num_blocks:
+                raise UnknownBlockError(f"block id {block_id!r} is not in [0, {self.num_blocks})")
+        for block_id in ids:
+            self._evict(self.blocks[block_id])
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cache key, if no block is in use; ``False`` otherwise."""
+        if any(block.ref_cnt > 0 for block in self.blocks[1:]):
+            return False
+        self.cached.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.events.append(AllBlocksCleared())
+        return True
+
+    # -- observation -------------------------------------------------------
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Pending events, oldest first; the queue is emptied."""
+        events, self.events = self.events, []
+        return events
+
+    def snapshot(self) -> PoolSnapshot:
+        """Observable state (spec/state.md)."""
+        return PoolSnapshot(
+            num_blocks=self.num_blocks,
+            ref_counts=tuple(0 if block.is_null else block.ref_cnt for block in self.blocks),
+            block_hashes=tuple(block.block_hash for block in self.blocks),
+            free_queue=tuple(block.block_id for block in self.free_queue),
+            cached=tuple(sorted((key, tuple(block.block_id for block in holders))
+                                for key, holders in self.cached.items())),
+            pending_events=tuple(self.events),
+        )

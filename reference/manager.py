@@ -1,0 +1,278 @@
+"""The KV cache manager facade (spec/operations.md, "KVCacheManager").
+
+What an engine's scheduler calls. Each public method validates everything
+first and raises a typed error before touching state, so a refused call
+leaves the manager exactly as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pagedkv.reference import rules
+from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference.blocks import KVCacheBlocks
+from pagedkv.reference.coordinator import make_coordinator
+from pagedkv.reference.hasher import make_block_hasher
+from pagedkv.spec.config import KVCacheConfig
+from pagedkv.spec.errors import (
+    ExceedsMaxModelLenError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    InvalidTokenCountError,
+    UnknownRequestError,
+)
+from pagedkv.spec.hashing import normalize_hash_fn
+from pagedkv.spec.request import Request, RequestView
+from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
+from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
+
+__all__ = ["KVCacheManager"]
+
+
+def _check_count(name: str, value: object, minimum: int) -> int:
+    if type(value) is not int or value < minimum:
+        raise InvalidTokenCountError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class KVCacheManager:
+    """Allocates, caches and frees the KV cache blocks of requests.
+
+    ``kv_cache_config`` gives the pool size and the groups; ``max_model_len``
+    bounds every request. ``hash_fn`` names the block hash
+    (spec/hashing.md); ``hash_block_size`` must equal the block size in
+    this version (``None`` picks it).
+    """
+
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *,
+                 enable_caching: bool = True, hash_fn: str = "sha256",
+                 hash_block_size: int | None = None, use_eagle: bool = False,
+                 log_stats: bool = False, enable_kv_cache_events: bool = False,
+                 dcp_world_size: int = 1, pcp_world_size: int = 1,
+                 hash_seed: str | None = None) -> None:
+        if type(max_model_len) is not int or max_model_len < 1:
+            raise InvalidConfigError(f"max_model_len must be a positive int, got {max_model_len!r}")
+        for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
+            if type(size) is not int or size < 1:
+                raise InvalidConfigError(f"{name} must be a positive int, got {size!r}")
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.hash_fn = normalize_hash_fn(hash_fn)
+        self.block_sizes = [group.kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+                            for group in kv_cache_config.kv_cache_groups]
+        if hash_block_size is None and self.block_sizes:
+            hash_block_size = self.block_sizes[0]
+        if hash_block_size is not None and any(size != hash_block_size for size in self.block_sizes):
+            raise InvalidConfigError(
+                f"hash_block_size must equal every group's block size {self.block_sizes} in this "
+                f"version, got {hash_block_size}")
+        self.hash_block_size = hash_block_size
+        self.hash_seed = hash_seed
+        self._pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
+                               enable_kv_cache_events=enable_kv_cache_events)
+        self.coordinator = make_coordinator(kv_cache_config, self._pool, enable_caching, self.block_sizes)
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+
+    # -- requests -------------------------------------------------------------
+
+    def make_request(self, request_id: str, prompt_token_ids: Sequence[int], **extra: Any) -> Request:
+        """A :class:`Request` whose block hashes follow this manager's hashing."""
+        hasher = None if self.hash_block_size is None else make_block_hasher(
+            self.hash_fn, self.hash_block_size, self.hash_seed)
+        return Request(request_id, prompt_token_ids, block_hasher=hasher, **extra)
+
+    @property
+    def block_pool(self) -> BlockPool:
+        """The shared block pool."""
+        return self._pool
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks in use."""
+        return self._pool.get_usage()
+
+    # -- the scheduler's calls -------------------------------------------------
+
+    def get_computed_blocks(self, request: RequestView) -> tuple[KVCacheBlocks, int]:
+        """The cached blocks of the longest prefix hit and its length in tokens.
+
+        Pure: nothing is reserved (``allocate_slots`` takes the hit). The hit
+        stops at least one token short of the request's end.
+        """
+        empty = KVCacheBlocks([[] for _ in self.coordinator.managers])
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return empty, 0
+        max_length = rules.max_hit_tokens(_check_count("request.num_tokens", request.num_tokens, 1))
+        hits = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length, self.use_eagle)
+        num_hit_tokens = len(hits[0]) * self.block_sizes[0] if hits else 0
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens,
+                                           preempted=request.num_preemptions > 0)
+        return KVCacheBlocks(hits), num_hit_tokens
+
+    def allocate_slots(self, request: RequestView, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0) -> KVCacheBlocks | None:
+        """Give the request slots for ``num_new_tokens`` more tokens (plus
+        lookahead), taking the hit blocks of ``get_computed_blocks``.
+
+        Returns the newly allocated blocks, or ``None`` (and no change) when
+        the pool cannot supply them.
+
+        Raises:
+            InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
+        """
+        request_id = request.request_id
+        _check_count("num_new_tokens", num_new_tokens, 1)
+        for name, value in (("num_new_computed_tokens", num_new_computed_tokens),
+                            ("num_lookahead_tokens", num_lookahead_tokens),
+                            ("num_external_computed_tokens", num_external_computed_tokens),
+                            ("num_encoder_tokens", num_encoder_tokens),
+                            ("request.num_computed_tokens", request.num_computed_tokens)):
+            _check_count(name, value, 0)
+        num_groups = len(self.coordinator.managers)
+        hits: tuple[tuple[KVCacheBlock, ...], ...] = tuple(() for _ in range(num_groups))
+        if new_computed_blocks is not None:
+            if not isinstance(new_computed_blocks, KVCacheBlocks) or len(new_computed_blocks.blocks) != num_groups:
+                raise InvalidArgumentError(
+                    f"new_computed_blocks must be this manager's KVCacheBlocks with {num_groups} groups")
+            hits = new_computed_blocks.blocks
+        known = request_id in self.coordinator.known
+        if known and (num_new_computed_tokens or any(hits)):
+            raise InvalidArgumentError(
+                f"request {request_id!r} already holds blocks: it cannot take new prefix hits")
+        if not self.enable_caching and (num_new_computed_tokens or any(hits)):
+            raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
+        if num_groups and num_new_computed_tokens != len(hits[0]) * self.block_sizes[0]:
+            raise InvalidArgumentError(
+                f"num_new_computed_tokens={num_new_computed_tokens} does not match "
+                f"{len(hits[0])} computed blocks of {self.block_sizes[0]} tokens")
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_total_computed = num_local_computed + num_external_computed_tokens
+        num_main_tokens = num_total_computed + num_new_tokens
+        if num_main_tokens > self.max_model_len:
+            raise ExceedsMaxModelLenError(
+                f"request {request_id!r} would hold {num_main_tokens} tokens "
+                f"({num_total_computed} computed + {num_new_tokens} new), "
+                f"more than max_model_len={self.max_model_len}")
+        num_tokens_to_cache = min(num_main_tokens, request.num_tokens)
+        caching_now = self.enable_caching and not delay_cache_blocks
+        if caching_now and self.hash_block_size is not None and (
+                len(request.block_hashes) < num_tokens_to_cache // self.hash_block_size):
+            raise InvalidArgumentError(
+                f"request {request_id!r} has {len(request.block_hashes)} block hashes, needs "
+                f"{num_tokens_to_cache // self.hash_block_size} to cache its full blocks")
+        num_tokens_need_slot = min(num_main_tokens + num_lookahead_tokens, self.max_model_len)
+
+        needed = self.coordinator.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hits)
+        if needed > self._pool.get_num_free_blocks():
+            return None
+        if not known:
+            self.coordinator.admit(request_id, hits, num_total_computed, num_external_computed_tokens)
+        new_blocks = self.coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
+        if caching_now:
+            self.coordinator.cache_blocks(request, request_id, num_tokens_to_cache)
+        return KVCacheBlocks(new_blocks)
+
+    def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
+        """Release every block of the request, tail first.
+
+        Raises:
+            UnknownRequestError: the request holds no allocation (unless
+                ``missing_ok``, for engines aborting unadmitted requests).
+        """
+        if request.request_id not in self.coordinator.known:
+            if missing_ok:
+                return
+            raise UnknownRequestError(f"request {request.request_id!r} holds no blocks (never allocated or already freed)")
+        self.coordinator.free(request.request_id)
+
+    def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
+        """Hand the full blocks among the first ``num_computed_tokens`` tokens
+        to the prefix cache (no-op with caching off)."""
+        if not self.enable_caching:
+            return
+        self._check_known(request.request_id)
+        _check_count("num_computed_tokens", num_computed_tokens, 0)
+        num_full = num_computed_tokens // self.block_sizes[0]
+        held = len(self.coordinator.managers[0].req_to_blocks[request.request_id])
+        if num_full > held or num_full > len(request.block_hashes):
+            raise InvalidArgumentError(
+                f"cannot cache {num_full} full blocks of request {request.request_id!r}: it holds "
+                f"{held} blocks and {len(request.block_hashes)} block hashes")
+        self.coordinator.cache_blocks(request, request.request_id, num_computed_tokens)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the cache keys of the given blocks (spec: evict_blocks)."""
+        self._pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cache key if no block is in use; ``False`` otherwise."""
+        if not self._pool.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
+        """Per group, the leading blocks of ``request_id`` every known request holds."""
+        self._check_known(request_id)
+        return self.coordinator.get_num_common_prefix_blocks(request_id)
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks per group."""
+        self._check_known(request_id)
+        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids per group."""
+        return self.get_blocks(request_id).get_block_ids()
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Pending KV cache events, oldest first; emptied."""
+        return self._pool.take_events()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The statistics since the last call (then reset), or ``None`` without ``log_stats``."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins (no effect for full attention)."""
+
+    # -- observation ------------------------------------------------------------
+
+    def _check_known(self, request_id: str) -> None:
+        if request_id not in self.coordinator.known:
+            raise UnknownRequestError(f"request {request_id!r} holds no blocks (never allocated or already freed)")
+
+    def snapshot(self) -> ManagerSnapshot:
+        """Observable state (spec/state.md)."""
+        managers = self.coordinator.managers
+        requests = tuple(
+            RequestSnapshot(
+                request_id=request_id,
+                block_ids=tuple(tuple(block.block_id for block in manager.req_to_blocks[request_id])
+                                for manager in managers),
+                num_cached_blocks=tuple(manager.num_cached_blocks[request_id] for manager in managers),
+            )
+            for request_id in sorted(self.coordinator.known))
+        stats = None if self.prefix_cache_stats is None else dataclasses.replace(self.prefix_cache_stats)
+        return ManagerSnapshot(pool=self._pool.snapshot(), requests=requests, prefix_cache_stats=stats)
+
+    def check_invariants(self) -> None:
+        """Check every invariant of spec/state.md; raise ``InvariantViolation``
+        naming the first broken one's ID, with a state dump."""
+        from pagedkv.reference.invariants import check_manager
+
+        check_manager(self)

@@ -1,0 +1,198 @@
+"""Block hashing: the normative definition (spec/hashing.md).
+
+A block's hash chains on its parent's hash, so equal hashes mean equal
+prefixes, not just equal blocks::
+
+    hash(block i) = H((hash(block i-1), tokens of block i, extra keys of block i))
+    hash(block -1) = the seed hash ("none hash")
+
+Three functions ``H`` are offered, by name:
+
+``"sha256"``
+    SHA-256 of ``pickle.dumps((parent, tuple(tokens), extra_keys),
+    protocol=pickle.HIGHEST_PROTOCOL)``: byte-identical to vLLM's default, so
+    KV events interoperate with vLLM consumers.
+``"sha256_cbor"``
+    SHA-256 of the canonical CBOR encoding of the same triple: reproducible
+    from any language.
+``"xxh3_128"``
+    xxHash3-128 (non-cryptographic, ~10x faster) of ``parent || tokens as
+    little-endian uint32 || (b"" if no extra keys else b"\\0" + pickle of
+    the extra keys)``. Token ids must lie in ``[0, 2**32)``. Not compatible
+    with vLLM's hashes (spec/decisions.md, D-HASH-2).
+
+Implementations may compute these faster but must produce the same bytes;
+the functions here are what the tests compare against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Sequence
+from typing import Final, Literal, Protocol, TypeAlias
+
+import cbor2
+import xxhash
+
+from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.types import BlockHash
+
+__all__ = [
+    "HashFnName",
+    "HASH_FUNCTIONS",
+    "ExtraKeys",
+    "MultiModalFeature",
+    "HashedRequest",
+    "normalize_hash_fn",
+    "hash_block_tokens",
+    "seed_hash",
+    "need_extra_keys",
+    "block_extra_keys",
+]
+
+HashFnName: TypeAlias = Literal["sha256", "sha256_cbor", "xxh3_128"]
+HASH_FUNCTIONS: Final[tuple[HashFnName, ...]] = ("sha256", "sha256_cbor", "xxh3_128")
+_ALIASES: Final[dict[str, HashFnName]] = {"xxhash": "xxh3_128", "xxh3": "xxh3_128"}
+
+ExtraKeys: TypeAlias = tuple[object, ...] | None
+"""Per-block extra keys: LoRA key, multimodal (identifier, offset) pairs, the
+cache salt, in that order; ``None`` when there are none."""
+
+
+class MultiModalFeature(Protocol):
+    """A multimodal input placed in the prompt: ``length`` placeholder tokens
+    starting at token ``offset``, identified by ``identifier`` (a content hash
+    supplied by the engine)."""
+
+    @property
+    def identifier(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+
+
+class HashedRequest(Protocol):
+    """What hashing reads of a request."""
+
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def block_hashes(self) -> Sequence[BlockHash]: ...
+    @property
+    def lora_id(self) -> int | None: ...
+    @property
+    def lora_name(self) -> str | None: ...
+    @property
+    def cache_salt(self) -> str | None: ...
+    @property
+    def mm_features(self) -> Sequence[MultiModalFeature]: ...
+
+
+def normalize_hash_fn(name: str) -> HashFnName:
+    """The canonical name of a hash function; raises on an unknown name."""
+    canonical = _ALIASES.get(name, name)
+    for known in HASH_FUNCTIONS:
+        if canonical == known:
+            return known
+    raise InvalidArgumentError(
+        f"hash_fn must be one of {', '.join(HASH_FUNCTIONS)} (or 'xxhash'), got {name!r}"
+    )
+
+
+def _tokens_as_u32(tokens: Sequence[int]) -> bytes:
+    try:
+        return b"".join(t.to_bytes(4, "little") for t in tokens)
+    except OverflowError:
+        raise InvalidArgumentError(
+            "xxh3_128 hashing needs token ids in [0, 2**32); got "
+            f"{min(tokens)}..{max(tokens)}"
+        ) from None
+
+
+def hash_block_tokens(
+    hash_fn: HashFnName,
+    parent: bytes,
+    tokens: Sequence[int],
+    extra_keys: ExtraKeys = None,
+) -> BlockHash:
+    """The hash of one full block whose parent's hash is ``parent``."""
+    triple = (parent, tuple(tokens), extra_keys)
+    if hash_fn == "sha256":
+        return BlockHash(hashlib.sha256(pickle.dumps(triple, protocol=pickle.HIGHEST_PROTOCOL)).digest())
+    if hash_fn == "sha256_cbor":
+        return BlockHash(hashlib.sha256(cbor2.dumps(triple, canonical=True)).digest())
+    tail = b"" if extra_keys is None else b"\0" + pickle.dumps(extra_keys, protocol=pickle.HIGHEST_PROTOCOL)
+    return BlockHash(xxhash.xxh3_128_digest(parent + _tokens_as_u32(tokens) + tail))
+
+
+def seed_hash(hash_fn: HashFnName, seed: str | None = None) -> BlockHash:
+    """The parent hash of a request's first block.
+
+    The seed is ``seed`` if given, else ``$PYTHONHASHSEED`` if set, else the
+    fixed string ``"pagedkv"`` (deterministic across processes: D-HASH-1).
+    For ``sha256`` with ``PYTHONHASHSEED`` set this equals vLLM's NONE_HASH.
+    """
+    if seed is None:
+        seed = os.environ.get("PYTHONHASHSEED", "pagedkv")
+    if hash_fn == "sha256":
+        return BlockHash(hashlib.sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL)).digest())
+    if hash_fn == "sha256_cbor":
+        return BlockHash(hashlib.sha256(cbor2.dumps(seed, canonical=True)).digest())
+    return BlockHash(xxhash.xxh3_128_digest(seed.encode()))
+
+
+def need_extra_keys(request: HashedRequest) -> bool:
+    """Whether any block of ``request`` can carry extra keys."""
+    return bool(request.mm_features) or request.lora_id is not None or (
+        request.lora_name is not None) or bool(request.cache_salt)
+
+
+def _lora_keys(request: HashedRequest) -> list[object]:
+    # The adapter's name identifies its weights across restarts; its integer
+    # id is only a fallback (D-HASH-3).
+    if request.lora_name is not None:
+        return [request.lora_name]
+    if request.lora_id is not None:
+        return [request.lora_id]
+    return []
+
+
+def _mm_keys(request: HashedRequest, start: int, end: int, mm_index: int) -> tuple[list[object], int]:
+    """(identifier, offset of the input's start relative to the block start)
+    for each multimodal input overlapping tokens ``[start, end)``, scanning
+    from ``mm_index``; returns the keys and the index to resume from."""
+    features = request.mm_features
+    keys: list[object] = []
+    index = mm_index
+    while index < len(features):
+        feature = features[index]
+        first, stop = feature.offset, feature.offset + feature.length
+        if stop <= start:
+            index += 1  # the input ended before this block
+            continue
+        if first >= end:
+            break  # the input starts after this block
+        keys.append((feature.identifier, first - start))
+        if stop <= end:
+            index += 1  # ends inside this block: the next one may start here too
+        else:
+            break  # continues into the next block
+    return keys, index
+
+
+def block_extra_keys(request: HashedRequest, start: int, end: int, mm_index: int) -> tuple[ExtraKeys, int]:
+    """Extra keys of the block of tokens ``[start, end)``.
+
+    Order: LoRA key, multimodal keys, then the cache salt (first block only).
+    Returns ``(None, index)`` when the block has none.
+    """
+    mm, next_index = _mm_keys(request, start, end, mm_index)
+    keys = _lora_keys(request) + mm
+    if start == 0 and request.cache_salt:
+        keys.append(request.cache_salt)
+    return (tuple(keys) if keys else None), next_index

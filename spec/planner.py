@@ -1,0 +1,306 @@
+"""The KV cache planner: from per-layer specs and a memory budget to a
+``KVCacheConfig`` (groups of layers, tensors, number of blocks).
+
+``get_kv_cache_config`` decides in this order (spec/config.md, CFG-12..CFG-16):
+
+1. no layers: an attention-free configuration, 1 block, no group;
+2. all specs merge into one: one group, one tensor per layer;
+3. all layers of one uniform type (same manager kind and token slots, page
+   sizes may differ): one group whose spec is ``UniformTypeKVCacheSpecs``,
+   one tensor per layer sized by its own page;
+4. otherwise (a hybrid model): make the page sizes equal
+   (``unify_kv_cache_spec_page_size``), cut the layers of each spec into
+   groups of equal layer count and let each tensor be shared by one layer
+   of each group.
+
+Grouping example: 10 full-attention layers and 20 sliding-window layers
+repeat the pattern (1 full, 2 sliding) 10 times. The group size is 10, the
+fewest layers of any type, giving three groups (full.0-9, sw.0-9,
+sw.10-19) and 10 tensors, tensor ``i`` shared by ``full.i``, ``sw.i`` and
+``sw.10+i``: each group has its own block table, so the three layers use
+different blocks of the same tensor and never collide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from pagedkv.spec import sizing
+from pagedkv.spec.capacity import (
+    _check_specs,
+    check_available_memory,
+    check_enough_kv_cache_memory,
+)
+from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from pagedkv.spec.errors import IncompatibleSpecError, InsufficientMemoryError, InvalidConfigError
+from pagedkv.spec.kv_cache_spec import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+from pagedkv.spec.mamba_spec import MambaSpec
+from pagedkv.spec.setting import ModelSetting
+from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
+
+__all__ = [
+    "MAX_UNIFIED_BLOCK_SIZE",
+    "is_kv_cache_type_attention_free",
+    "is_kv_cache_spec_uniform",
+    "is_kv_cache_page_size_uniform",
+    "unify_hybrid_kv_cache_specs",
+    "unify_kv_cache_spec_page_size",
+    "get_kv_cache_groups",
+    "get_kv_cache_config",
+    "unify_kv_cache_configs",
+]
+
+MAX_UNIFIED_BLOCK_SIZE: Final = 8192
+"""The largest block size ``unify_kv_cache_spec_page_size`` gives a layer
+when it grows block sizes to make pages match."""
+
+
+def is_kv_cache_type_attention_free(specs: Mapping[str, KVCacheSpec]) -> bool:
+    """A model without KV cache layers."""
+    return not specs
+
+
+def is_kv_cache_spec_uniform(specs: Mapping[str, KVCacheSpec]) -> bool:
+    """Whether all layers' specs merge into one (CFG-11); false when empty."""
+    return bool(specs) and _merge_failure(specs) is None
+
+
+def _merge_failure(specs: Mapping[str, KVCacheSpec]) -> IncompatibleSpecError | None:
+    values = list(specs.values())
+    try:
+        type(values[0]).merge(values)
+    except IncompatibleSpecError as exc:
+        return exc
+    return None
+
+
+def is_kv_cache_page_size_uniform(specs: Mapping[str, KVCacheSpec]) -> bool:
+    """Whether all layers have the same page size."""
+    return len({spec.page_size_bytes for spec in specs.values()}) == 1
+
+
+def unify_hybrid_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """The specs with the hybrid manager disabled (CFG-26): when full-attention
+    layers sit beside sliding-window or chunked-local ones, the latter become
+    ``FullAttentionSpec`` recording their window, so the model has one type.
+
+    Memory is then spent on every token of those layers (nothing outside the
+    window is freed); the model still computes over the window only.
+    Raises ``IncompatibleSpecError`` when the result is still not uniform.
+    """
+    result = dict(specs)
+    if not result or is_kv_cache_spec_uniform(result):
+        return result
+    has_full = any(isinstance(s, FullAttentionSpec) for s in result.values())
+    has_local = any(isinstance(s, (SlidingWindowSpec, ChunkedLocalAttentionSpec)) for s in result.values())
+    if has_full and has_local:
+        for name, spec in result.items():
+            if isinstance(spec, SlidingWindowSpec):
+                result[name] = FullAttentionSpec(
+                    spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
+                    sliding_window=spec.sliding_window, page_size_padded=spec.page_size_padded)
+            elif isinstance(spec, ChunkedLocalAttentionSpec):
+                result[name] = FullAttentionSpec(
+                    spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
+                    attention_chunk_size=spec.attention_chunk_size,
+                    page_size_padded=spec.page_size_padded)
+    failure = _merge_failure(result)
+    if failure is not None:
+        raise IncompatibleSpecError(
+            f"disable_hybrid_kv_cache_manager is set but the layers' specs cannot be unified "
+            f"into one type (only sliding-window and chunked-local layers beside full-attention "
+            f"layers can): {failure}")
+    return result
+
+
+def _block_scalable(spec: KVCacheSpec) -> bool:
+    """Attention pages grow linearly with the block size (unless padded)."""
+    return isinstance(spec, AttentionSpec) and spec.page_size_padded is None
+
+
+def unify_kv_cache_spec_page_size(specs: Mapping[str, KVCacheSpec], *,
+                                  max_block_size: int = MAX_UNIFIED_BLOCK_SIZE) -> dict[str, KVCacheSpec]:
+    """The specs with one common page size (CFG-15), or ``IncompatibleSpecError``.
+
+    Attention pages scale with the block size; fixed pages (Mamba states,
+    padded pages) do not but can be padded. The target page is the smallest
+    multiple of every attention page that is at least the largest fixed
+    page (``sizing.padded_page_target``); each attention layer's block size
+    is multiplied by ``target / page``, each smaller fixed page padded to it.
+
+    Example (a Jamba-like model): attention pages of 65,536 bytes (block 16,
+    4,096 bytes a token) and a Mamba state of 311,296 bytes give a target of
+    5 * 65,536 = 327,680: attention blocks of 80 tokens, Mamba pages padded
+    by 16,384 bytes.
+    """
+    result = dict(specs)
+    pages = {name: spec.page_size_bytes for name, spec in result.items()}
+    if len(set(pages.values())) <= 1:
+        return result
+    scalable = [name for name, spec in result.items() if _block_scalable(spec)]
+    fixed = [name for name in result if name not in scalable]
+    largest_fixed = max((pages[name] for name in fixed), default=0)
+    if scalable:
+        target = sizing.padded_page_target(math.lcm(*(pages[n] for n in scalable)), largest_fixed)
+    else:
+        target = largest_fixed
+    for name in scalable:
+        spec = result[name]
+        new_block_size = spec.block_size * (target // pages[name])
+        if new_block_size > max_block_size:
+            raise IncompatibleSpecError(
+                f"cannot unify page sizes: layer {name!r} would need field 'block_size' = "
+                f"{new_block_size} (> {max_block_size}) for its page of {pages[name]} bytes to "
+                f"reach the common page of {target} bytes")
+        result[name] = spec.copy_with_new_block_size(new_block_size)
+    for name in fixed:
+        spec = result[name]
+        if pages[name] == target:
+            continue
+        if isinstance(spec, AttentionSpec):
+            result[name] = dataclasses.replace(spec, page_size_padded=target)
+        elif isinstance(spec, MambaSpec):
+            result[name] = dataclasses.replace(spec, page_size_padded=target)
+        else:
+            raise IncompatibleSpecError(
+                f"cannot unify page sizes: layer {name!r} ({type(spec).__name__}) has field "
+                f"'page_size_bytes' = {pages[name]}, which neither scales with the block size "
+                f"nor can be padded to the common page of {target} bytes")
+    return result
+
+
+def _group(layer_names: Sequence[str], specs: Mapping[str, KVCacheSpec]) -> KVCacheGroupSpec:
+    layer_specs = [specs[name] for name in layer_names]
+    return KVCacheGroupSpec(tuple(layer_names), type(layer_specs[0]).merge(layer_specs))
+
+
+def get_kv_cache_groups(setting: ModelSetting, specs: Mapping[str, KVCacheSpec]
+                        ) -> tuple[tuple[KVCacheGroupSpec, ...], dict[str, KVCacheSpec]]:
+    """The KV cache groups of the model, and the per-layer specs they use
+    (after unification of hybrid specs and of page sizes) (CFG-14, CFG-15).
+
+    Layers keep their input order inside each group; groups come in the
+    order of the first layer of each spec.
+    """
+    _check_specs(specs)
+    layer_specs = dict(specs)
+    if setting.disable_hybrid_kv_cache_manager:
+        layer_specs = unify_hybrid_kv_cache_specs(layer_specs)
+    if is_kv_cache_type_attention_free(layer_specs):
+        return (), layer_specs
+    if is_kv_cache_spec_uniform(layer_specs):
+        return (_group(list(layer_specs), layer_specs),), layer_specs
+    uniform = UniformTypeKVCacheSpecs.from_specs(layer_specs)
+    if uniform is not None:
+        return (KVCacheGroupSpec(tuple(layer_specs), uniform),), layer_specs
+    layer_specs = unify_kv_cache_spec_page_size(layer_specs)
+    same_spec_layers: dict[KVCacheSpec, list[str]] = {}
+    for name, spec in layer_specs.items():
+        same_spec_layers.setdefault(spec, []).append(name)
+    group_size = sizing.group_size_for([len(names) for names in same_spec_layers.values()])
+    groups: list[KVCacheGroupSpec] = []
+    for names in same_spec_layers.values():
+        for start in range(0, len(names), group_size):
+            groups.append(_group(names[start:start + group_size], layer_specs))
+    return tuple(groups), layer_specs
+
+
+def get_kv_cache_config(setting: ModelSetting, specs: Mapping[str, KVCacheSpec],
+                        available_memory: int) -> KVCacheConfig:
+    """Plan the KV cache of a model in ``available_memory`` bytes.
+
+    Groups the layers (``get_kv_cache_groups``), checks that one request of
+    ``setting.max_model_len`` tokens fits in the specs actually used
+    (``check_enough_kv_cache_memory``, CFG-17), then sizes the pool (CFG-12,
+    CFG-16): with one uniform-type group, ``available // sum of pages``
+    blocks and one tensor per layer; otherwise, with ``G`` the most layers
+    in a group, ``available // page // G`` blocks and ``G`` tensors of
+    ``page * num_blocks`` bytes, tensor ``i`` shared by layer ``i`` of each
+    group that has one. ``setting.num_gpu_blocks_override`` replaces the
+    block count if it fits (CFG-27).
+
+    Tensor sizes sum to at most ``available_memory``; the result satisfies
+    ``check_kv_cache_config``.
+
+    Raises ``InvalidConfigError`` (bad inputs), ``IncompatibleSpecError``
+    (specs that cannot be grouped), ``InsufficientMemoryError``.
+    """
+    if not isinstance(setting, ModelSetting):
+        raise InvalidConfigError(f"setting must be a ModelSetting, got {setting!r}")
+    check_available_memory(available_memory)
+    groups, layer_specs = get_kv_cache_groups(setting, specs)
+    if not groups:
+        return KVCacheConfig(num_blocks=1, kv_cache_tensors=(), kv_cache_groups=())
+    check_enough_kv_cache_memory(setting, layer_specs, available_memory)
+    first = groups[0].kv_cache_spec
+    if len(groups) == 1 and isinstance(first, UniformTypeKVCacheSpecs):
+        num_blocks = sizing.num_blocks_for_memory(available_memory, first.page_size_bytes, 1)
+        num_blocks = _override(setting, num_blocks)
+        tensors = tuple(KVCacheTensor(spec.page_size_bytes * num_blocks, (name,))
+                        for name, spec in first.kv_cache_specs)
+    else:
+        group_size = max(len(group.layer_names) for group in groups)
+        page_size = first.page_size_bytes
+        num_blocks = sizing.num_blocks_for_memory(available_memory, page_size, group_size)
+        num_blocks = _override(setting, num_blocks)
+        tensors = tuple(
+            KVCacheTensor(page_size * num_blocks, tuple(
+                group.layer_names[i] for group in groups if i < len(group.layer_names)))
+            for i in range(group_size))
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
+
+
+def _override(setting: ModelSetting, num_blocks: int) -> int:
+    override = setting.num_gpu_blocks_override
+    if override is not None:
+        if override > num_blocks:
+            raise InsufficientMemoryError(
+                f"ModelSetting.num_gpu_blocks_override={override} blocks do not fit: "
+                f"the available memory holds {num_blocks} blocks")
+        return override
+    if num_blocks < 1:
+        raise InsufficientMemoryError(
+            "available_memory holds no block of every layer; raise the memory")
+    return num_blocks
+
+
+def _group_sort_key(group: KVCacheGroupSpec) -> tuple[str, str]:
+    return type(group.kv_cache_spec).__name__, repr(group.kv_cache_spec)
+
+
+def unify_kv_cache_configs(configs: Sequence[KVCacheConfig]) -> list[KVCacheConfig]:
+    """Make the configurations of several workers agree (CFG-25), so one
+    manager can drive them all: groups sorted by (spec type name, spec repr)
+    in each, the same specs required group by group, and every ``num_blocks``
+    lowered to the smallest. Tensors are left as they are: using only the
+    first ``num_blocks`` blocks of a tensor is valid.
+
+    Raises ``InvalidConfigError`` for an empty list, ``IncompatibleSpecError``
+    naming the worker and group whose groups differ.
+    """
+    if not configs:
+        raise InvalidConfigError("unify_kv_cache_configs needs at least one KVCacheConfig, got none")
+    sorted_groups = [tuple(sorted(c.kv_cache_groups, key=_group_sort_key)) for c in configs]
+    reference = sorted_groups[0]
+    for worker, groups in enumerate(sorted_groups[1:], start=1):
+        if len(groups) != len(reference):
+            raise IncompatibleSpecError(
+                f"worker {worker}: field 'kv_cache_groups' has {len(groups)} groups, "
+                f"worker 0 has {len(reference)}")
+        for index, (mine, theirs) in enumerate(zip(reference, groups)):
+            if mine.kv_cache_spec != theirs.kv_cache_spec:
+                raise IncompatibleSpecError(
+                    f"worker {worker}: field 'kv_cache_spec' of group {index} is "
+                    f"{theirs.kv_cache_spec!r}, worker 0 has {mine.kv_cache_spec!r}")
+    num_blocks = min(c.num_blocks for c in configs)
+    return [KVCacheConfig(num_blocks, c.kv_cache_tensors, groups)
+            for c, groups in zip(configs, sorted_groups)]

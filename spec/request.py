@@ -1,0 +1,167 @@
+"""The request: what the manager reads of a request, and a concrete type.
+
+The manager never owns requests. It reads the attributes of
+:class:`RequestView` (a Protocol), so an engine can pass its own request
+type. :class:`Request` is a ready-made one whose ``block_hashes`` grow as
+tokens arrive, driven by the ``block_hasher`` the manager hands out
+(``KVCacheManager.make_request``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.hashing import MultiModalFeature
+from pagedkv.spec.types import BlockHash
+
+__all__ = ["RequestView", "Request", "MMFeature", "BlockHasher"]
+
+
+class RequestView(Protocol):
+    """The attributes a KV cache manager reads from a request.
+
+    ``block_hashes[i]`` is the chained hash of full block ``i`` (at the
+    manager's hash block size); it covers exactly the full blocks of
+    ``all_token_ids``. ``num_computed_tokens`` is owned by the engine: it is
+    the number of tokens whose KV is in the cache before this step.
+    """
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def block_hashes(self) -> Sequence[BlockHash]: ...
+    @property
+    def num_preemptions(self) -> int: ...
+    @property
+    def lora_id(self) -> int | None: ...
+    @property
+    def lora_name(self) -> str | None: ...
+    @property
+    def cache_salt(self) -> str | None: ...
+    @property
+    def mm_features(self) -> Sequence[MultiModalFeature]: ...
+    @property
+    def skip_reading_prefix_cache(self) -> bool: ...
+
+
+BlockHasher = Callable[["Request"], list[BlockHash]]
+"""Returns the hashes of the full blocks of a request not yet in its
+``block_hashes`` (possibly none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MMFeature:
+    """A multimodal input occupying prompt tokens ``[offset, offset+length)``."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+def _check_token_ids(token_ids: Iterable[int], what: str) -> list[int]:
+    tokens = list(token_ids)
+    for token in tokens:
+        if type(token) is not int or token < 0:
+            raise InvalidArgumentError(f"{what} must be non-negative ints, got {token!r}")
+    return tokens
+
+
+class Request:
+    """A request with incrementally maintained block hashes.
+
+    Cost: creation hashes every full block of the prompt (O(prompt tokens));
+    ``append_output_token_ids`` hashes only blocks that the new tokens
+    complete.
+    """
+
+    __slots__ = (
+        "request_id", "_all_token_ids", "num_prompt_tokens", "num_computed_tokens",
+        "block_hashes", "num_preemptions", "lora_id", "lora_name", "cache_salt",
+        "mm_features", "skip_reading_prefix_cache", "_block_hasher",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        block_hasher: BlockHasher | None,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        mm_features: Sequence[MultiModalFeature] = (),
+        skip_reading_prefix_cache: bool = False,
+    ) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
+        tokens = _check_token_ids(prompt_token_ids, "prompt_token_ids")
+        if not tokens:
+            raise InvalidArgumentError(f"request {request_id!r}: prompt_token_ids is empty")
+        if lora_id is not None and (type(lora_id) is not int or lora_id < 0):
+            raise InvalidArgumentError(f"lora_id must be a non-negative int or None, got {lora_id!r}")
+        features = tuple(mm_features)
+        previous_end = 0
+        for feature in features:
+            if feature.offset < previous_end or feature.length <= 0 or (
+                    feature.offset + feature.length > len(tokens)):
+                raise InvalidArgumentError(
+                    f"request {request_id!r}: mm_features must be sorted, non-overlapping, "
+                    f"non-empty ranges inside the prompt; got offset={feature.offset} "
+                    f"length={feature.length} (prompt has {len(tokens)} tokens)")
+            previous_end = feature.offset + feature.length
+        self.request_id = request_id
+        self._all_token_ids = tokens
+        self.num_prompt_tokens = len(tokens)
+        self.num_computed_tokens = 0
+        self.block_hashes: list[BlockHash] = []
+        self.num_preemptions = 0
+        self.lora_id = lora_id
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self.mm_features: tuple[MultiModalFeature, ...] = features
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self._block_hasher = block_hasher
+        if block_hasher is not None:
+            self.block_hashes.extend(block_hasher(self))
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt tokens followed by output tokens (do not mutate)."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """``len(all_token_ids)``."""
+        return len(self._all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens appended after the prompt."""
+        return len(self._all_token_ids) - self.num_prompt_tokens
+
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Append generated tokens and hash any block they complete."""
+        if isinstance(token_ids, int):
+            if token_ids < 0:
+                raise InvalidArgumentError(f"output token ids must be non-negative, got {token_ids}")
+            self._all_token_ids.append(token_ids)
+        else:
+            self._all_token_ids.extend(_check_token_ids(token_ids, "output token ids"))
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
+                f"num_computed_tokens={self.num_computed_tokens}, "
+                f"num_block_hashes={len(self.block_hashes)})")

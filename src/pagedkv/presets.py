@@ -1,0 +1,97 @@
+"""Built-in model descriptions for ``pagedkv plan``.
+
+Each preset stands for the KV cache layers of a well-known model family (the
+layer counts and head shapes of the public model configs); weights and
+everything else a model has are irrelevant to the KV cache and left out.
+
+- ``llama3-8b``: 32 full-attention layers, 8 KV heads of 128, bf16.
+- ``gemma3``: 62 layers (Gemma-3-27B-like), every 6th full attention and the
+  others sliding window of 1024 tokens (5:1), 16 KV heads of 128, bf16.
+- ``jamba``: 32 layers (Jamba-v0.1-like), attention every 8th layer (offset
+  4, 8 KV heads of 128), the others Mamba-1 with an inner size of 8192, a
+  16-element state and a 4-tap convolution, bf16 states.
+- ``deepseek-v3``: 61 MLA layers, one 576-element latent (512 + 64 rotary)
+  per token, bf16, blocks of 64 tokens (FlashMLA's block size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pagedkv.spec.kv_cache_spec import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+from pagedkv.spec.mamba_spec import MambaSpec
+
+__all__ = ["Preset", "PRESETS", "preset_names"]
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A named model: ``build(max_model_len, block_size)`` gives its layers'
+    specs; ``block_size`` ``None`` means the preset's own."""
+
+    name: str
+    description: str
+    default_block_size: int
+    build_layers: Callable[[int, int], dict[str, KVCacheSpec]]
+
+    def build(self, max_model_len: int, block_size: int | None = None) -> dict[str, KVCacheSpec]:
+        """The specs per layer, in layer order."""
+        return self.build_layers(max_model_len, block_size or self.default_block_size)
+
+
+def _llama3_8b(max_model_len: int, block_size: int) -> dict[str, KVCacheSpec]:
+    return {f"layers.{i}": FullAttentionSpec(block_size, 8, 128, "bfloat16") for i in range(32)}
+
+
+def _gemma3(max_model_len: int, block_size: int) -> dict[str, KVCacheSpec]:
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(62):
+        if (i + 1) % 6 == 0:
+            specs[f"layers.{i}"] = FullAttentionSpec(block_size, 16, 128, "bfloat16")
+        else:
+            specs[f"layers.{i}"] = SlidingWindowSpec(block_size, 16, 128, "bfloat16", 1024)
+    return specs
+
+
+def _jamba(max_model_len: int, block_size: int) -> dict[str, KVCacheSpec]:
+    d_inner, d_state, d_conv = 8192, 16, 4
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(32):
+        if i % 8 == 4:
+            specs[f"layers.{i}"] = FullAttentionSpec(block_size, 8, 128, "bfloat16")
+        else:
+            # Without prefix caching a Mamba layer holds one state per request,
+            # whatever its length: its block spans the whole request.
+            specs[f"layers.{i}"] = MambaSpec(
+                max_model_len, ((d_inner, d_conv - 1), (d_inner, d_state)),
+                ("bfloat16", "bfloat16"), mamba_type="mamba1")
+    return specs
+
+
+def _deepseek_v3(max_model_len: int, block_size: int) -> dict[str, KVCacheSpec]:
+    return {f"layers.{i}": MLAAttentionSpec(block_size, 1, 576, "bfloat16") for i in range(61)}
+
+
+PRESETS: dict[str, Preset] = {
+    preset.name: preset for preset in (
+        Preset("llama3-8b", "Llama-3-8B-like: 32 full-attention layers, 8 KV heads x 128, bf16",
+               16, _llama3_8b),
+        Preset("gemma3", "Gemma-3-27B-like: 62 layers, 5:1 sliding-window (1024):full, "
+               "16 KV heads x 128, bf16", 16, _gemma3),
+        Preset("jamba", "Jamba-v0.1-like: 4 attention (8 KV heads x 128) + 28 Mamba-1 layers "
+               "(8192 x 16 state, conv 4), bf16", 16, _jamba),
+        Preset("deepseek-v3", "DeepSeek-V3-like: 61 MLA layers, latent 512 + rope 64, bf16",
+               64, _deepseek_v3),
+    )
+}
+
+
+def preset_names() -> list[str]:
+    """The built-in preset names."""
+    return list(PRESETS)

@@ -1,0 +1,27 @@
+"""Shared test configuration: Hypothesis profiles.
+
+- ``dev``: the default for local runs.
+- ``ci``: selected when ``CI`` is set; derandomized, no example database,
+  prints a reproduction blob on failure.
+- ``thorough``: ``make verify-thorough``; 20x the examples of ``ci``.
+``HYPOTHESIS_PROFILE`` overrides the choice.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile(
+    "ci", max_examples=100, deadline=None, derandomize=True, database=None,
+    print_blob=True, suppress_health_check=_SLOW_OK,
+)
+settings.register_profile(
+    "thorough", max_examples=2000, deadline=None, print_blob=True,
+    suppress_health_check=_SLOW_OK,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))

@@ -1,0 +1,1 @@
+"""Deliberately wrong code the CrossHair gate must catch."""
