@@ -29,7 +29,7 @@ FORCE:
 install: $(MODULE_LIST)
 
 typecheck: install
-	$(PY) -m mypy --strict -p pagedkv tests bench
+	$(PY) -m mypy --strict -p pagedkv -p tests -p bench
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -46,7 +46,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=None, metavar="N",
                         help="optimized runs per trace configuration (default 5, --quick 2)")
     parser.add_argument("--reference-runs", type=int, default=None, metavar="N",
-                        help="reference runs per trace configuration (default 1)")
+                        help="reference runs per trace configuration (default 3, --quick 1)")
     parser.add_argument("--requests", type=int, default=STANDARD.num_requests, metavar="N",
                         help="requests in the trace (default 256: only the default compares with vLLM)")
     parser.add_argument("--no-reference", action="store_true", help="skip the reference manager")
@@ -65,7 +65,10 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def _ratio(optimized: float | None, reference: float | None) -> str:
     if optimized is None or reference is None or reference == 0:
         return "–"
-    return f"{optimized / reference:.3f} ({reference / optimized:.0f}× faster)" if optimized else "–"
+    if not optimized:
+        return "–"
+    speedup = reference / optimized
+    return f"{optimized / reference:.3f} ({speedup:.{1 if speedup < 10 else 0}f}× faster)"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -173,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     quick = bool(args.quick)
     runs = args.runs if args.runs is not None else (2 if quick else 5)
-    ref_runs = args.reference_runs if args.reference_runs is not None else 1
+    ref_runs = args.reference_runs if args.reference_runs is not None else (1 if quick else 3)
     config = TraceConfig(num_requests=args.requests)
     impls = [("optimized", runs)] + ([] if args.no_reference else [("reference", ref_runs)])
     command = "cd " + shlex.quote(os.getcwd()) + " && " + " ".join(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -128,16 +129,31 @@ def run_vllm(vllm_python: str, config: TraceConfig, num_blocks: int = 8192) -> d
     }
 
 
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    first = runs[0]
+    return {**first,
+            "manager_total_ms": statistics.median(r["manager_total_ms"] for r in runs),
+            "request_creation_us_per_token": statistics.median(
+                r["request_creation_us_per_token"] for r in runs),
+            "us_per_call": {k: statistics.median(r["us_per_call"][k] for r in runs)
+                            for k in first["us_per_call"]}}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run both managers once on the trace (hash sha256) and print the ratios."""
     parser = argparse.ArgumentParser(prog="python -m bench.vllm_side_by_side", description=__doc__)
     parser.add_argument("--vllm-python", required=True, metavar="PATH",
                         help="the python of a virtual environment with vLLM installed")
     parser.add_argument("--requests", type=int, default=STANDARD.num_requests, metavar="N")
+    parser.add_argument("--runs", type=int, default=1, metavar="N",
+                        help="runs of each manager, alternating; medians (default 1)")
     args = parser.parse_args(argv)
     config = TraceConfig(num_requests=args.requests)
-    theirs = run_vllm(args.vllm_python, config)
-    ours = mb.run_trace("optimized", "sha256", 1, config)
+    vllm_runs, our_runs = [], []
+    for _ in range(max(1, args.runs)):  # alternate, so drift on the machine hits both
+        vllm_runs.append(run_vllm(args.vllm_python, config))
+        our_runs.append(mb.run_trace("optimized", "sha256", 1, config))
+    theirs, ours = _median(vllm_runs), _median(our_runs)
     rows = [("manager total (ms)", theirs["manager_total_ms"], ours["manager_total_ms"])]
     for kind in ("allocate_slots", "get_computed_blocks", "free"):
         rows.append((f"{kind} (µs/call)", theirs["us_per_call"][kind], ours["us_per_call"][kind]))
@@ -145,14 +161,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                  ours["request_creation_us_per_token"]))
     rows.append(("append_token (µs/call)", theirs["us_per_call"]["append_token"],
                  ours["us_per_call"]["append_token"]))
-    print(f"standard chat trace, {config.num_requests} requests, 8192 blocks, sha256, one run each; "
+    print(f"standard chat trace, {config.num_requests} requests, 8192 blocks, sha256, "
+          f"median of {max(1, args.runs)} run(s) each; "
           f"vLLM {theirs['vllm_version']} (Python {theirs['python']}) vs pagedkv optimized")
     print(f"| {'figure':<36} | {'vLLM':>10} | {'pagedkv':>10} | {'vLLM/pagedkv':>12} |")
     print(f"|{'-' * 38}|{'-' * 12}|{'-' * 12}|{'-' * 14}|")
     for label, vllm_value, our_value in rows:
         ratio = vllm_value / our_value if our_value else float("nan")
         print(f"| {label:<36} | {vllm_value:>10.3f} | {our_value:>10.3f} | {ratio:>11.1f}× |")
-    print(f"reproduce: .venv/bin/python -m bench.vllm_side_by_side --vllm-python {args.vllm_python}")
+    print("reproduce: .venv/bin/python -m bench.vllm_side_by_side "
+          f"--vllm-python {args.vllm_python} --runs {max(1, args.runs)}")
     return 0
 
 

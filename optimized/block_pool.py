@@ -48,7 +48,8 @@ from pagedkv.spec.types import (
     KVCacheEvent,
 )
 
-from pagedkv.optimized.free_queue import FreeBlockQueue
+from .free_queue import FreeBlockQueue
+from .pool_invariants import check_pool_invariants
 
 __all__ = ["BlockPool", "NULL_BLOCK"]
 
@@ -128,6 +129,22 @@ class BlockPool:
     def block_hashes(self) -> list[BlockHash | None]:
         """Raw hash per block id (live list; do not mutate). Cost: O(1)."""
         return self._hash
+
+    @property
+    def block_group_ids(self) -> list[int]:
+        """Group id of each block's key (meaningful where hashed; live list).
+        Cost: O(1)."""
+        return self._gid
+
+    @property
+    def free_queue(self) -> FreeBlockQueue:
+        """The free queue itself (do not mutate). Cost: O(1)."""
+        return self._queue
+
+    @property
+    def pending_events(self) -> list[KVCacheEvent]:
+        """Events not yet taken (live list; do not mutate). Cost: O(1)."""
+        return self._events
 
     def ref_count(self, block_id: int) -> int:
         """Ref count of one block. Cost: O(1).
@@ -473,45 +490,7 @@ class BlockPool:
         Raises:
             InvariantViolation: the message starts with the invariant's ID.
         """
-        def fail(inv: str, what: str) -> None:
-            raise InvariantViolation(f"{inv}: {what}\nstate: {self.snapshot()!r}")
-
-        n = self.num_blocks
-        try:
-            self._queue.check()
-        except AssertionError as exc:
-            fail("POOL-2", f"free queue links broken: {exc}")
-        queue = self._queue.to_list()
-        if self._ref[0] != 0 or self._hash[0] is not None or 0 in queue:
-            fail("POOL-1", "null block queued, referenced or hashed")
-        queued = set(queue)
-        if any(not 0 < b < n for b in queue):
-            fail("POOL-2", "free queue holds an id outside [1, num_blocks)")
-        for b in range(1, n):
-            if self._ref[b] < 0:
-                fail("POOL-3", f"block {b} has ref count {self._ref[b]}")
-            if (b in queued) != (self._ref[b] == 0):
-                fail("POOL-2", f"block {b}: queued={b in queued} ref={self._ref[b]}")
-        if self._queue.size != len(queue):
-            fail("POOL-4", f"free count {self._queue.size} != queue length {len(queue)}")
-        seen: set[int] = set()
-        for group_id, table in enumerate(self.cached_by_group):
-            for block_hash, ids in table.items():
-                if not ids or len(set(ids)) != len(ids):
-                    fail("CACHE-1", f"map entry {block_hash.hex()} holds {ids}")
-                for b in ids:
-                    if self._hash[b] != block_hash or self._gid[b] != group_id:
-                        fail("CACHE-1", f"block {b} in map under another key")
-                    seen.add(b)
-        for b in range(n):
-            if self._hash[b] is not None and b not in seen:
-                fail("CACHE-1", f"block {b} hashed but not in the map")
-            if self._hash[b] is not None and not 0 <= self._gid[b] < self.num_groups:
-                fail("CACHE-3", f"block {b} has group id {self._gid[b]}")
-        if not self.enable_caching and seen:
-            fail("CACHE-2", "caching disabled but blocks carry hashes")
-        if not self.enable_kv_cache_events and self._events:
-            fail("EVT-1", "events disabled but events pending")
+        check_pool_invariants(self)
 
     def _check_ids(self, ids: Iterable[object]) -> None:
         n = self.num_blocks

@@ -6,7 +6,7 @@ total, allocate in every group, cache, free group by group, and find a
 prefix hit common to the groups. Kinds:
 
 - :class:`NoPrefixCacheCoordinator`: caching disabled, any number of groups
-  (zero included); never finds a hit.
+  (zero included), or zero groups with caching on; never finds a hit.
 - :class:`UnitaryCoordinator`: caching enabled, exactly one group; a hit is
   that group's manager's hit.
 - A hybrid coordinator (several groups with caching; issue 5) subclasses
@@ -25,8 +25,8 @@ from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import BlockHash
 
-from pagedkv.optimized.block_pool import BlockPool
-from pagedkv.optimized.single_type import SingleTypeKVCacheManager, make_single_type_manager
+from .block_pool import BlockPool
+from .single_type import SingleTypeKVCacheManager, make_single_type_manager
 
 __all__ = [
     "KVCacheCoordinator",
@@ -189,7 +189,8 @@ def make_coordinator(kv_cache_config: KVCacheConfig, use_eagle: bool, enable_cac
             comes later) or a spec type without a manager.
     """
     num_groups = len(kv_cache_config.kv_cache_groups)
-    if not enable_caching:
+    if not enable_caching or num_groups == 0:
+        # Zero groups (an attention-free model): nothing to cache or hit.
         return NoPrefixCacheCoordinator(kv_cache_config, use_eagle, enable_caching,
                                         enable_kv_cache_events, block_sizes, hash_block_size)
     if num_groups == 1:

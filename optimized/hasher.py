@@ -139,7 +139,8 @@ def _sha_hasher(name: HashFnName, size: int, root: BlockHash) -> Callable[[Reque
             return pickle.dumps(triple, protocol=_PICKLE_PROTOCOL)
     else:
         def encode(triple: object) -> bytes:
-            return cbor2.dumps(triple, canonical=True)  # type: ignore[no-any-return]
+            encoded: bytes = cbor2.dumps(triple, canonical=True)
+            return encoded
 
     def hash_new_blocks(request: Request) -> list[BlockHash]:
         hashes = request.block_hashes

@@ -22,7 +22,7 @@ from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import FullAttentionSpec, KVCacheSpec
 from pagedkv.spec.types import BlockHash
 
-from pagedkv.optimized.block_pool import BlockPool
+from .block_pool import BlockPool
 
 __all__ = [
     "SingleTypeKVCacheManager",

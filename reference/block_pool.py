@@ -69,6 +69,8 @@ class BlockPool:
         self.free_queue: list[KVCacheBlock] = self.blocks[1:]
         self.cached: dict[BlockHashWithGroupId, list[KVCacheBlock]] = {}
         self.events: list[KVCacheEvent] = []
+        # Blocks held for the pool's lifetime (attention sinks, D-SINK-1).
+        self.reserved: list[KVCacheBlock] = []
 
     # -- allocation --------------------------------------------------------
 
@@ -99,6 +101,13 @@ class BlockPool:
                 self._evict(block)
             block.ref_cnt = 1
         return popped
+
+    def reserve(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` blocks from the front for good (attention sink
+        blocks): ref count 1, never freed, never hashed (SINK-1)."""
+        blocks = self.get_new_blocks(num_blocks)
+        self.reserved.extend(blocks)
+        return blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on each block (a prefix hit); a free one leaves
@@ -143,28 +152,36 @@ class BlockPool:
         return found
 
     def cache_full_blocks(self, request: HashedRequest, blocks: Sequence[KVCacheBlock],
-                          num_cached_blocks: int, num_full_blocks: int, block_size: int,
-                          group_id: int) -> None:
+                          block_hashes: Sequence[BlockHash], num_cached_blocks: int,
+                          num_full_blocks: int, block_size: int, group_id: int,
+                          mask: Sequence[bool] | None = None) -> None:
         """Give blocks ``[num_cached_blocks, num_full_blocks)`` of a request
-        their cache keys (skipping null and already-hashed blocks) and record
-        one ``BlockStored`` event for those newly hashed."""
-        if num_cached_blocks >= num_full_blocks:
-            return
-        hashes = request.block_hashes
-        stored: list[BlockHash] = []
+        their cache keys: ``block_hashes[i]`` (the group's view of the
+        request's hashes) plus the group id. Null blocks, already-hashed
+        blocks and blocks the ``mask`` (indexed from ``num_cached_blocks``)
+        rules out are skipped. One ``BlockStored`` per contiguous run of newly
+        hashed blocks (D-EVT-2)."""
+        runs: list[list[int]] = []
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
-            if block.is_null or block.block_hash is not None:
+            if block.is_null or block.block_hash is not None or (
+                    mask is not None and not mask[index - num_cached_blocks]):
                 continue
-            key = make_block_hash_with_group_id(hashes[index], group_id)
+            key = make_block_hash_with_group_id(block_hashes[index], group_id)
             block.block_hash = key
             self.cached.setdefault(key, []).append(block)
-            stored.append(hashes[index])
-        if self.enable_kv_cache_events and stored:
+            if runs and runs[-1][-1] == index - 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        if not self.enable_kv_cache_events:
+            return
+        for run in runs:
+            first, end = run[0], run[-1] + 1
             self.events.append(BlockStored(
-                block_hashes=tuple(stored),
-                parent_block_hash=None if num_cached_blocks == 0 else hashes[num_cached_blocks - 1],
-                token_ids=tuple(request.all_token_ids[num_cached_blocks * block_size:num_full_blocks * block_size]),
+                block_hashes=tuple(block_hashes[first:end]),
+                parent_block_hash=None if first == 0 else block_hashes[first - 1],
+                token_ids=tuple(request.all_token_ids[first * block_size:end * block_size]),
                 block_size=block_size,
                 lora_id=request.lora_id,
                 lora_name=request.lora_name,
@@ -198,8 +215,10 @@ class BlockPool:
             self._evict(self.blocks[block_id])
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every cache key, if no block is in use; ``False`` otherwise."""
-        if any(block.ref_cnt > 0 for block in self.blocks[1:]):
+        """Drop every cache key, if no block is in use (reserved sink blocks
+        aside, D-SINK-2); ``False`` otherwise."""
+        if any(block.ref_cnt > 0 and all(block is not kept for kept in self.reserved)
+               for block in self.blocks[1:]):
             return False
         self.cached.clear()
         for block in self.blocks:

@@ -1,68 +1,138 @@
-"""Coordinators: the managers of every KV cache group, driven together
-(spec/coordinators.md)."""
+"""Coordinators: every KV cache group's manager, driven together
+(spec/coordinators.md).
+
+The hybrid coordinator's hit is the brute-force definition itself: the
+largest length ``L <= max_length``, a multiple of the alignment (the LCM of
+the groups' block sizes), at which every group can serve a hit by its own
+rule; ``L = 0`` always qualifies. With one group this is the unitary
+coordinator's hit.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager
+from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.mamba import MambaManager
+from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
+from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.kv_cache_spec import FullAttentionSpec, KVCacheSpec
-from pagedkv.spec.types import BlockHash
+from pagedkv.spec.registry import manager_kind_for
+from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 
-__all__ = ["Coordinator", "UnitaryCoordinator", "NoPrefixCacheCoordinator", "make_coordinator"]
+__all__ = ["Coordinator", "HybridCoordinator", "NoPrefixCacheCoordinator", "make_coordinator",
+           "MANAGER_FOR_KIND", "group_view"]
 
-MANAGER_FOR_SPEC: dict[type[KVCacheSpec], type[SingleTypeManager]] = {
-    FullAttentionSpec: FullAttentionManager,
+MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
+    "full_attention": FullAttentionManager,
+    "sink_full_attention": SinkFullAttentionManager,
+    "sliding_window": SlidingWindowManager,
+    "chunked_local": ChunkedLocalAttentionManager,
+    "mamba": MambaManager,
+    "cross_attention": CrossAttentionManager,
 }
-"""Which manager serves each spec type (issue 5 adds the other types)."""
+"""The reference manager for each manager kind of :mod:`pagedkv.spec.registry`."""
+
+
+def group_view(block_hashes: Sequence[BlockHash], hash_block_size: int, block_size: int) -> list[BlockHash]:
+    """A request's hashes at a group's block size: each group block's hash is
+    the concatenation of the hashes of the hash blocks it spans (D-HASH-5)."""
+    scale = block_size // hash_block_size
+    if scale == 1:
+        return list(block_hashes)
+    return [BlockHash(b"".join(block_hashes[index * scale:(index + 1) * scale]))
+            for index in range(len(block_hashes) // scale)]
 
 
 class Coordinator:
     """Holds one single-type manager per group and the set of known requests."""
 
     def __init__(self, config: KVCacheConfig, pool: BlockPool, enable_caching: bool,
-                 block_sizes: Sequence[int]) -> None:
+                 block_sizes: Sequence[int], hash_block_size: int, use_eagle: bool,
+                 retention_interval: int | None = None) -> None:
         self.pool = pool
+        self.block_sizes = list(block_sizes)
+        self.hash_block_size = hash_block_size
+        self.alignment = rules.hit_alignment(self.block_sizes)
         self.managers: list[SingleTypeManager] = []
         for group_id, (group, block_size) in enumerate(zip(config.kv_cache_groups, block_sizes)):
-            manager_type = MANAGER_FOR_SPEC.get(type(group.kv_cache_spec))
+            kind = manager_kind_for(group.kv_cache_spec)
+            manager_type = MANAGER_FOR_KIND.get(kind)
             if manager_type is None:
                 raise InvalidConfigError(
-                    f"kv_cache_groups[{group_id}].kv_cache_spec: {type(group.kv_cache_spec).__name__} "
-                    "is not supported yet (this version manages FullAttentionSpec groups)")
-            self.managers.append(manager_type(group.kv_cache_spec, pool, group_id, block_size, enable_caching))
+                    f"kv_cache_groups[{group_id}]: manager kind {kind!r} has no reference manager")
+            self.managers.append(manager_type(group.kv_cache_spec, pool, group_id, block_size,
+                                              enable_caching, self.alignment, use_eagle, retention_interval))
         self.known: set[str] = set()
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               use_eagle: bool) -> tuple[list[KVCacheBlock], ...]:
-        """Hit blocks per group (empty without a prefix cache)."""
+    def view(self, manager: SingleTypeManager, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """``block_hashes`` at ``manager``'s block size."""
+        return group_view(block_hashes, self.hash_block_size, manager.block_size)
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
+                               max_length: int) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """Hit blocks per group and the hit length (nothing without a prefix cache)."""
         raise NotImplementedError
 
+    def _tokens_for(self, manager: SingleTypeManager, num_tokens: int, num_encoder_tokens: int) -> int:
+        return num_encoder_tokens if isinstance(manager, CrossAttentionManager) else num_tokens
+
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+        """Release, in every group, blocks attention no longer reads."""
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
+
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]]) -> int:
+                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+                                   num_total_computed_tokens: int, num_main_tokens: int,
+                                   num_encoder_tokens: int) -> int:
         """Free blocks all groups together consume for this allocation."""
-        return sum(manager.get_num_blocks_to_allocate(request_id, num_tokens, hits)
-                   for manager, hits in zip(self.managers, new_computed_blocks))
+        return sum(manager.get_num_blocks_to_allocate(
+            request_id, self._tokens_for(manager, num_tokens, num_encoder_tokens), hits,
+            num_total_computed_tokens, self._tokens_for(manager, num_main_tokens, num_encoder_tokens))
+            for manager, hits in zip(self.managers, new_computed_blocks))
 
     def admit(self, request_id: str, new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
-              num_total_computed_tokens: int, num_external_computed_tokens: int) -> None:
+              num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
         """Make ``request_id`` known, holding its hit blocks in every group."""
         self.known.add(request_id)
+        # Every group takes its hit before any group allocates: a fresh block
+        # for external tokens could otherwise evict another group's hit (D-API-9).
         for manager, hits in zip(self.managers, new_computed_blocks):
-            manager.admit(request_id, hits, num_total_computed_tokens, num_external_computed_tokens)
+            manager.admit(request_id, hits, num_local_computed_tokens, num_external_computed_tokens)
+        for manager in self.managers:
+            manager.allocate_external(request_id, num_local_computed_tokens + num_external_computed_tokens,
+                                      num_external_computed_tokens)
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVCacheBlock], ...]:
-        """Fresh blocks per group so ``num_tokens`` tokens have slots."""
-        return tuple(manager.allocate_new_blocks(request_id, num_tokens) for manager in self.managers)
+    def stale_hit(self, block_hashes: Sequence[BlockHash],
+                  new_computed_blocks: Sequence[Sequence[KVCacheBlock]]) -> str | None:
+        """Why a hit handed back to ``allocate_slots`` is no longer valid (a
+        block evicted or reused since ``get_computed_blocks``), or ``None``."""
+        for manager, hits in zip(self.managers, new_computed_blocks):
+            view = self.view(manager, block_hashes)
+            for index, block in enumerate(hits):
+                if block.is_null:
+                    continue
+                if index >= len(view) or block.block_hash != make_block_hash_with_group_id(view[index], manager.group_id):
+                    return (f"group {manager.group_id} position {index}: block {block.block_id} no longer "
+                            "caches that position (evicted or reused since get_computed_blocks)")
+        return None
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int,
+                            num_encoder_tokens: int) -> tuple[list[KVCacheBlock], ...]:
+        """Fresh blocks per group so the tokens have slots."""
+        return tuple(manager.allocate_new_blocks(
+            request_id, self._tokens_for(manager, num_tokens, num_encoder_tokens),
+            self._tokens_for(manager, num_main_tokens, num_encoder_tokens)) for manager in self.managers)
 
     def cache_blocks(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
         """Cache the full blocks of every group."""
         for manager in self.managers:
-            manager.cache_blocks(request, request_id, num_tokens)
+            manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, num_tokens)
 
     def free(self, request_id: str) -> None:
         """Release every group's blocks, group by group."""
@@ -78,35 +148,38 @@ class Coordinator:
         """Common prefix blocks per group."""
         return [manager.get_num_common_prefix_blocks(request_id) for manager in self.managers]
 
+    def new_step_starts(self) -> None:
+        """A scheduler step begins."""
+        for manager in self.managers:
+            manager.new_step_starts()
 
-class UnitaryCoordinator(Coordinator):
-    """Prefix caching with exactly one group."""
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               use_eagle: bool) -> tuple[list[KVCacheBlock], ...]:
-        return (self.managers[0].find_longest_cache_hit(block_hashes, max_length, use_eagle),)
+class HybridCoordinator(Coordinator):
+    """Prefix caching over any number of groups of any attention types (one
+    group: the unitary coordinator)."""
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
+                               max_length: int) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        views = [self.view(manager, block_hashes) for manager in self.managers]
+        length = max_length // self.alignment * self.alignment
+        while length > 0 and not all(manager.can_hit(view, length, max_length)
+                                     for manager, view in zip(self.managers, views)):
+            length -= self.alignment
+        return tuple(manager.hit_blocks(view, length) for manager, view in zip(self.managers, views)), length
 
 
 class NoPrefixCacheCoordinator(Coordinator):
     """No prefix cache: any number of groups, never a hit."""
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               use_eagle: bool) -> tuple[list[KVCacheBlock], ...]:
-        return tuple([] for _ in self.managers)
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
+                               max_length: int) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        return tuple([] for _ in self.managers), 0
 
 
 def make_coordinator(config: KVCacheConfig, pool: BlockPool, enable_caching: bool,
-                     block_sizes: Sequence[int]) -> Coordinator:
-    """The coordinator for a configuration.
-
-    Raises:
-        InvalidConfigError: prefix caching with other than one group (the
-            hybrid coordinator comes with the other attention types).
-    """
-    if not enable_caching:
-        return NoPrefixCacheCoordinator(config, pool, enable_caching, block_sizes)
-    if len(config.kv_cache_groups) != 1:
-        raise InvalidConfigError(
-            f"prefix caching needs exactly one KV cache group in this version, got "
-            f"{len(config.kv_cache_groups)} (hybrid models: pass enable_caching=False for now)")
-    return UnitaryCoordinator(config, pool, enable_caching, block_sizes)
+                     block_sizes: Sequence[int], hash_block_size: int, use_eagle: bool,
+                     retention_interval: int | None = None) -> Coordinator:
+    """The coordinator for a configuration: no prefix cache when caching is
+    off or there are no groups, else the hybrid coordinator."""
+    kind = HybridCoordinator if enable_caching and config.kv_cache_groups else NoPrefixCacheCoordinator
+    return kind(config, pool, enable_caching, block_sizes, hash_block_size, use_eagle, retention_interval)

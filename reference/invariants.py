@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool
-from pagedkv.reference.single_type import FullAttentionManager
+from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.mamba import MambaManager
+from pagedkv.reference.single_type import FullAttentionManager, SinkFullAttentionManager
+from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.errors import InvariantViolation
 from pagedkv.spec.types import get_group_id
 
@@ -35,7 +38,7 @@ def check_pool(pool: BlockPool, num_groups: int) -> None:
         raise _fail("POOL-1", "block ids are not 0..num_blocks-1", state)
     null = pool.blocks[0]
     if pool.null_block is not null or null.ref_cnt != 0 or null.block_hash is not None or any(
-            block is null for block in pool.free_queue):
+            block is null for block in pool.free_queue + pool.reserved):
         raise _fail("POOL-1", "the null block was counted, hashed or queued", state)
     # POOL-2: the free queue is exactly the unreferenced non-null blocks, once each.
     queued = [block.block_id for block in pool.free_queue]
@@ -72,7 +75,8 @@ def check_pool(pool: BlockPool, num_groups: int) -> None:
 
 
 def check_manager(manager: KVCacheManager) -> None:
-    """Every invariant: the pool's, then REQ-1..REQ-5 over the request table."""
+    """Every invariant: the pool's, then the request table's (REQ-*, SKIP-1,
+    XATTN-1, SINK-1, MAMBA-2)."""
     pool = manager.block_pool
     managers = manager.coordinator.managers
     check_pool(pool, len(managers))
@@ -83,8 +87,9 @@ def check_manager(manager: KVCacheManager) -> None:
             raise _fail("REQ-5", f"group {group.group_id} tracks {sorted(group.req_to_blocks)}, "
                         f"known requests are {sorted(known)}", pool.snapshot())
     state = manager.snapshot()
-    # REQ-1: a block's ref count is the number of places requests hold it.
-    holders: Counter[int] = Counter()
+    # REQ-1: a block's ref count is the number of places requests hold it
+    # (plus one for a reserved sink block).
+    holders: Counter[int] = Counter(block.block_id for block in pool.reserved)
     for group in managers:
         for blocks in group.req_to_blocks.values():
             holders.update(block.block_id for block in blocks if not block.is_null)
@@ -104,7 +109,31 @@ def check_manager(manager: KVCacheManager) -> None:
                     raise _fail("REQ-3", f"block {block.block_id} held in group {group.group_id} is "
                                 f"cached for group {get_group_id(block.block_hash)}", state)
             # REQ-4: full attention holds real blocks, each once.
-            if isinstance(group, FullAttentionManager):
-                ids = [block.block_id for block in blocks]
-                if 0 in ids or len(set(ids)) != len(ids):
-                    raise _fail("REQ-4", f"request {request_id!r} holds the null block or a block twice", state)
+            ids = [block.block_id for block in blocks]
+            if isinstance(group, FullAttentionManager) and (0 in ids or len(set(ids)) != len(ids)):
+                raise _fail("REQ-4", f"request {request_id!r} holds the null block or a block twice", state)
+            # SKIP-1 (a): windowed groups hold a null prefix, then distinct real blocks.
+            if isinstance(group, (SlidingWindowManager, ChunkedLocalAttentionManager)):
+                real = [block_id for block_id in ids if block_id != 0]
+                if ids[len(ids) - len(real):] != real or len(set(real)) != len(real):
+                    raise _fail("SKIP-1", f"request {request_id!r} group {group.group_id} holds {ids}", state)
+            # XATTN-1: cross-attention blocks are never cached.
+            if isinstance(group, CrossAttentionManager) and any(block.block_hash is not None for block in blocks):
+                raise _fail("XATTN-1", f"request {request_id!r} holds a hashed cross-attention block", state)
+    reserved = {block.block_id for block in pool.reserved}
+    for request_id in known:
+        # REQ-6: a request holds each real block once over all groups, and no reserved block.
+        ids = [block.block_id for group in managers for block in group.req_to_blocks[request_id]
+               if not block.is_null]
+        if len(set(ids)) != len(ids) or reserved & set(ids):
+            raise _fail("REQ-6", f"request {request_id!r} holds a block twice or a sink block: {ids}", state)
+    for group in managers:
+        # SINK-1: sink blocks are held for good, unhashed, by the pool alone.
+        if isinstance(group, SinkFullAttentionManager) and any(
+                block.ref_cnt != 1 or block.block_hash is not None or block not in pool.reserved
+                for block in group.sink_blocks):
+            raise _fail("SINK-1", f"group {group.group_id}'s sink blocks are not held as reserved", state)
+        # MAMBA-2: states cached this step are keys of this group.
+        if isinstance(group, MambaManager) and any(get_group_id(key) != group.group_id
+                                                   for key in group.cached_this_step):
+            raise _fail("MAMBA-2", f"group {group.group_id} remembers another group's key", state)

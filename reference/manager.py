@@ -15,6 +15,7 @@ from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import make_coordinator
+from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import (
@@ -25,6 +26,7 @@ from pagedkv.spec.errors import (
     UnknownRequestError,
 )
 from pagedkv.spec.hashing import normalize_hash_fn
+from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
@@ -43,8 +45,7 @@ class KVCacheManager:
 
     ``kv_cache_config`` gives the pool size and the groups; ``max_model_len``
     bounds every request. ``hash_fn`` names the block hash
-    (spec/hashing.md); ``hash_block_size`` must equal the block size in
-    this version (``None`` picks it).
+    (spec/hashing.md); ``hash_block_size`` must divide every group's block size (``None`` picks it).
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *,
@@ -52,31 +53,45 @@ class KVCacheManager:
                  hash_block_size: int | None = None, use_eagle: bool = False,
                  log_stats: bool = False, enable_kv_cache_events: bool = False,
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
-                 hash_seed: str | None = None) -> None:
+                 hash_seed: str | None = None, retention_interval: int | None = None) -> None:
         if type(max_model_len) is not int or max_model_len < 1:
             raise InvalidConfigError(f"max_model_len must be a positive int, got {max_model_len!r}")
         for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
             if type(size) is not int or size < 1:
                 raise InvalidConfigError(f"{name} must be a positive int, got {size!r}")
+        groups = kv_cache_config.kv_cache_groups
+        if dcp_world_size * pcp_world_size > 1:
+            for group_id, group in enumerate(groups):
+                if manager_kind_for(group.kv_cache_spec) not in ("full_attention", "sink_full_attention"):
+                    raise InvalidConfigError(
+                        f"kv_cache_groups[{group_id}]: context parallelism supports full attention only, "
+                        f"got {type(group.kv_cache_spec).__name__}")
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.log_stats = log_stats
         self.hash_fn = normalize_hash_fn(hash_fn)
-        self.block_sizes = [group.kv_cache_spec.block_size * dcp_world_size * pcp_world_size
-                            for group in kv_cache_config.kv_cache_groups]
+        self.block_sizes = [group.kv_cache_spec.block_size * dcp_world_size * pcp_world_size for group in groups]
         if hash_block_size is None and self.block_sizes:
-            hash_block_size = self.block_sizes[0]
-        if hash_block_size is not None and any(size != hash_block_size for size in self.block_sizes):
+            hash_block_size = rules.hash_block_size(self.block_sizes)
+        if hash_block_size is not None and (type(hash_block_size) is not int or hash_block_size < 1 or any(
+                size % hash_block_size for size in self.block_sizes)):
             raise InvalidConfigError(
-                f"hash_block_size must equal every group's block size {self.block_sizes} in this "
-                f"version, got {hash_block_size}")
+                f"hash_block_size must be a positive int dividing every group's block size "
+                f"{self.block_sizes}, got {hash_block_size!r}")
+        alignment = rules.hit_alignment(self.block_sizes)
+        if retention_interval is not None and (type(retention_interval) is not int or retention_interval < 0
+                                               or retention_interval % alignment):
+            raise InvalidConfigError(
+                f"retention_interval must be None, 0 or a positive multiple of the hit alignment "
+                f"{alignment}, got {retention_interval!r}")
         self.hash_block_size = hash_block_size
         self.hash_seed = hash_seed
         self._pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
                                enable_kv_cache_events=enable_kv_cache_events)
-        self.coordinator = make_coordinator(kv_cache_config, self._pool, enable_caching, self.block_sizes)
+        self.coordinator = make_coordinator(kv_cache_config, self._pool, enable_caching, self.block_sizes,
+                                            hash_block_size or 1, use_eagle, retention_interval)
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
     # -- requests -------------------------------------------------------------
@@ -106,11 +121,10 @@ class KVCacheManager:
         stops at least one token short of the request's end.
         """
         empty = KVCacheBlocks([[] for _ in self.coordinator.managers])
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
             return empty, 0
         max_length = rules.max_hit_tokens(_check_count("request.num_tokens", request.num_tokens, 1))
-        hits = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length, self.use_eagle)
-        num_hit_tokens = len(hits[0]) * self.block_sizes[0] if hits else 0
+        hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens,
                                            preempted=request.num_preemptions > 0)
@@ -151,10 +165,19 @@ class KVCacheManager:
                 f"request {request_id!r} already holds blocks: it cannot take new prefix hits")
         if not self.enable_caching and (num_new_computed_tokens or any(hits)):
             raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
-        if num_groups and num_new_computed_tokens != len(hits[0]) * self.block_sizes[0]:
-            raise InvalidArgumentError(
-                f"num_new_computed_tokens={num_new_computed_tokens} does not match "
-                f"{len(hits[0])} computed blocks of {self.block_sizes[0]} tokens")
+        for manager, group_hits in zip(self.coordinator.managers, hits):
+            expected = 0 if isinstance(manager, CrossAttentionManager) else num_new_computed_tokens // manager.block_size
+            if num_new_computed_tokens % manager.block_size or len(group_hits) != expected:
+                raise InvalidArgumentError(
+                    f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
+                    f"{len(group_hits)} computed blocks of group {manager.group_id} "
+                    f"(block size {manager.block_size})")
+        if num_groups == 0 and num_new_computed_tokens:
+            raise InvalidArgumentError("a model without KV cache groups has no computed blocks")
+        if any(hits):
+            stale = self.coordinator.stale_hit(request.block_hashes, hits)
+            if stale is not None:
+                raise InvalidArgumentError(f"request {request_id!r}: stale new_computed_blocks: {stale}")
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         num_total_computed = num_local_computed + num_external_computed_tokens
         num_main_tokens = num_total_computed + num_new_tokens
@@ -172,12 +195,18 @@ class KVCacheManager:
                 f"{num_tokens_to_cache // self.hash_block_size} to cache its full blocks")
         num_tokens_need_slot = min(num_main_tokens + num_lookahead_tokens, self.max_model_len)
 
-        needed = self.coordinator.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hits)
+        # Blocks attention no longer reads are released even if the
+        # allocation is then refused: they are dead weight either way, and
+        # releasing them first spares cached blocks from eviction (D-API-6).
+        self.coordinator.remove_skipped_blocks(request_id, num_total_computed)
+        needed = self.coordinator.get_num_blocks_to_allocate(
+            request_id, num_tokens_need_slot, hits, num_total_computed, num_main_tokens, num_encoder_tokens)
         if needed > self._pool.get_num_free_blocks():
             return None
         if not known:
-            self.coordinator.admit(request_id, hits, num_total_computed, num_external_computed_tokens)
-        new_blocks = self.coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
+            self.coordinator.admit(request_id, hits, num_local_computed, num_external_computed_tokens)
+        new_blocks = self.coordinator.allocate_new_blocks(
+            request_id, num_tokens_need_slot, num_main_tokens, num_encoder_tokens)
         if caching_now:
             self.coordinator.cache_blocks(request, request_id, num_tokens_to_cache)
         return KVCacheBlocks(new_blocks)
@@ -202,12 +231,16 @@ class KVCacheManager:
             return
         self._check_known(request.request_id)
         _check_count("num_computed_tokens", num_computed_tokens, 0)
-        num_full = num_computed_tokens // self.block_sizes[0]
-        held = len(self.coordinator.managers[0].req_to_blocks[request.request_id])
-        if num_full > held or num_full > len(request.block_hashes):
-            raise InvalidArgumentError(
-                f"cannot cache {num_full} full blocks of request {request.request_id!r}: it holds "
-                f"{held} blocks and {len(request.block_hashes)} block hashes")
+        for manager in self.coordinator.managers:
+            if isinstance(manager, CrossAttentionManager):
+                continue
+            num_full = num_computed_tokens // manager.block_size
+            held = len(manager.req_to_blocks[request.request_id])
+            hashes = len(request.block_hashes) * (self.hash_block_size or 1) // manager.block_size
+            if num_full > held or num_full > hashes:
+                raise InvalidArgumentError(
+                    f"cannot cache {num_full} full blocks of request {request.request_id!r} in group "
+                    f"{manager.group_id}: it holds {held} blocks and hashes for {hashes}")
         self.coordinator.cache_blocks(request, request.request_id, num_computed_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
@@ -248,7 +281,9 @@ class KVCacheManager:
         return stats
 
     def new_step_starts(self) -> None:
-        """A scheduler step begins (no effect for full attention)."""
+        """A scheduler step begins: Mamba groups may serve states cached in
+        the previous step from now on (MAMBA-2)."""
+        self.coordinator.new_step_starts()
 
     # -- observation ------------------------------------------------------------
 

@@ -17,6 +17,12 @@ __all__ = [
     "usage",
     "common_prefix_blocks",
     "max_hit_tokens",
+    "sliding_window_skipped_tokens",
+    "chunked_local_skipped_tokens",
+    "contiguous_blocks_for_hit",
+    "reachable_block_mask",
+    "hit_alignment",
+    "hash_block_size",
 ]
 
 
@@ -126,3 +132,115 @@ def common_prefix_blocks(ref_counts: list[int], num_requests: int) -> int:
             break
         common += 1
     return common
+
+
+def sliding_window_skipped_tokens(num_computed_tokens: int, sliding_window: int) -> int:
+    """Leading tokens outside the window of the next token: it reads the
+    ``sliding_window`` tokens ending with itself.
+
+    pre: num_computed_tokens >= 0
+    pre: sliding_window >= 1
+    post: 0 <= __return__ <= num_computed_tokens
+    post: num_computed_tokens - __return__ <= sliding_window - 1
+    """
+    return max(0, num_computed_tokens - sliding_window + 1)
+
+
+def chunked_local_skipped_tokens(num_computed_tokens: int, chunk_size: int) -> int:
+    """Leading tokens before the chunk the next token falls in.
+
+    pre: num_computed_tokens >= 0
+    pre: chunk_size >= 1
+    post: __return__ % chunk_size == 0
+    post: __return__ <= num_computed_tokens < __return__ + chunk_size
+    """
+    return num_computed_tokens // chunk_size * chunk_size
+
+
+def contiguous_blocks_for_hit(sliding_window: int, block_size: int) -> int:
+    """Cached blocks a sliding-window hit needs right before its end: enough
+    to cover the ``sliding_window - 1`` tokens the next token reads.
+
+    pre: sliding_window >= 1
+    pre: block_size >= 1
+    post: __return__ * block_size >= sliding_window - 1
+    post: __return__ == 0 or (__return__ - 1) * block_size < sliding_window - 1
+    """
+    return cdiv(sliding_window - 1, block_size)
+
+
+def reachable_block_mask(start_block: int, end_block: int, block_size: int, alignment: int,
+                         need: int, shift: int, retention_interval: int | None,
+                         num_prompt_tokens: int | None) -> list[bool] | None:
+    """Which sliding-window blocks in ``[start_block, end_block)`` are worth
+    caching: only those that can end a hit at some aligned length. ``None``
+    means every block is worth it.
+
+    A hit of length ``L`` (a multiple of ``alignment``) uses the ``need``
+    blocks before block ``L / block_size + shift`` (``shift`` is 1 with EAGLE,
+    whose hit peeks one block further). ``retention_interval`` thins the
+    kept tails: ``None`` keeps one at every aligned boundary, ``0`` only the
+    tail of the latest boundary a prompt replay can hit, ``k > 0`` one per
+    ``k``-token segment plus that replay tail.
+
+    pre: 0 <= start_block <= end_block
+    pre: block_size >= 1 and alignment >= block_size and alignment % block_size == 0
+    pre: need >= 1 and shift in (0, 1)
+    pre: retention_interval is None or (retention_interval >= 0 and retention_interval % alignment == 0)
+    post: __return__ is None or len(__return__) == end_block - start_block
+    """
+    per_boundary = None if retention_interval == 0 else (
+        alignment if retention_interval is None else retention_interval) // block_size
+    if per_boundary is not None and need >= per_boundary:
+        return None
+    mask = [False] * (end_block - start_block)
+    if per_boundary is not None:
+        for index in range(max(start_block, shift), end_block):
+            if (index - shift) % per_boundary >= per_boundary - need:
+                mask[index - start_block] = True
+    if retention_interval is not None and num_prompt_tokens is not None and num_prompt_tokens >= 1:
+        latest = (num_prompt_tokens - 1) // alignment * alignment
+        tail_end = latest // block_size + shift
+        for index in range(max(start_block, tail_end - need), min(end_block, tail_end)):
+            mask[index - start_block] = True
+    return mask
+
+
+def hit_alignment(block_sizes: list[int]) -> int:
+    """Hit lengths of a hybrid model are multiples of every group's block
+    size: their least common multiple (1 with no groups).
+
+    pre: all(size >= 1 for size in block_sizes)
+    post: __return__ >= 1
+    post: all(__return__ % size == 0 for size in block_sizes)
+    """
+    alignment = 1
+    for size in block_sizes:
+        alignment = alignment * size // _gcd(alignment, size)
+    return alignment
+
+
+def hash_block_size(block_sizes: list[int]) -> int:
+    """Hashes are computed once at the greatest common divisor of the block
+    sizes; each group views them at its own size.
+
+    pre: len(block_sizes) >= 1
+    pre: all(size >= 1 for size in block_sizes)
+    post: __return__ >= 1
+    post: all(size % __return__ == 0 for size in block_sizes)
+    """
+    divisor = block_sizes[0]
+    for size in block_sizes[1:]:
+        divisor = _gcd(divisor, size)
+    return divisor
+
+
+def _gcd(a: int, b: int) -> int:
+    """Euclid's algorithm.
+
+    pre: a >= 1 and b >= 1
+    post: __return__ >= 1 and a % __return__ == 0 and b % __return__ == 0
+    """
+    while b:
+        a, b = b, a % b
+    return a

@@ -1,6 +1,13 @@
 """Single-type managers: one KV cache group's blocks per request
-(spec/managers.md). This slice has full attention; the other attention
-types subclass :class:`SingleTypeManager` and override its rule methods."""
+(spec/managers.md).
+
+The base class holds the rules every attention type shares: which blocks an
+allocation needs, how a new request takes its hit, how blocks attention no
+longer reads are released, caching and freeing. An attention type states
+its own rules by overriding three methods: ``get_num_skipped_tokens`` (what
+it stops reading), ``hit_span`` (which blocks a hit of a given length
+serves) and, where needed, ``can_hit``.
+"""
 
 from __future__ import annotations
 
@@ -9,77 +16,164 @@ from collections.abc import Sequence
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.kv_cache_spec import KVCacheSpec
+from pagedkv.spec.kv_cache_spec import KVCacheSpec, SinkFullAttentionSpec
+from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["SingleTypeManager", "FullAttentionManager"]
+__all__ = ["SingleTypeManager", "FullAttentionManager", "SinkFullAttentionManager"]
 
 
 class SingleTypeManager:
-    """One group: per request, its blocks in token order and how many of
-    them are cached (handed to the prefix cache, or hit from it)."""
+    """One group: per request, its blocks in token order (null blocks where
+    attention no longer reads) and how many are cached.
+
+    ``alignment`` is the hybrid hit granularity (the LCM of all groups'
+    block sizes); ``use_eagle`` makes hits keep one block back for the
+    drafter (spec/coordinators.md, EAGLE rule).
+    """
+
+    uses_eagle_rule = True
+    """Whether the EAGLE rule applies to this type's hits."""
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
-                 enable_caching: bool) -> None:
+                 enable_caching: bool, alignment: int, use_eagle: bool,
+                 retention_interval: int | None = None) -> None:
         self.spec = spec
         self.pool = pool
         self.group_id = group_id
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.alignment = alignment
+        self.use_eagle = use_eagle and self.uses_eagle_rule
+        self.retention_interval = retention_interval
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
 
-    # -- rules an attention type overrides ----------------------------------
-
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               use_eagle: bool) -> list[KVCacheBlock]:
-        """The cached blocks serving the longest hit of at most ``max_length`` tokens."""
-        raise NotImplementedError
+    # -- the rules an attention type states -------------------------------------
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Leading tokens attention no longer reads (0: none)."""
+        """Leading tokens attention no longer reads once ``num_computed_tokens``
+        are computed (0: it reads them all)."""
         return 0
 
-    # -- allocation ---------------------------------------------------------
+    def hit_span(self, length: int) -> tuple[int, int]:
+        """``(first, end)``: a hit of ``length`` tokens serves cached blocks
+        ``first..end-1`` and null blocks before ``first``."""
+        return 0, length // self.block_size
+
+    def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
+        """Whether this group can serve a hit of exactly ``length`` tokens
+        (a multiple of its block size) for a request with these hashes.
+
+        The served blocks must be cached; with EAGLE the block right after the
+        hit must be cached too and lie within ``max_length``, so the hit can
+        give it back to be recomputed without shrinking further.
+        """
+        first, end = self.hit_span(length)
+        if self.use_eagle:
+            if length + self.block_size > max_length:
+                return False
+            end += 1
+        if end > len(block_hashes):
+            return False
+        return all(self._lookup(block_hashes[index]) is not None for index in range(first, end))
+
+    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int) -> list[KVCacheBlock]:
+        """The blocks a hit of ``length`` tokens hands to the request."""
+        first, end = self.hit_span(length)
+        found = [self._lookup(block_hashes[index]) for index in range(first, end)]
+        return [self.pool.null_block] * first + [block for block in found if block is not None]
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> list[KVCacheBlock]:
+        """This group alone: the blocks of the longest hit within ``max_length``."""
+        length = max_length // self.alignment * self.alignment
+        while length > 0 and not self.can_hit(block_hashes, length, max_length):
+            length -= self.alignment
+        return self.hit_blocks(block_hashes, length)
+
+    def _lookup(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        found = self.pool.get_cached_block(block_hash, [self.group_id])
+        return None if found is None else found[0]
+
+    # -- allocation ---------------------------------------------------------------
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[KVCacheBlock]) -> int:
-        """Free blocks this group consumes to give ``num_tokens`` slots: new
-        blocks, plus hit blocks that now leave the free queue."""
+                                   new_computed_blocks: Sequence[KVCacheBlock],
+                                   num_total_computed_tokens: int, num_main_tokens: int) -> int:
+        """Free blocks this group consumes so ``num_tokens`` tokens have a slot:
+        new blocks, plus hit blocks that leave the free queue when touched."""
         held = self.req_to_blocks.get(request_id)
         if held is not None:
             return rules.num_new_blocks_needed(num_tokens, self.block_size, len(held))
-        evictable = sum(1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null)
-        return rules.num_new_blocks_needed(num_tokens, self.block_size, len(new_computed_blocks)) + evictable
+        num_skipped_blocks = self.get_num_skipped_tokens(num_total_computed_tokens) // self.block_size
+        # Skipped positions become null blocks: they need no fresh block either.
+        num_new = rules.num_new_blocks_needed(
+            num_tokens, self.block_size, max(num_skipped_blocks, len(new_computed_blocks)))
+        kept_hits = new_computed_blocks[num_skipped_blocks:]
+        return num_new + sum(1 for block in kept_hits if block.ref_cnt == 0 and not block.is_null)
 
     def admit(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
-              num_total_computed_tokens: int, num_external_computed_tokens: int) -> None:
-        """Start holding blocks for a new request: the hit blocks (touched),
-        then fresh blocks for tokens an external connector computed."""
+              num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
+        """Start holding blocks for a new request: null blocks for skipped
+        positions, then the remaining hit blocks (touched)."""
+        num_total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_blocks = self.get_num_skipped_tokens(num_total) // self.block_size
+        kept_hits = list(new_computed_blocks[num_skipped_blocks:])
         if self.enable_caching:
-            self.pool.touch(new_computed_blocks)
-        blocks = list(new_computed_blocks)
+            self.pool.touch(kept_hits)
+        blocks = [self.pool.null_block] * num_skipped_blocks + kept_hits
         self.req_to_blocks[request_id] = blocks
         self.num_cached_blocks[request_id] = len(blocks)
+
+    def allocate_external(self, request_id: str, num_total_computed_tokens: int,
+                          num_external_computed_tokens: int) -> None:
+        """Fresh blocks for the tokens an external connector computed for a
+        just-admitted request."""
         if num_external_computed_tokens > 0:
+            blocks = self.req_to_blocks[request_id]
             missing = rules.num_new_blocks_needed(num_total_computed_tokens, self.block_size, len(blocks))
             blocks.extend(self.pool.get_new_blocks(missing))
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int) -> list[KVCacheBlock]:
         """Append fresh blocks until ``num_tokens`` tokens have a slot."""
         blocks = self.req_to_blocks[request_id]
         new_blocks = self.pool.get_new_blocks(rules.num_new_blocks_needed(num_tokens, self.block_size, len(blocks)))
         blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
-        """Hand the full blocks among the first ``num_tokens`` tokens to the prefix cache."""
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+        """Replace blocks attention no longer reads by the null block and
+        release them, last first (uncached ones become the next to reuse)."""
+        blocks = self.req_to_blocks.get(request_id)
+        num_skipped_tokens = self.get_num_skipped_tokens(num_total_computed_tokens)
+        if blocks is None or num_skipped_tokens <= 0:
+            return
+        released: list[KVCacheBlock] = []
+        for index in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+            if blocks[index].is_null:
+                break  # everything before was nulled by an earlier call
+            released.append(blocks[index])
+            blocks[index] = self.pool.null_block
+        self.pool.free_blocks(released)
+
+    # -- caching, freeing, queries ------------------------------------------------------
+
+    def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
+        """Which of blocks ``[num_cached, num_full)`` are worth caching (``None``: all)."""
+        return None
+
+    def cache_blocks(self, request: HashedRequest, block_hashes: Sequence[BlockHash],
+                     request_id: str, num_tokens: int) -> None:
+        """Hand the full blocks among the first ``num_tokens`` tokens to the
+        prefix cache; ``block_hashes`` is the request's hashes at this group's
+        block size."""
         num_full = num_tokens // self.block_size
         num_cached = self.num_cached_blocks[request_id]
         if num_cached >= num_full:
             return
-        self.pool.cache_full_blocks(request, self.req_to_blocks[request_id], num_cached, num_full,
-                                    self.block_size, self.group_id)
+        self.pool.cache_full_blocks(request, self.req_to_blocks[request_id], block_hashes, num_cached,
+                                    num_full, self.block_size, self.group_id,
+                                    self.cache_mask(request, num_cached, num_full))
         self.num_cached_blocks[request_id] = num_full
 
     def free(self, request_id: str) -> None:
@@ -89,19 +183,40 @@ class SingleTypeManager:
         self.pool.free_blocks(reversed(blocks))
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
-        """Leading blocks of ``request_id`` held by every known request."""
+        """Leading blocks of ``request_id`` held by every known request
+        (0 for types whose prefix is null blocks)."""
+        return 0
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins."""
+
+
+class FullAttentionManager(SingleTypeManager):
+    """Full attention: every block is kept until the request ends; a hit of
+    ``L`` tokens needs all of its ``L / block_size`` blocks cached."""
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> int:
         counts = [block.ref_cnt for block in self.req_to_blocks[request_id]]
         return rules.common_prefix_blocks(counts, len(self.req_to_blocks))
 
 
-class FullAttentionManager(SingleTypeManager):
-    """Full attention: every block is kept until the request ends; a hit is
-    the longest prefix whose block hashes are all cached."""
+class SinkFullAttentionManager(FullAttentionManager):
+    """Full attention with attention sinks: ``sink_len / block_size`` blocks
+    are taken when the manager is built and held for good (SINK-1); requests
+    behave as under full attention."""
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int,
-                               use_eagle: bool) -> list[KVCacheBlock]:
-        max_blocks = max_length // self.block_size
-        lookups = [self.pool.get_cached_block(block_hash, [self.group_id])
-                   for block_hash in block_hashes[:max_blocks]]
-        num_hit = rules.prefix_hit_blocks([found is not None for found in lookups], max_blocks, use_eagle)
-        return [found[0] for found in lookups[:num_hit] if found is not None]
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
+                 enable_caching: bool, alignment: int, use_eagle: bool,
+                 retention_interval: int | None = None) -> None:
+        super().__init__(spec, pool, group_id, block_size, enable_caching, alignment, use_eagle,
+                         retention_interval)
+        assert isinstance(spec, SinkFullAttentionSpec)
+        if spec.sink_len is None or spec.sink_len <= 0 or spec.sink_len % block_size:
+            raise InvalidConfigError(
+                f"SinkFullAttentionSpec.sink_len must be a positive multiple of the block size "
+                f"{block_size}, got {spec.sink_len!r}")
+        if spec.sink_len // block_size > pool.get_num_free_blocks():
+            raise InvalidConfigError(
+                f"SinkFullAttentionSpec.sink_len={spec.sink_len} needs {spec.sink_len // block_size} "
+                f"blocks, the pool has {pool.get_num_free_blocks()}")
+        self.sink_blocks = pool.reserve(spec.sink_len // block_size)

@@ -21,7 +21,37 @@ from pagedkv.spec.errors import (
     UnknownRequestError,
 )
 from pagedkv.spec.hashing import HASH_FUNCTIONS, hash_block_tokens, seed_hash
-from pagedkv.spec.kv_cache_spec import AttentionSpec, FullAttentionSpec, KVCacheSpec
+from pagedkv.spec.capacity import (
+    check_enough_kv_cache_memory,
+    estimate_max_model_len,
+    get_max_concurrency_for_kv_cache_config,
+    kv_cache_size_tokens,
+    max_memory_usage_bytes,
+)
+from pagedkv.spec.config import check_kv_cache_config
+from pagedkv.spec.kv_cache_spec import (
+    DTYPE_SIZES,
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MLAAttentionSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+    dtype_size,
+)
+from pagedkv.spec.mamba_spec import MAMBA_CACHE_MODES, MambaSpec
+from pagedkv.spec.planner import (
+    get_kv_cache_config,
+    get_kv_cache_groups,
+    unify_hybrid_kv_cache_specs,
+    unify_kv_cache_configs,
+    unify_kv_cache_spec_page_size,
+)
+from pagedkv.spec.registry import BUILTIN_MANAGER_KINDS, manager_kind_for, register_kv_cache_spec
+from pagedkv.spec.setting import ModelSetting
+from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
 from pagedkv.spec.metrics import PrefixCachingMetrics
 from pagedkv.spec.protocols import BlockPoolLike, KVCacheBlocksLike, KVCacheManagerLike
 from pagedkv.spec.request import MMFeature, Request, RequestView
@@ -37,6 +67,13 @@ from pagedkv.spec.types import (
 )
 
 __all__ = [
+    "BUILTIN_MANAGER_KINDS", "ChunkedLocalAttentionSpec", "CrossAttentionSpec", "DTYPE_SIZES",
+    "MAMBA_CACHE_MODES", "MLAAttentionSpec", "MambaSpec", "ModelSetting", "SinkFullAttentionSpec",
+    "SlidingWindowSpec", "UniformTypeKVCacheSpecs", "check_enough_kv_cache_memory",
+    "check_kv_cache_config", "dtype_size", "estimate_max_model_len", "get_kv_cache_config",
+    "get_kv_cache_groups", "get_max_concurrency_for_kv_cache_config", "kv_cache_size_tokens",
+    "manager_kind_for", "max_memory_usage_bytes", "register_kv_cache_spec",
+    "unify_hybrid_kv_cache_specs", "unify_kv_cache_configs", "unify_kv_cache_spec_page_size",
     "AllBlocksCleared", "AttentionSpec", "BlockHash", "BlockHashWithGroupId",
     "BlockPoolLike", "BlockRemoved", "BlockStored", "ExceedsMaxModelLenError",
     "FullAttentionSpec", "HASH_FUNCTIONS", "IncompatibleSpecError",

@@ -2,7 +2,7 @@
 
 Every function here is a pure function of a ``ModelSetting``, the layers'
 specs (or a planned ``KVCacheConfig``) and a memory budget in bytes. The
-formulas are stated in spec/config.md (CFG-17..CFG-19); the integer
+formulas are stated in spec/config.md (CFG-17..CFG-19, CFG-24); the integer
 arithmetic itself lives, with contracts, in ``sizing``.
 """
 
@@ -148,7 +148,7 @@ def get_max_concurrency_for_kv_cache_config(setting: ModelSetting, config: KVCac
 
 def kv_cache_size_tokens(setting: ModelSetting, config: KVCacheConfig) -> int:
     """Tokens the KV cache holds (CFG-18): the blocks split evenly over the
-    groups, times the smallest group block size, times ``dcp * pcp``; 0 for
+    groups, times the smallest group block size, times ``dcp * pcp`` (CFG-24); 0 for
     an attention-free configuration."""
     groups = config.kv_cache_groups
     if not groups:

@@ -163,7 +163,7 @@ def kv_cache_size_tokens(num_blocks: int, num_groups: int, min_block_size: int,
                          dcp_world_size: int, pcp_world_size: int) -> int:
     """Tokens the KV cache holds: the pool split evenly over the groups, each
     block holding ``min_block_size`` tokens, times the context-parallel ranks
-    that each hold a slice of every request (CFG-18).
+    that each hold a slice of every request (CFG-24).
 
     pre: num_blocks >= 0 and num_groups >= 1 and min_block_size >= 1
     pre: dcp_world_size >= 1 and pcp_world_size >= 1

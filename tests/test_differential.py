@@ -55,8 +55,11 @@ class Pair:
         self.opt.num_computed_tokens = value
 
 
-class LockstepMachine(RuleBasedStateMachine):
-    """Drives ``pagedkv.reference`` and ``pagedkv.optimized`` in lockstep."""
+class Lockstep(RuleBasedStateMachine):
+    """Drives ``pagedkv.reference`` and ``pagedkv.optimized`` in lockstep;
+    subclasses choose the configurations (one ``@initialize`` each)."""
+
+    encoder_tokens = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,33 +67,13 @@ class LockstepMachine(RuleBasedStateMachine):
         self.next_id = 0
         self.steps = 0
 
-    @initialize(
-        block_size=st.sampled_from([1, 2, 4]),
-        num_blocks=st.integers(1, 40),
-        max_model_len=st.integers(8, 64),
-        enable_caching=st.booleans(),
-        num_groups=st.integers(0, 2),
-        events=st.booleans(),
-        log_stats=st.booleans(),
-        hash_fn=st.sampled_from(["sha256", "xxh3_128", "sha256_cbor"]),
-        use_eagle=st.booleans(),
-        prefixes=st.lists(st.lists(ALPHABET, min_size=1, max_size=24), min_size=1, max_size=3),
-    )
-    def setup(self, block_size: int, num_blocks: int, max_model_len: int, enable_caching: bool,
-              num_groups: int, events: bool, log_stats: bool, hash_fn: str, use_eagle: bool,
-              prefixes: list[list[int]]) -> None:
-        if enable_caching:
-            num_groups = 1
-        groups = tuple(KVCacheGroupSpec((f"layer.{g}",), FullAttentionSpec(block_size, 1, 8, "float16"))
-                       for g in range(num_groups))
-        config = KVCacheConfig(num_blocks, (), groups)
-        kwargs: dict[str, Any] = dict(enable_caching=enable_caching, hash_fn=hash_fn, use_eagle=use_eagle,
-                                      log_stats=log_stats, enable_kv_cache_events=events)
+    def build(self, config: KVCacheConfig, max_model_len: int, prefixes: list[list[int]],
+              **kwargs: Any) -> None:
+        """Both managers on the same configuration."""
         self.ref = reference.KVCacheManager(config, max_model_len, **kwargs)
         self.opt = optimized.KVCacheManager(config, max_model_len, **kwargs)
         self.max_model_len = max_model_len
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks = config.num_blocks
         self.prefixes = prefixes
 
     # -- the comparison core ---------------------------------------------------
@@ -167,7 +150,8 @@ class LockstepMachine(RuleBasedStateMachine):
         ref_out, _ = self.both(lambda m: m.allocate_slots(
             pair.ref if m is self.ref else pair.opt, chunk, ref_n,
             ref_hit if m is self.ref else opt_hit, num_lookahead_tokens=lookahead,
-            num_external_computed_tokens=external, delay_cache_blocks=delay))
+            num_external_computed_tokens=external, delay_cache_blocks=delay,
+            num_encoder_tokens=self.encoder_tokens))
         if ref_out is not None:
             pair.known = True
             pair.set_computed(ref_n + external + chunk)
@@ -229,6 +213,9 @@ class LockstepMachine(RuleBasedStateMachine):
     def take_events(self, data: st.DataObject) -> None:
         self.both(lambda m: m.take_events())
 
+    def new_step(self, data: st.DataObject) -> None:
+        self.both(lambda m: m.new_step_starts())
+
     def stats(self, data: st.DataObject) -> None:
         self.both(lambda m: m.make_prefix_cache_stats())
 
@@ -259,11 +246,11 @@ class LockstepMachine(RuleBasedStateMachine):
 
     ENGINE = ("new_request",) * 2 + ("admit",) * 4 + ("step",) * 5 + ("sample",) * 4
     MAINTENANCE = ("free",) * 4 + ("cache_blocks", "evict", "reset_prefix_cache", "take_events",
-                                   "stats", "inspect")
+                                   "stats", "inspect", "new_step")
     MISUSE = ("misuse_token_count", "misuse_too_long", "misuse_free_unknown")
 
     def _run(self, data: st.DataObject, name: str) -> None:
-        needs = {"admit": self.waiting, "step": self.running, "sample": self.running,
+        needs: dict[str, Callable[[], list[str]]] = {"admit": self.waiting, "step": self.running, "sample": self.running,
                  "cache_blocks": self.running, "free": self.running, "inspect": lambda: list(self.pairs),
                  "misuse_token_count": lambda: list(self.pairs), "misuse_too_long": lambda: list(self.pairs),
                  "misuse_free_unknown": lambda: [r for r, p in self.pairs.items() if not p.known]}
@@ -289,6 +276,33 @@ class LockstepMachine(RuleBasedStateMachine):
         self._run(data, data.draw(st.sampled_from(self.MISUSE), label="misuse"))
 
 
+class LockstepMachine(Lockstep):
+    """Full attention: one group with prefix caching, or any number without."""
+
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(1, 40),
+        max_model_len=st.integers(8, 64),
+        enable_caching=st.booleans(),
+        num_groups=st.integers(0, 2),
+        events=st.booleans(),
+        log_stats=st.booleans(),
+        hash_fn=st.sampled_from(["sha256", "xxh3_128", "sha256_cbor"]),
+        use_eagle=st.booleans(),
+        prefixes=st.lists(st.lists(ALPHABET, min_size=1, max_size=24), min_size=1, max_size=3),
+    )
+    def setup(self, block_size: int, num_blocks: int, max_model_len: int, enable_caching: bool,
+              num_groups: int, events: bool, log_stats: bool, hash_fn: str, use_eagle: bool,
+              prefixes: list[list[int]]) -> None:
+        if enable_caching:
+            num_groups = 1
+        groups = tuple(KVCacheGroupSpec((f"layer.{g}",), FullAttentionSpec(block_size, 1, 8, "float16"))
+                       for g in range(num_groups))
+        self.build(KVCacheConfig(num_blocks, (), groups), max_model_len, prefixes,
+                   enable_caching=enable_caching, hash_fn=hash_fn, use_eagle=use_eagle,
+                   log_stats=log_stats, enable_kv_cache_events=events)
+
+
 def _diff(ref_state: Any, opt_state: Any) -> str:
     lines = ["snapshots differ:"]
     for name in ("pool", "requests", "prefix_cache_stats"):
@@ -305,6 +319,5 @@ def _diff(ref_state: Any, opt_state: Any) -> str:
 
 
 LockstepMachine.TestCase.settings = settings(
-    settings.default, stateful_step_count=60,
-    max_examples=max(settings.default.max_examples * 3, 1))
+    settings(), stateful_step_count=60, max_examples=settings().max_examples * 3)
 test_lockstep = LockstepMachine.TestCase

@@ -34,13 +34,13 @@ class HeadFirstFreeManager(reference.KVCacheManager):
         def head_first(blocks: Iterable[KVCacheBlock]) -> None:
             release(list(blocks)[::-1])
 
-        pool.free_blocks = head_first  # type: ignore[method-assign]
+        pool.free_blocks = head_first  # type: ignore[method-assign, assignment]
 
 
 def test_lockstep_machine_catches_a_planted_free_order_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(differential, "optimized", SimpleNamespace(KVCacheManager=HeadFirstFreeManager))
     with pytest.raises(AssertionError, match="snapshots differ|!="):
-        run_state_machine_as_test(
+        run_state_machine_as_test(  # type: ignore[no-untyped-call]
             differential.LockstepMachine,
             settings=settings(max_examples=300, stateful_step_count=60, deadline=None, database=None,
                               derandomize=True, print_blob=False, phases=[Phase.generate],

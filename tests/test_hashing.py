@@ -19,7 +19,7 @@ def expected_hashes(request: Any, hash_fn: str, block_size: int) -> list[bytes]:
     """HASH-1 written out: block by block from the seed, extra keys rescanned."""
     name = normalize_hash_fn(hash_fn)
     parent = seed_hash(name)
-    hashes = []
+    hashes: list[bytes] = []
     for index in range(request.num_tokens // block_size):
         start, end = index * block_size, (index + 1) * block_size
         extra = block_extra_keys(request, start, end, 0)[0] if need_extra_keys(request) else None

@@ -62,8 +62,8 @@ def models(draw: st.DrawFn) -> dict[str, KVCacheSpec]:
 
 settings_st = st.builds(
     ModelSetting, max_model_len=st.integers(1, 40_000), max_num_batched_tokens=st.integers(1, 4096),
-    disable_hybrid_kv_cache_manager=st.booleans())
-memories = st.integers(0, 8 * GiB)
+    disable_hybrid_kv_cache_manager=st.sampled_from([False, False, False, True]))
+memories = st.integers(1, 8 * GiB) | st.sampled_from([GiB, 4 * GiB, 16 * GiB])
 
 
 def _plan(setting: ModelSetting, specs: dict[str, KVCacheSpec], memory: int) -> KVCacheConfig | None:

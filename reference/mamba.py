@@ -1,0 +1,151 @@
+"""Mamba (state-space) layers: one running state per request instead of
+per-token KV (spec/managers.md, MAMBA-1, MAMBA-2).
+
+Modes (``MambaSpec.mamba_cache_mode``):
+- ``"none"``: the state is never cached; a hit can only be empty.
+- ``"all"``: every full block's state is cached; a hit of ``L`` tokens needs
+  only the state block ending at ``L``.
+- ``"align"``: the state lives in the last block(s) of the request, copied
+  forward each step; the previous step's block is released once the copy no
+  longer needs it.
+``num_speculative_blocks`` extra blocks hold draft states (MTP/EAGLE).
+A state cached during a step cannot serve a hit in that same step (its
+contents are written by the step), so such a hit is refused until
+``new_step_starts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.reference import rules
+from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference.single_type import SingleTypeManager
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.kv_cache_spec import KVCacheSpec
+from pagedkv.spec.mamba_spec import MambaSpec
+from pagedkv.spec.types import BlockHash, BlockHashWithGroupId
+
+__all__ = ["MambaManager"]
+
+
+class MambaManager(SingleTypeManager):
+    """One Mamba group; see the module docstring for the modes."""
+
+    uses_eagle_rule = False
+
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
+                 enable_caching: bool, alignment: int, use_eagle: bool,
+                 retention_interval: int | None = None) -> None:
+        super().__init__(spec, pool, group_id, block_size, enable_caching, alignment, use_eagle,
+                         retention_interval)
+        assert isinstance(spec, MambaSpec)
+        self.mode = spec.mamba_cache_mode
+        self.num_speculative_blocks = spec.num_speculative_blocks
+        self.cached_this_step: set[BlockHashWithGroupId] = set()
+        # align mode: index of the state block the previous step wrote, and
+        # the requests that have been given state blocks at least once.
+        self.last_state_block: dict[str, int] = {}
+        self.given_state: set[str] = set()
+
+    # -- hits ---------------------------------------------------------------------
+
+    def hit_span(self, length: int) -> tuple[int, int]:
+        end = length // self.block_size
+        return max(0, end - 1), end
+
+    def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
+        if self.mode == "none":
+            return length == 0
+        return super().can_hit(block_hashes, length, max_length)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # Only the state after the last computed token is needed.
+        return num_computed_tokens - 1
+
+    # -- allocation -----------------------------------------------------------------
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[KVCacheBlock],
+                                   num_total_computed_tokens: int, num_main_tokens: int) -> int:
+        if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
+            # More than the pool holds: the allocation is refused this step.
+            return self.pool.num_blocks + 1
+        if self.mode != "align":
+            return super().get_num_blocks_to_allocate(
+                request_id, num_tokens + self.block_size * self.num_speculative_blocks,
+                new_computed_blocks, num_total_computed_tokens, num_main_tokens)
+        # align: lookahead tokens get no state blocks (draft models have no
+        # Mamba layers), and at most one state block (plus the speculative
+        # ones on the first allocation) is added per step.
+        required = rules.cdiv(num_main_tokens, self.block_size) + self.num_speculative_blocks
+        held = len(self.req_to_blocks.get(request_id, ()))
+        num_new = required - len(new_computed_blocks) - held
+        if num_new > 0:
+            num_new = 1 if request_id in self.given_state else 1 + self.num_speculative_blocks
+        evictable = sum(1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null)
+        return max(num_new, 0) + evictable
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int) -> list[KVCacheBlock]:
+        if self.mode != "align":
+            return super().allocate_new_blocks(
+                request_id, num_tokens + self.block_size * self.num_speculative_blocks, num_main_tokens)
+        blocks = self.req_to_blocks[request_id]
+        spec_blocks = self.num_speculative_blocks
+        required = rules.cdiv(num_main_tokens, self.block_size) + spec_blocks
+        if required <= len(blocks):
+            return []
+        previous_len = len(blocks)
+        given_before = request_id in self.given_state
+        if given_before:
+            # The running state sits just before the speculative blocks.
+            self.last_state_block[request_id] = previous_len - 1 - spec_blocks
+        elif previous_len > 0:
+            # A hit: its last block holds the state to continue from.
+            self.last_state_block[request_id] = previous_len - 1
+        num_padded = required - spec_blocks - 1
+        blocks.extend([self.pool.null_block] * max(0, num_padded - previous_len))
+        if given_before:
+            # Move last step's speculative blocks past the padding so they are reused.
+            for index in range(previous_len - spec_blocks, previous_len):
+                if index >= num_padded:
+                    break
+                blocks.append(blocks[index])
+                blocks[index] = self.pool.null_block
+        blocks.extend(self.pool.get_new_blocks(max(0, required - len(blocks))))
+        self.given_state.add(request_id)
+        return blocks[previous_len:]
+
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+        # With async scheduling the count may include draft tokens that get
+        # rejected; assume they all are, so no state still needed is freed.
+        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
+        super().remove_skipped_blocks(request_id, num_computed)
+        if self.mode != "align":
+            return
+        last = self.last_state_block.get(request_id)
+        if last is not None and last < rules.cdiv(num_computed, self.block_size) - 1:
+            blocks = self.req_to_blocks[request_id]
+            if not blocks[last].is_null:
+                self.pool.free_blocks([blocks[last]])
+                blocks[last] = self.pool.null_block
+
+    # -- caching and freeing ------------------------------------------------------------
+
+    def cache_blocks(self, request: HashedRequest, block_hashes: Sequence[BlockHash],
+                     request_id: str, num_tokens: int) -> None:
+        if self.mode == "none":
+            return
+        before = self.num_cached_blocks[request_id]
+        super().cache_blocks(request, block_hashes, request_id, num_tokens)
+        for block in self.req_to_blocks[request_id][before:self.num_cached_blocks[request_id]]:
+            if not block.is_null and block.block_hash is not None:
+                self.cached_this_step.add(block.block_hash)
+
+    def free(self, request_id: str) -> None:
+        self.given_state.discard(request_id)
+        self.last_state_block.pop(request_id, None)
+        super().free(request_id)
+
+    def new_step_starts(self) -> None:
+        self.cached_this_step.clear()

@@ -1,0 +1,66 @@
+"""Managers whose attention reads a bounded window: sliding window and
+chunked local attention (spec/managers.md). Both release blocks that fall
+out of the window and pad their place with the null block (SKIP-1)."""
+
+from __future__ import annotations
+
+from pagedkv.reference import rules
+from pagedkv.reference.single_type import SingleTypeManager
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
+
+__all__ = ["SlidingWindowManager", "ChunkedLocalAttentionManager"]
+
+
+class SlidingWindowManager(SingleTypeManager):
+    """Sliding window of ``w`` tokens: the next token reads the ``w - 1``
+    tokens before it. A hit of ``L`` tokens needs the ``n = cdiv(w - 1, b)``
+    blocks before ``L`` cached (all of them when ``L`` is shorter); blocks
+    before those are served as null blocks."""
+
+    @property
+    def window(self) -> int:
+        assert isinstance(self.spec, SlidingWindowSpec)
+        return self.spec.sliding_window
+
+    @property
+    def contiguous_blocks(self) -> int:
+        """``n``: blocks a hit must have cached right before its end."""
+        return rules.contiguous_blocks_for_hit(self.window, self.block_size)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return rules.sliding_window_skipped_tokens(num_computed_tokens, self.window)
+
+    def hit_span(self, length: int) -> tuple[int, int]:
+        end = length // self.block_size
+        return max(0, end - self.contiguous_blocks), end
+
+    def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
+        # Only blocks that can end a hit at some aligned length are worth a
+        # cache entry (they would otherwise push out useful ones).
+        if self.alignment == self.block_size:
+            return None
+        need = self.contiguous_blocks + (1 if self.use_eagle else 0)
+        prompt_tokens = getattr(request, "num_prompt_tokens", None)
+        return rules.reachable_block_mask(num_cached, num_full, self.block_size, self.alignment, need,
+                                          1 if self.use_eagle else 0, self.retention_interval,
+                                          prompt_tokens if isinstance(prompt_tokens, int) else None)
+
+
+class ChunkedLocalAttentionManager(SingleTypeManager):
+    """Chunked local attention with chunks of ``c`` tokens: a token reads only
+    the earlier tokens of its own chunk. A hit of ``L`` tokens needs the
+    blocks from the start of ``L``'s chunk up to ``L`` cached; blocks before
+    the chunk are served as null blocks."""
+
+    @property
+    def chunk_size(self) -> int:
+        assert isinstance(self.spec, ChunkedLocalAttentionSpec)
+        return self.spec.attention_chunk_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return rules.chunked_local_skipped_tokens(num_computed_tokens, self.chunk_size)
+
+    def hit_span(self, length: int) -> tuple[int, int]:
+        chunk_start = rules.chunked_local_skipped_tokens(length, self.chunk_size)
+        return chunk_start // self.block_size, length // self.block_size

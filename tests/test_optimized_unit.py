@@ -1,0 +1,374 @@
+"""Focused unit tests of ``pagedkv.optimized``'s own structures: the linked
+free queue, the integer-id block pool, the fast hashers and the decode fast
+path of the manager. Behaviour shared with the reference is covered by the
+scenario and differential suites; these pin the internals those suites
+cannot see (link integrity, batch order, byte-identical hashing)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given
+
+from pagedkv.optimized import BlockPool, FreeBlockQueue, KVCacheBlocks, KVCacheManager
+from pagedkv.optimized.hasher import make_block_hasher
+from pagedkv.spec import (
+    BlockRemoved,
+    BlockStored,
+    FullAttentionSpec,
+    InvalidArgumentError,
+    InvalidConfigError,
+    InvariantViolation,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheManagerLike,
+    MMFeature,
+    PoolExhaustedError,
+    Request,
+    UnknownBlockError,
+    UnknownRequestError,
+)
+from pagedkv.spec.hashing import block_extra_keys, hash_block_tokens, need_extra_keys, seed_hash
+from pagedkv.spec.protocols import BlockPoolLike, KVCacheBlocksLike
+
+
+def config(num_blocks: int = 16, block_size: int = 4, groups: int = 1) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype="float16")
+    return KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=(),
+        kv_cache_groups=tuple(KVCacheGroupSpec((f"layer{g}",), spec) for g in range(groups)))
+
+
+# --------------------------------------------------------------- free queue
+
+def test_free_queue_initial_order_and_pop() -> None:
+    queue = FreeBlockQueue(8, range(1, 8))
+    assert queue.to_list() == [1, 2, 3, 4, 5, 6, 7]
+    assert queue.pop_front(3) == [1, 2, 3]
+    assert queue.to_list() == [4, 5, 6, 7] and len(queue) == 4
+    queue.check()
+
+
+def test_free_queue_remove_middle_front_back() -> None:
+    queue = FreeBlockQueue(8, range(1, 8))
+    queue.remove(4)
+    queue.remove(1)
+    queue.remove(7)
+    assert queue.to_list() == [2, 3, 5, 6]
+    assert queue.front() == 2
+    queue.check()
+
+
+def test_free_queue_batches_keep_order() -> None:
+    queue = FreeBlockQueue(10, [5, 6])
+    queue.push_front([3, 1, 2])
+    queue.push_back([9, 8])
+    assert queue.to_list() == [3, 1, 2, 5, 6, 9, 8]
+    queue.check()
+
+
+def test_free_queue_empty_edges() -> None:
+    queue = FreeBlockQueue(4)
+    assert queue.front() is None and queue.to_list() == []
+    queue.push_front([2])
+    queue.push_back([3])
+    assert queue.to_list() == [2, 3]
+    assert queue.pop_front(2) == [2, 3]
+    assert queue.to_list() == [] and len(queue) == 0
+    with pytest.raises(IndexError):
+        queue.pop_front(1)
+    queue.push_back([1])
+    assert queue.to_list() == [1]
+    queue.check()
+
+
+@given(st.lists(st.tuples(st.sampled_from("pfbr"), st.integers(0, 5)), max_size=60))
+def test_free_queue_matches_a_list_model(ops: list[tuple[str, int]]) -> None:
+    n = 12
+    queue = FreeBlockQueue(n, range(1, n))
+    model = list(range(1, n))
+    outside = [0]
+    for op, k in ops:
+        if op == "p":
+            k = min(k, len(model))
+            popped = queue.pop_front(k)
+            assert popped == model[:k]
+            model = model[k:]
+            outside += popped
+        elif op in "fb" and len(outside) > 1:
+            batch = outside[1:1 + k]
+            outside = [0] + outside[1 + k:]
+            if op == "f":
+                queue.push_front(batch)
+                model = batch + model
+            else:
+                queue.push_back(batch)
+                model = model + batch
+        elif op == "r" and model:
+            victim = model[k % len(model)]
+            queue.remove(victim)
+            model.remove(victim)
+            outside.append(victim)
+        assert queue.to_list() == model
+        assert len(queue) == len(model)
+    queue.check()
+
+
+# --------------------------------------------------------------------- pool
+
+def make_request(tokens: list[int], block_size: int = 4, **extra: Any) -> Request:
+    return Request("r", tokens, block_hasher=make_block_hasher("sha256", block_size), **extra)
+
+
+def test_pool_allocates_from_front_and_requeues_by_hash() -> None:
+    pool = BlockPool(8, True, hash_block_size=4)
+    blocks = pool.get_new_blocks(3)
+    assert blocks == [1, 2, 3] and pool.get_num_free_blocks() == 4
+    request = make_request(list(range(8)))
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    # tail first: 3 (unhashed) goes to the front, 2 and 1 (hashed) to the back
+    pool.free_blocks(reversed(blocks))
+    assert pool.free_queue_ids() == [3, 4, 5, 6, 7, 2, 1]
+    pool.check_invariants()
+
+
+def test_pool_touch_removes_from_middle_and_hit_survives() -> None:
+    pool = BlockPool(8, True, hash_block_size=4)
+    request = make_request(list(range(8)))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    pool.free_blocks(blocks[::-1])
+    hit = pool.get_cached_block(request.block_hashes[0], [0])
+    assert hit == [1]
+    pool.touch(hit)
+    assert 1 not in pool.free_queue_ids() and pool.ref_count(1) == 1
+    pool.check_invariants()
+
+
+def test_pool_allocation_evicts_lazily_with_events() -> None:
+    pool = BlockPool(3, True, hash_block_size=4, enable_kv_cache_events=True)
+    request = make_request(list(range(8)))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    stored = pool.take_events()
+    assert len(stored) == 1 and isinstance(stored[0], BlockStored)
+    assert stored[0].block_hashes == tuple(request.block_hashes)
+    pool.free_blocks(blocks[::-1])
+    assert pool.get_new_blocks(1) == [2]  # LRU: block 2 was released first
+    assert pool.take_events() == [BlockRemoved(block_hashes=(request.block_hashes[1],))]
+    assert pool.get_cached_block(request.block_hashes[1], [0]) is None
+    pool.check_invariants()
+
+
+def test_pool_errors_change_nothing() -> None:
+    pool = BlockPool(4, True, hash_block_size=4)
+    before = pool.snapshot()
+    with pytest.raises(PoolExhaustedError):
+        pool.get_new_blocks(4)
+    with pytest.raises(UnknownBlockError):
+        pool.evict_blocks([1, 4])
+    with pytest.raises(UnknownBlockError):
+        pool.touch([1, -1])
+    with pytest.raises(InvariantViolation):
+        pool.free_blocks([1])
+    blocks = pool.get_new_blocks(1)
+    with pytest.raises(InvariantViolation):
+        pool.free_blocks(blocks + blocks)  # one reference, released twice
+    pool.free_blocks(blocks)
+    assert pool.snapshot().free_queue == (1, 2, 3)
+    assert before.ref_counts == pool.snapshot().ref_counts
+
+
+def test_pool_null_block_counters_never_move() -> None:
+    pool = BlockPool(4, True, hash_block_size=4)
+    pool.touch([0, 0])
+    pool.free_blocks([0])
+    assert pool.ref_count(0) == 0 and 0 not in pool.free_queue_ids()
+    assert pool.null_block == 0
+
+
+def test_pool_reset_and_usage() -> None:
+    pool = BlockPool(5, True, hash_block_size=4, enable_kv_cache_events=True)
+    assert pool.get_usage() == 0.0
+    blocks = pool.get_new_blocks(2)
+    assert pool.get_usage() == 0.5
+    assert pool.reset_prefix_cache() is False
+    pool.free_blocks(blocks)
+    assert pool.reset_prefix_cache() is True
+    assert len(pool.take_events()) == 1
+    assert BlockPool(1, True, hash_block_size=4).get_usage() == 0.0
+
+
+def test_pool_duplicate_blocks_share_a_key_first_wins() -> None:
+    pool = BlockPool(6, True, hash_block_size=4)
+    request = make_request(list(range(4)))
+    first = pool.get_new_blocks(1)
+    second = pool.get_new_blocks(1)
+    pool.cache_full_blocks(request, first, 0, 1, 4, 0)
+    pool.cache_full_blocks(request, second, 0, 1, 4, 0)
+    assert pool.get_cached_block(request.block_hashes[0], [0]) == first
+    pool.evict_blocks(first)
+    assert pool.get_cached_block(request.block_hashes[0], [0]) == second
+    pool.check_invariants()
+
+
+def test_pool_caching_disabled_never_hashes() -> None:
+    pool = BlockPool(4, False, hash_block_size=4)
+    request = make_request(list(range(8)))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    assert pool.snapshot().block_hashes == (None,) * 4
+    pool.check_invariants()
+
+
+# ------------------------------------------------------------------ hashing
+
+@pytest.mark.parametrize("hash_fn", ["sha256", "sha256_cbor", "xxh3_128", "xxhash"])
+@pytest.mark.parametrize("extras", [False, True])
+def test_hasher_is_byte_identical(hash_fn: str, extras: bool) -> None:
+    rng = random.Random(hash_fn)
+    tokens = [rng.randrange(2**32) for _ in range(50)]
+    kwargs: dict[str, Any] = {}
+    if extras:
+        kwargs = dict(lora_name="adapter", cache_salt="salt",
+                      mm_features=(MMFeature("img", 3, 6), MMFeature("vid", 9, 2)))
+    hasher = make_block_hasher(hash_fn, 4, "seed")
+    request = Request("r", tokens[:13], block_hasher=hasher, **kwargs)
+    for token in tokens[13:]:
+        request.append_output_token_ids(token)
+    request.append_output_token_ids([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    canonical = {"xxhash": "xxh3_128"}.get(hash_fn, hash_fn)
+    parent = seed_hash(canonical, "seed")  # type: ignore[arg-type]
+    expected = []
+    for start in range(0, request.num_tokens - 3, 4):
+        keys = (block_extra_keys(request, start, start + 4, 0)[0]
+                if need_extra_keys(request) else None)
+        parent = hash_block_tokens(canonical, parent,  # type: ignore[arg-type]
+                                   request.all_token_ids[start:start + 4], keys)
+        expected.append(parent)
+    assert request.block_hashes == expected
+
+
+def test_xxh3_rejects_tokens_beyond_u32() -> None:
+    with pytest.raises(InvalidArgumentError):
+        Request("r", [2**32, 1, 2, 3], block_hasher=make_block_hasher("xxh3_128", 4))
+
+
+# ------------------------------------------------------------------ manager
+
+def test_manager_satisfies_the_protocols() -> None:
+    manager: KVCacheManagerLike = KVCacheManager(config(), 64)
+    pool: BlockPoolLike = manager.block_pool
+    blocks: KVCacheBlocksLike = manager.get_computed_blocks(manager.make_request("a", [1]))[0]
+    assert pool.num_blocks == 16 and blocks.get_block_ids() == ([],)
+
+
+def test_decode_fast_path_returns_shared_empty_and_changes_nothing() -> None:
+    manager = KVCacheManager(config(), 64)
+    request = manager.make_request("a", [1, 2, 3, 4, 5, 6])
+    first = manager.allocate_slots(request, 6)
+    assert first is not None and first.get_block_ids() == ([1, 2],)
+    request.num_computed_tokens = 6
+    request.append_output_token_ids(7)
+    before = manager.snapshot()
+    again = manager.allocate_slots(request, 1)
+    assert again is manager.allocate_slots(request, 1)  # the shared empty result
+    assert again is not None and again.get_block_ids() == ([],)
+    assert manager.snapshot() == before
+    # The token that fills block 2 is cached by the slow path.
+    request.num_computed_tokens = 7
+    request.append_output_token_ids(8)
+    manager.allocate_slots(request, 1)
+    assert manager.snapshot().requests[0].num_cached_blocks == (2,)
+    manager.check_invariants()
+
+
+def test_prefix_hit_and_free_round_trip() -> None:
+    manager = KVCacheManager(config(), 64, log_stats=True)
+    a = manager.make_request("a", list(range(10)))
+    assert manager.allocate_slots(a, 10) is not None
+    manager.free(a)
+    b = manager.make_request("b", list(range(9)) + [99])
+    hit, num_tokens = manager.get_computed_blocks(b)
+    assert hit.get_block_ids() == ([1, 2],) and num_tokens == 8
+    assert hit.get_unhashed_block_ids() == []
+    new = manager.allocate_slots(b, 2, 8, hit)
+    assert new is not None and manager.get_block_ids("b")[0][:2] == [1, 2]
+    assert manager.get_num_common_prefix_blocks("b") == [3]
+    stats = manager.make_prefix_cache_stats()
+    assert stats is not None and stats.hits == 8
+    manager.check_invariants()
+    manager.free(b)
+    with pytest.raises(UnknownRequestError):
+        manager.free(b)
+    manager.free(b, missing_ok=True)
+    assert manager.reset_prefix_cache() is True
+
+
+def test_manager_config_errors() -> None:
+    with pytest.raises(InvalidConfigError, match="hybrid"):
+        KVCacheManager(config(groups=2), 64)
+    with pytest.raises(InvalidConfigError):
+        KVCacheManager(config(), 0)
+    with pytest.raises(InvalidConfigError):
+        KVCacheManager(config(), 64, hash_block_size=2)
+    with pytest.raises(InvalidArgumentError):
+        KVCacheManager(config(), 64, hash_fn="md5")
+    manager = KVCacheManager(config(groups=0), 64, enable_caching=False)
+    request = manager.make_request("a", [1, 2, 3])
+    result = manager.allocate_slots(request, 3)
+    assert result is not None and result.get_block_ids() == ()
+    assert manager.get_num_common_prefix_blocks("a") == []
+    # Zero groups with caching on: nothing is hashed or hit.
+    cached = KVCacheManager(config(groups=0), 64)
+    request = cached.make_request("a", [1, 2, 3])
+    assert cached.get_computed_blocks(request)[1] == 0
+    assert cached.allocate_slots(request, 3) is not None
+    cached.cache_blocks(request, 3)
+    cached.free(request)
+
+
+def test_kv_cache_blocks_value_semantics() -> None:
+    hashes: list[Any] = [None] * 8
+    left = KVCacheBlocks(([1, 2],), hashes)
+    right = KVCacheBlocks(([3],), hashes)
+    total = left + right
+    assert total.get_block_ids() == ([1, 2, 3],) and left.get_block_ids() == ([1, 2],)
+    assert total.new_empty().get_block_ids() == ([],)
+    ids = total.get_block_ids()
+    ids[0].append(7)
+    assert total.get_block_ids() == ([1, 2, 3],)  # copies handed out
+    with pytest.raises(InvalidArgumentError):
+        KVCacheBlocks(([1], [2]), hashes).get_unhashed_block_ids()
+
+
+def test_check_invariants_names_the_broken_invariant() -> None:
+    pool = BlockPool(4, True, hash_block_size=4)
+    pool.check_invariants()
+    pool.ref_counts[2] = 1  # in the free queue yet referenced
+    with pytest.raises(InvariantViolation, match="^POOL-2"):
+        pool.check_invariants()
+    manager = KVCacheManager(config(), 64)
+    request = manager.make_request("a", [1, 2, 3, 4, 5])
+    manager.allocate_slots(request, 5)
+    manager.block_pool.ref_counts[1] += 1
+    with pytest.raises(InvariantViolation, match="^REQ-1"):
+        manager.check_invariants()
+
+
+def test_stale_hit_is_refused_before_any_change() -> None:
+    manager = KVCacheManager(config(num_blocks=4), 64)
+    a = manager.make_request("a", list(range(9)))
+    manager.allocate_slots(a, 9)
+    manager.free(a)
+    b = manager.make_request("b", list(range(9)))
+    hit, num_tokens = manager.get_computed_blocks(b)
+    assert num_tokens == 8
+    manager.evict_blocks(hit.get_block_ids()[0][1:])
+    before = manager.snapshot()
+    with pytest.raises(InvalidArgumentError, match="stale"):
+        manager.allocate_slots(b, 1, num_tokens, hit)
+    assert manager.snapshot() == before
