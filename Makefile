@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 MODULES := $(shell find src spec reference optimized -name '*.py' 2>/dev/null | sort)
 MODULE_LIST := $(VENV)/.modules
 
-.PHONY: install typecheck test crosshair verify verify-thorough bench demo plan clean
+.PHONY: install typecheck test crosshair verify verify-thorough bench demo clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

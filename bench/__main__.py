@@ -239,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "the last column is 1M-pool cost over 1k-pool cost: ~1 means no growth with pool size)")
         print(_micro_table(micro))
 
+    report["hybrid"] = importlib.import_module("bench.hybrid_bench").run(quick)
     status = 0
     if not args.no_tensor:
         try:

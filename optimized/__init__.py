@@ -1,4 +1,4 @@
-"""pagedkv.optimized: the fast implementation of the full-attention slice.
+"""pagedkv.optimized: the fast implementation of the block manager.
 
 Same observable behaviour as ``pagedkv.reference`` (notes/semantics.md; the
 differential tests compare return values and ``snapshot()`` after every
@@ -12,9 +12,12 @@ list with O(1) removal from the middle, and the decode step of
   events).
 - ``hasher``: fast request block hashers, byte-identical to the spec's.
 - ``blocks``: :class:`KVCacheBlocks`.
-- ``single_type``: per-group managers by attention type (full attention
-  now) and their registry.
-- ``coordinator``: no-prefix-cache and unitary coordinators.
+- ``single_type``: the per-group manager base, full attention (MLA) and
+  sink full attention; ``windowed`` (sliding window, chunked local),
+  ``mamba``, ``cross_attention``: the other attention types.
+- ``hybrid_search``: the longest common hit of several groups (a
+  fixed-point iteration) and per-group hash views.
+- ``coordinator``: no-prefix-cache, unitary and hybrid coordinators.
 - ``manager``: the :class:`KVCacheManager` facade.
 
 The GPU tensor path lives in ``pagedkv.optimized.tensor`` and is not
@@ -26,6 +29,8 @@ from pagedkv.spec.metrics import PrefixCachingMetrics
 from .block_pool import NULL_BLOCK, BlockPool
 from .blocks import KVCacheBlocks
 from .coordinator import (
+    MANAGER_FOR_KIND,
+    HybridCoordinator,
     KVCacheCoordinator,
     NoPrefixCacheCoordinator,
     UnitaryCoordinator,
@@ -34,15 +39,21 @@ from .coordinator import (
 from .free_queue import FreeBlockQueue
 from .hasher import make_block_hasher
 from .manager import KVCacheManager
+from .cross_attention import CrossAttentionManager
+from .mamba import MambaManager
 from .single_type import (
     MANAGER_REGISTRY,
     FullAttentionManager,
     SingleTypeKVCacheManager,
+    SinkFullAttentionManager,
 )
+from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 __all__ = [
-    "BlockPool", "FreeBlockQueue", "FullAttentionManager", "KVCacheBlocks",
-    "KVCacheCoordinator", "KVCacheManager", "MANAGER_REGISTRY", "NULL_BLOCK",
+    "BlockPool", "ChunkedLocalAttentionManager", "CrossAttentionManager", "FreeBlockQueue",
+    "FullAttentionManager", "HybridCoordinator", "KVCacheBlocks", "KVCacheCoordinator",
+    "KVCacheManager", "MANAGER_FOR_KIND", "MANAGER_REGISTRY", "MambaManager", "NULL_BLOCK",
     "NoPrefixCacheCoordinator", "PrefixCachingMetrics", "SingleTypeKVCacheManager",
-    "UnitaryCoordinator", "make_block_hasher", "make_coordinator",
+    "SinkFullAttentionManager", "SlidingWindowManager", "UnitaryCoordinator",
+    "make_block_hasher", "make_coordinator",
 ]

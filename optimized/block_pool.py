@@ -82,6 +82,7 @@ class BlockPool:
     __slots__ = (
         "num_blocks", "enable_caching", "hash_block_size", "enable_kv_cache_events",
         "num_groups", "_ref", "_hash", "_gid", "cached_by_group", "_queue", "_events",
+        "reserved",
     )
 
     def __init__(
@@ -112,6 +113,8 @@ class BlockPool:
         # The null block is never queued (POOL-1).
         self._queue = FreeBlockQueue(num_blocks, range(1, num_blocks))
         self._events: list[KVCacheEvent] = []
+        # Blocks held for the pool's lifetime (attention sinks, D-SINK-1).
+        self.reserved: list[int] = []
 
     # ------------------------------------------------------------------ reads
 
@@ -230,6 +233,19 @@ class BlockPool:
         queue.size -= num_blocks
         return out
 
+    def reserve(self, num_blocks: int) -> list[int]:
+        """Take ``num_blocks`` blocks from the front for good (attention sink
+        blocks): ref count 1, never freed, never hashed (SINK-1).
+
+        Cost: O(num_blocks).
+
+        Raises:
+            PoolExhaustedError: fewer free blocks than asked for (no change).
+        """
+        blocks = self.get_new_blocks(num_blocks)
+        self.reserved.extend(blocks)
+        return blocks
+
     def _evict(self, block: int) -> None:
         """Drop ``block``'s key (it must carry one). Cost: O(1) amortised
         (O(duplicates of the key) when identical blocks share it)."""
@@ -297,10 +313,36 @@ class BlockPool:
                 raise InvariantViolation(
                     f"POOL-3: freeing block {block} {times} time(s) but its ref count is "
                     f"{ref[block]}")
-        self._free(ids)
+        if len(set(ids)) != len(ids):
+            self._free_with_duplicates(ids)
+        else:
+            self._free(ids)
 
-    def _free(self, blocks: Iterable[int]) -> None:
-        """:meth:`free_blocks` without validation (ids held by the caller)."""
+    def _free_with_duplicates(self, ids: list[int]) -> None:
+        """:meth:`free_blocks` for a list naming a block more than once:
+        drop every reference first, then requeue each block reaching 0 once,
+        at its first occurrence (as the reference does). Cost: O(len(ids))."""
+        ref = self._ref
+        for block in ids:
+            if block:
+                ref[block] -= 1
+        released = [block for block in dict.fromkeys(ids) if block and not ref[block]]
+        for block in released:
+            ref[block] = 1
+        self._free(released)
+
+    def _free(self, blocks: Sequence[int]) -> None:
+        """:meth:`free_blocks` without validation (ids held by the caller,
+        no id twice). One fused pass: each block's count drops; a block
+        reaching 0 is linked straight after the queue's tail if hashed, or
+        gathered for the front batch if not (rare: a request's partial last
+        block).
+
+        Cost: O(len(blocks)), about one list load and store per block that
+        stays referenced and five per block released.
+        """
+        if 0 in blocks:  # a C-level scan: spares a null test per block below
+            blocks = [block for block in blocks if block]
         queue = self._queue
         prev, nxt = queue.prev, queue.next  # locals: links spliced inline
         sentinel = queue.sentinel
@@ -310,21 +352,22 @@ class BlockPool:
         front: list[int] | None = None  # unhashed ones are rare: built lazily
         released = 0
         for block in blocks:
-            if not block:
-                continue
             count = ref[block] - 1
             ref[block] = count
-            if count == 0:
-                released += 1
-                if hashes[block] is None:
-                    if front is None:
-                        front = [block]
-                    else:
-                        front.append(block)
+            if count:
+                continue
+            released += 1
+            if hashes[block] is None:
+                if front is None:
+                    front = [block]
                 else:
-                    nxt[tail] = block
-                    prev[block] = tail
-                    tail = block
+                    front.append(block)
+            else:
+                nxt[tail] = block
+                prev[block] = tail
+                tail = block
+        if not released:
+            return
         nxt[tail] = sentinel
         prev[sentinel] = tail
         queue.size += released
@@ -349,28 +392,34 @@ class BlockPool:
         num_full_blocks: int,
         block_size: int,
         group_id: int,
+        block_hashes: Sequence[BlockHash] | None = None,
+        mask: Sequence[bool] | None = None,
     ) -> None:
         """Give blocks ``[num_cached_blocks, num_full_blocks)`` of
-        ``blocks`` the keys ``request.block_hashes[i] + group_id`` (null
-        blocks and blocks already hashed are skipped) and, with events on,
-        append one ``BlockStored`` covering the blocks newly hashed (none
-        when no block was). No-op with caching disabled.
+        ``blocks`` the keys ``block_hashes[i] + group_id``; ``block_hashes``
+        is the group's view of the request's hashes (default: the request's
+        own, which needs ``block_size`` equal to the hash block size). Null
+        blocks, blocks already hashed and blocks the ``mask`` (indexed from
+        ``num_cached_blocks``) rules out are skipped. With events on, one
+        ``BlockStored`` per contiguous run of newly hashed blocks (D-EVT-2).
+        No-op with caching disabled.
 
         Cost: O(num_full_blocks - num_cached_blocks).
 
         Raises:
             InvalidArgumentError: ``block_size`` differs from the pool's
-                hash block size, ``group_id`` is out of range, or
-                ``num_full_blocks`` exceeds ``len(blocks)`` or
-                ``len(request.block_hashes)`` (no change).
+                hash block size without a view, ``group_id`` is out of
+                range, or ``num_full_blocks`` exceeds ``len(blocks)`` or the
+                hashes (no change).
         """
         if num_cached_blocks >= num_full_blocks or not self.enable_caching:
             return
-        block_hashes = request.block_hashes
-        if block_size != self.hash_block_size:
-            raise InvalidArgumentError(
-                f"block_size must equal the hash block size {self.hash_block_size}, "
-                f"got {block_size!r}")
+        if block_hashes is None:
+            block_hashes = request.block_hashes
+            if block_size != self.hash_block_size:
+                raise InvalidArgumentError(
+                    f"block_size must equal the hash block size {self.hash_block_size} "
+                    f"without a hash view, got {block_size!r}")
         if not 0 <= group_id < self.num_groups:
             raise InvalidArgumentError(
                 f"group_id must lie in [0, {self.num_groups}), got {group_id!r}")
@@ -382,10 +431,14 @@ class BlockPool:
         hashes = self._hash
         gids = self._gid
         table = self.cached_by_group[group_id]
-        stored: list[BlockHash] | None = [] if self.enable_kv_cache_events else None
+        events = self.enable_kv_cache_events
+        # Runs of newly hashed positions: (first index, hashes), for events.
+        runs: list[tuple[int, list[BlockHash]]] = []
+        last = -2
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if not block or hashes[block] is not None:
+            if not block or hashes[block] is not None or (
+                    mask is not None and not mask[i - num_cached_blocks]):
                 continue
             block_hash = block_hashes[i]
             hashes[block] = block_hash
@@ -395,16 +448,18 @@ class BlockPool:
                 table[block_hash] = [block]
             else:
                 holders.append(block)
-            if stored is not None:
-                stored.append(block_hash)
-        if stored:
+            if events:
+                if i == last + 1:
+                    runs[-1][1].append(block_hash)
+                else:
+                    runs.append((i, [block_hash]))
+                last = i
+        for first, run in runs:
             self._events.append(BlockStored(
-                block_hashes=tuple(stored),
-                parent_block_hash=(
-                    None if num_cached_blocks == 0 else block_hashes[num_cached_blocks - 1]),
-                token_ids=tuple(
-                    request.all_token_ids[num_cached_blocks * block_size:
-                                          num_full_blocks * block_size]),
+                block_hashes=tuple(run),
+                parent_block_hash=None if first == 0 else block_hashes[first - 1],
+                token_ids=tuple(request.all_token_ids[first * block_size:
+                                                      (first + len(run)) * block_size]),
                 block_size=block_size,
                 lora_id=request.lora_id,
                 medium=MEDIUM_GPU,
@@ -430,14 +485,17 @@ class BlockPool:
                 self._evict(block)
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every key if no block but the null block is in use, append
+        """Drop every key if no block but the null block (and reserved sink
+        blocks) is in use, append
         ``AllBlocksCleared`` (events on) and return True; otherwise return
         False and change nothing. The free queue order is unchanged.
 
         Cost: O(num_blocks) on success, O(1) on refusal.
         """
-        if self._queue.size != self.num_blocks - 1:
-            return False  # some non-null block has ref count > 0 (POOL-2)
+        if self._queue.size != self.num_blocks - 1 - len(self.reserved):
+            # Some non-null, non-reserved block has ref count > 0 (POOL-2);
+            # reserved sink blocks never count as in use (D-SINK-2).
+            return False
         for table in self.cached_by_group:
             table.clear()
         self._hash[:] = [None] * self.num_blocks  # in place: views share the list

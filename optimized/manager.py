@@ -32,6 +32,7 @@ from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .coordinator import KVCacheCoordinator, make_coordinator
 from .hasher import make_block_hasher
+from .single_type import FullAttentionManager
 
 __all__ = ["KVCacheManager"]
 
@@ -79,10 +80,11 @@ class KVCacheManager:
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         hash_seed: str | None = None,
+        retention_interval: int | None = None,
     ) -> None:
         block_sizes, hbs = check.constructor_args(
             kv_cache_config, max_model_len, enable_caching, hash_fn, hash_block_size,
-            dcp_world_size, pcp_world_size)
+            dcp_world_size, pcp_world_size, retention_interval)
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
         self.use_eagle = bool(use_eagle)
@@ -93,7 +95,8 @@ class KVCacheManager:
         self.hash_block_size = hbs
         self._coordinator: KVCacheCoordinator = make_coordinator(
             kv_cache_config, self.use_eagle, self.enable_caching,
-            bool(enable_kv_cache_events), block_sizes, hbs if hbs is not None else 1)
+            bool(enable_kv_cache_events), block_sizes, hbs if hbs is not None else 1,
+            retention_interval)
         self._pool: BlockPool = self._coordinator.block_pool
         self._hasher = (None if hbs is None else make_block_hasher(hash_fn, hbs, hash_seed))
         self.prefix_cache_stats: PrefixCacheStats | None = (
@@ -104,7 +107,10 @@ class KVCacheManager:
         self._single_blocks: dict[str, list[int]] | None = None
         self._single_cached: dict[str, int] = {}
         self._block_size0 = block_sizes[0] if block_sizes else 1
-        if len(block_sizes) == 1:
+        # The decode fast path skips remove_skipped_blocks and the per-group
+        # hash views: only for one full-attention group hashed at its size.
+        if len(block_sizes) == 1 and hbs == block_sizes[0] and isinstance(
+                self._coordinator.managers[0], FullAttentionManager):
             manager = self._coordinator.managers[0]
             self._single_blocks = manager.req_to_blocks
             self._single_cached = manager.num_cached_block
@@ -153,7 +159,8 @@ class KVCacheManager:
 
         Cost: O(blocks hit + 1).
         """
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        if (not self.enable_caching or request.skip_reading_prefix_cache
+                or not self.num_kv_cache_groups):
             return self._empty, 0
         hit, num_hit_tokens = self._coordinator.find_longest_cache_hit(
             request.block_hashes, request.num_tokens - 1)
@@ -238,17 +245,21 @@ class KVCacheManager:
         num_total_computed = num_local_computed + num_external_computed_tokens
         num_tokens_main = num_total_computed + num_new_tokens
         num_tokens_need = min(num_tokens_main + num_lookahead_tokens, self.max_model_len)
+        # Blocks attention no longer reads are released even if the
+        # allocation is then refused: they are dead weight either way, and
+        # releasing them first spares cached blocks from eviction (D-API-6).
         if known:
             coordinator.remove_skipped_blocks(request_id, num_total_computed)
         num_to_allocate = coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need, computed, num_encoder_tokens)
+            request_id, num_tokens_need, computed, num_total_computed, num_tokens_main,
+            num_encoder_tokens, num_external_computed_tokens)
         if num_to_allocate > self._pool.get_num_free_blocks():
             return None
         if not known:
-            coordinator.allocate_new_computed_blocks(
+            coordinator.admit(
                 request_id, computed, num_local_computed, num_external_computed_tokens)
         new_blocks = coordinator.allocate_new_blocks(
-            request_id, num_tokens_need, num_encoder_tokens)
+            request_id, num_tokens_need, num_tokens_main, num_encoder_tokens)
         if self.enable_caching and not delay_cache_blocks:
             coordinator.cache_blocks(
                 request, request_id, min(num_tokens_main, request.num_tokens))
@@ -275,13 +286,19 @@ class KVCacheManager:
         if type(num_computed_tokens) is not int or num_computed_tokens < 0:
             raise InvalidTokenCountError(
                 f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
-        for blocks, block_size in zip(self._coordinator.get_blocks(request_id), self.block_sizes):
+        coordinator = self._coordinator
+        hash_block_size = self.hash_block_size or 1
+        for group_id, (blocks, block_size) in enumerate(
+                zip(coordinator.get_blocks(request_id), self.block_sizes)):
+            if coordinator.encoder_groups[group_id]:
+                continue  # cross-attention blocks are never cached
             num_full = num_computed_tokens // block_size
-            if num_full > len(blocks) or num_full > len(request.block_hashes):
+            num_hashes = len(request.block_hashes) * hash_block_size // block_size
+            if num_full > len(blocks) or num_full > num_hashes:
                 raise InvalidArgumentError(
                     f"request {request_id!r}: {num_computed_tokens} tokens fill {num_full} "
-                    f"blocks but it holds {len(blocks)} blocks and "
-                    f"{len(request.block_hashes)} block hashes")
+                    f"blocks of group {group_id} but it holds {len(blocks)} blocks and "
+                    f"hashes for {num_hashes}")
         self._coordinator.cache_blocks(request, request_id, num_computed_tokens)
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
@@ -420,9 +437,11 @@ class KVCacheManager:
                 cached = coordinator.get_num_cached_blocks(request_id)[group_id]
                 if not 0 <= cached <= len(blocks):
                     fail("REQ-2", f"request {request_id!r}: {cached} cached of {len(blocks)}")
-                if 0 in blocks or len(set(blocks)) != len(blocks):
+                held = [block for block in blocks if block]
+                full = isinstance(coordinator.managers[group_id], FullAttentionManager)
+                if (full and len(held) != len(blocks)) or len(set(held)) != len(held):
                     fail("REQ-4", f"request {request_id!r} group {group_id}: {blocks}")
-                for block in blocks:
+                for block in held:
                     holders[block] += 1
                     key = pool.cache_key(block)
                     if key is not None and int.from_bytes(key[-4:], "big") != group_id:
@@ -430,6 +449,8 @@ class KVCacheManager:
         for manager in coordinator.managers:
             if set(manager.req_to_blocks) != coordinator.requests:
                 fail("REQ-5", f"group {manager.group_id} tracks other requests")
+        for block in pool.reserved:
+            holders[block] += 1  # sink blocks: held by the manager itself (SINK-1)
         for block in range(1, pool.num_blocks):
             if pool.ref_counts[block] != holders[block]:
                 fail("REQ-1", f"block {block}: ref {pool.ref_counts[block]}, held {holders[block]}")

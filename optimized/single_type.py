@@ -1,13 +1,19 @@
 """Per-group managers: one KV cache group's block lists, by attention type.
 
 A single-type manager owns, for one KV cache group, each known request's
-block list (token order) and its count of cached (hashed) blocks
-(REQ-2). What differs between attention types is which blocks a request
-still needs (skipped positions), how a prefix hit is found, and how many
-blocks an allocation takes; each type overrides those hooks. This slice
-implements full attention; sliding window, chunked local, Mamba,
-cross-attention and sink managers subclass :class:`SingleTypeKVCacheManager`
-and register in :data:`MANAGER_REGISTRY`.
+block list (token order; the null block 0 where attention no longer reads)
+and its count of cached blocks (REQ-2). Attention types differ in which
+leading tokens they stop reading (``get_num_skipped_tokens``), which blocks
+a hit of ``L`` tokens needs cached (``first_hit_block``: blocks
+``first..L/b-1``, the ones before it served as null blocks) and how the
+longest hit under a bound is found (``longest_hit``). The rules are those of
+``pagedkv.reference`` (spec/managers.md); the differential tests hold the
+two equal.
+
+This module: the base class, full attention (MLA too) and sink full
+attention. ``windowed``, ``mamba`` and ``cross_attention`` hold the others;
+:data:`MANAGER_FOR_KIND` maps the manager kinds of
+:mod:`pagedkv.spec.registry` to classes.
 
 All methods assume validated arguments: the facade (``manager.py``)
 validates and raises typed errors before calling in.
@@ -19,7 +25,7 @@ from collections.abc import Sequence
 
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.kv_cache_spec import FullAttentionSpec, KVCacheSpec
+from pagedkv.spec.kv_cache_spec import FullAttentionSpec, KVCacheSpec, SinkFullAttentionSpec
 from pagedkv.spec.types import BlockHash
 
 from .block_pool import BlockPool
@@ -27,8 +33,8 @@ from .block_pool import BlockPool
 __all__ = [
     "SingleTypeKVCacheManager",
     "FullAttentionManager",
+    "SinkFullAttentionManager",
     "MANAGER_REGISTRY",
-    "make_single_type_manager",
 ]
 
 
@@ -40,57 +46,106 @@ class SingleTypeKVCacheManager:
         block_size: tokens per block (spec block size times dcp * pcp).
         block_pool: the shared pool.
         group_id: this group's index.
+        enable_caching: prefix caching on (hit blocks are touched).
+        alignment: hybrid hit granularity, the LCM of every group's block
+            size (default: this block size).
+        use_eagle: hits keep the next block cached too (EAGLE rule,
+            spec/coordinators.md); ignored by types exempt from it.
+        retention_interval: which sliding-window blocks are worth caching
+            (see ``windowed``).
     """
 
-    __slots__ = ("kv_cache_spec", "block_size", "block_pool", "group_id",
-                 "req_to_blocks", "num_cached_block")
+    __slots__ = ("kv_cache_spec", "block_size", "block_pool", "group_id", "enable_caching",
+                 "alignment", "use_eagle", "retention_interval", "req_to_blocks",
+                 "num_cached_block")
+
+    uses_eagle_rule = True
+    """Whether the EAGLE rule applies to this type's hits."""
+
+    always_empty_hit = False
+    """Whether this type can only ever serve the empty hit."""
 
     def __init__(self, kv_cache_spec: KVCacheSpec, block_size: int, block_pool: BlockPool,
-                 group_id: int) -> None:
+                 group_id: int, *, enable_caching: bool = True, alignment: int | None = None,
+                 use_eagle: bool = False, retention_interval: int | None = None) -> None:
         self.kv_cache_spec = kv_cache_spec
         self.block_size = block_size
         self.block_pool = block_pool
         self.group_id = group_id
+        self.enable_caching = enable_caching
+        self.alignment = block_size if alignment is None else alignment
+        self.use_eagle = use_eagle and self.uses_eagle_rule
+        self.retention_interval = retention_interval
         self.req_to_blocks: dict[str, list[int]] = {}
         self.num_cached_block: dict[str, int] = {}
+        self._setup()
 
-    # ------------------------------------------------------------ hooks
+    def _setup(self) -> None:
+        """Type-specific construction (read the spec, reserve blocks).
+        Cost: O(1) unless a type says otherwise."""
 
-    @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        group_ids: Sequence[int],
-        block_pool: BlockPool,
-        block_size: int,
-        use_eagle: bool,
-    ) -> tuple[list[int], ...]:
-        """The longest cached prefix of at most ``max_length`` tokens, one
-        block list per group in ``group_ids``. Pure: touches nothing.
-
-        Cost: O(blocks hit + 1) per group.
-        """
-        raise NotImplementedError
+    # ------------------------------------------------------------ the type's rules
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Leading tokens whose blocks the request no longer needs. Cost: O(1)."""
+        """Leading tokens attention no longer reads once ``num_computed_tokens``
+        are computed (0: it reads them all). Cost: O(1)."""
         return 0
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        """Release blocks of skipped positions (replaced by the null block).
-        Cost: O(blocks released)."""
+    def first_hit_block(self, length: int) -> int:
+        """The first block a hit of ``length`` tokens needs cached (blocks
+        before it are served as null blocks). Non-decreasing in ``length``,
+        which the hit search relies on. Cost: O(1)."""
+        return 0
 
-    def new_step_starts(self) -> None:
-        """Per-step bookkeeping hook. Cost: O(1)."""
+    def longest_hit(self, view: Sequence[BlockHash], bound: int, max_length: int) -> int:
+        """The largest ``L <= bound`` (a multiple of the alignment) at which
+        this group can serve a hit, or 0: blocks ``first_hit_block(L)`` up to
+        ``L / b`` cached, with EAGLE also the next block, and
+        ``L + b <= max_length`` (the reference's ``can_hit``).
 
-    # --------------------------------------------------- allocation
+        Searched right to left: a miss at block ``j`` rules out every ``L``
+        whose span reaches ``j`` (spans start no later as ``L`` shrinks), so
+        the next candidate is the largest aligned ``L`` ending before ``j``;
+        no block is looked up twice.
+
+        Cost: O(blocks looked up), at most the blocks between the result and
+        ``bound``, plus one span.
+        """
+        block_size = self.block_size
+        alignment = self.alignment
+        shift = 1 if self.use_eagle else 0
+        limit = min(bound, (len(view) - shift) * block_size)
+        if shift:
+            limit = min(limit, max_length - block_size)
+        length = limit // alignment * alignment
+        get = self.block_pool.cached_by_group[self.group_id].get
+        first_hit_block = self.first_hit_block
+        while length > 0:
+            first = first_hit_block(length)
+            index = length // block_size + shift - 1
+            while index >= first and get(view[index]) is not None:
+                index -= 1
+            if index < first:
+                return length
+            length = (index - shift) * block_size // alignment * alignment
+        return 0
+
+    def hit_blocks(self, view: Sequence[BlockHash], length: int) -> list[int]:
+        """The blocks a hit of ``length`` tokens hands to the request (its
+        span found cached by :meth:`longest_hit`). Cost: O(L / b)."""
+        first = self.first_hit_block(length) if length else 0
+        table = self.block_pool.cached_by_group[self.group_id]
+        return [0] * first + [table[view[index]][0] for index in range(first, length // self.block_size)]
+
+    # --------------------------------------------------------------- allocation
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[int]) -> int:
-        """Blocks this group takes from the free queue so that ``num_tokens``
-        tokens have slots: new blocks, plus computed blocks that are free now
-        (touching them removes them from the queue).
+                                   new_computed_blocks: Sequence[int],
+                                   num_total_computed_tokens: int, num_main_tokens: int,
+                                   num_external_computed_tokens: int = 0) -> int:
+        """Free blocks this group consumes so ``num_tokens`` tokens have a
+        slot: new blocks, plus hit blocks that leave the free queue when
+        touched; skipped positions become null blocks and need none.
 
         Cost: O(1) for a known request, O(len(new_computed_blocks)) otherwise.
         """
@@ -99,43 +154,43 @@ class SingleTypeKVCacheManager:
         held = self.req_to_blocks.get(request_id)
         if held is not None:
             return max(required - len(held), 0)
+        num_skipped_blocks = self.get_num_skipped_tokens(num_total_computed_tokens) // block_size
+        num_new = max(required - max(num_skipped_blocks, len(new_computed_blocks)), 0)
         ref = self.block_pool.ref_counts
-        num_evictable = 0
-        for block in new_computed_blocks:
-            if ref[block] == 0:
-                num_evictable += 1
-        return max(required - len(new_computed_blocks), 0) + num_evictable
+        for block in new_computed_blocks[num_skipped_blocks:]:
+            if block and ref[block] == 0:
+                num_new += 1
+        return num_new
 
-    def allocate_new_computed_blocks(
-        self, request_id: str, new_computed_blocks: Sequence[int],
-        num_local_computed_tokens: int, num_external_computed_tokens: int,
-    ) -> None:
-        """Make a new request known: take the prefix-hit blocks (touching
-        them when caching), count them as cached, and allocate blocks for
-        externally computed tokens. No-op for a known request.
+    def admit(self, request_id: str, new_computed_blocks: Sequence[int],
+              num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
+        """Start holding blocks for a new request: null blocks for skipped
+        positions, then the remaining hit blocks (touched when caching).
 
-        Cost: O(len(new_computed_blocks) + external blocks).
+        Cost: O(len(new_computed_blocks) + skipped blocks).
         """
-        if request_id in self.req_to_blocks:
-            return
-        pool = self.block_pool
-        blocks = list(new_computed_blocks)
-        if blocks and pool.enable_caching:
-            pool._touch(blocks)
+        num_total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_blocks = self.get_num_skipped_tokens(num_total) // self.block_size
+        kept = list(new_computed_blocks[num_skipped_blocks:])
+        if kept and self.enable_caching:
+            self.block_pool._touch(kept)
+        blocks = [0] * num_skipped_blocks + kept if num_skipped_blocks > 0 else kept
         self.req_to_blocks[request_id] = blocks
         self.num_cached_block[request_id] = len(blocks)
+
+    def allocate_external(self, request_id: str, num_total_computed_tokens: int,
+                          num_external_computed_tokens: int) -> None:
+        """Fresh blocks for the tokens an external connector computed for a
+        just-admitted request. Cost: O(blocks allocated)."""
         if num_external_computed_tokens > 0:
-            total = num_local_computed_tokens + num_external_computed_tokens
-            missing = -(-total // self.block_size) - len(blocks)
+            blocks = self.req_to_blocks[request_id]
+            missing = -(-num_total_computed_tokens // self.block_size) - len(blocks)
             if missing > 0:
-                blocks.extend(pool.get_new_blocks(missing))
+                blocks.extend(self.block_pool.get_new_blocks(missing))
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
-        """Allocate blocks so that ``num_tokens`` tokens have slots; returns
-        the new blocks (possibly none).
-
-        Cost: O(new blocks).
-        """
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int) -> list[int]:
+        """Append fresh blocks until ``num_tokens`` tokens have a slot;
+        returns them. Cost: O(new blocks)."""
         blocks = self.req_to_blocks[request_id]
         missing = -(-num_tokens // self.block_size) - len(blocks)
         if missing <= 0:
@@ -144,9 +199,42 @@ class SingleTypeKVCacheManager:
         blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+        """Replace blocks attention no longer reads by the null block and
+        release them, last first (uncached ones become the next to reuse);
+        stops at the first null block (everything before was nulled by an
+        earlier call).
+
+        Cost: O(blocks released + 1).
+        """
+        num_skipped_tokens = self.get_num_skipped_tokens(num_total_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None:
+            return
+        index = min(num_skipped_tokens // self.block_size, len(blocks)) - 1
+        if index < 0 or not blocks[index]:
+            return
+        released: list[int] = []
+        while index >= 0 and blocks[index]:
+            released.append(blocks[index])
+            blocks[index] = 0
+            index -= 1
+        self.block_pool._free(released)
+
+    # ------------------------------------------------------ caching, freeing
+
+    def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
+        """Which of blocks ``[num_cached, num_full)`` are worth caching
+        (``None``: all). Cost: O(1) here."""
+        return None
+
+    def cache_blocks(self, request: HashedRequest, view: Sequence[BlockHash] | None,
+                     request_id: str, num_tokens: int) -> None:
         """Hash the request's blocks that ``num_tokens`` tokens fill and that
-        are not cached yet.
+        are not cached yet; ``view`` is the request's hashes at this group's
+        block size (``None``: the request's own hashes).
 
         Cost: O(blocks newly cached).
         """
@@ -156,7 +244,8 @@ class SingleTypeKVCacheManager:
             return
         self.block_pool.cache_full_blocks(
             request, self.req_to_blocks[request_id], num_cached, num_full,
-            self.block_size, self.group_id)
+            self.block_size, self.group_id, view,
+            self.cache_mask(request, num_cached, num_full))
         self.num_cached_block[request_id] = num_full
 
     def free(self, request_id: str) -> None:
@@ -166,26 +255,21 @@ class SingleTypeKVCacheManager:
         """
         blocks = self.req_to_blocks.pop(request_id)
         del self.num_cached_block[request_id]
-        self.block_pool._free(reversed(blocks))
+        blocks.reverse()  # the list is ours and dropped: reversing in place is free
+        self.block_pool._free(blocks)
 
     def get_num_common_prefix_blocks(self, request_id: str, num_requests: int) -> int:
-        """Leading blocks of the request held by all ``num_requests`` known
-        requests (ref count equal to it).
+        """Leading blocks of the request held by every known request (0 for
+        types whose prefix is null blocks). Cost: O(1) here."""
+        return 0
 
-        Cost: O(common blocks + 1).
-        """
-        ref = self.block_pool.ref_counts
-        count = 0
-        for block in self.req_to_blocks[request_id]:
-            if ref[block] != num_requests:
-                break
-            count += 1
-        return count
+    def new_step_starts(self) -> None:
+        """A scheduler step begins. Cost: O(1) here."""
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
-    """Full (causal) attention: every position keeps its block; a hit is
-    the longest run of cached leading blocks."""
+    """Full (causal) attention, MLA included: every position keeps its
+    block; a hit of ``L`` tokens needs its ``L / b`` leading blocks cached."""
 
     __slots__ = ()
 
@@ -199,8 +283,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         block_size: int,
         use_eagle: bool,
     ) -> tuple[list[int], ...]:
-        """See the base class. With ``use_eagle`` one matched block is
-        dropped so the drafter recomputes its hidden states.
+        """The longest cached prefix of at most ``max_length`` tokens, one
+        block list per group in ``group_ids`` (all of this block size, hashed
+        at it). With ``use_eagle`` one matched block is dropped so the
+        drafter recomputes its hidden states. Pure: touches nothing.
 
         Cost: O(blocks hit + 1) per group.
         """
@@ -231,27 +317,72 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 group_blocks.pop()
         return per_group
 
+    def longest_hit(self, view: Sequence[BlockHash], bound: int, max_length: int) -> int:
+        """See the base class. The cached prefix is scanned left to right,
+        once: below it every length qualifies, so a lower bound never needs
+        another scan (the hybrid search calls this once per lookup).
+
+        Cost: O(blocks of the cached prefix, up to the bound, + 1).
+        """
+        block_size = self.block_size
+        shift = 1 if self.use_eagle else 0
+        limit = min(bound, (len(view) - shift) * block_size)
+        if shift:
+            limit = min(limit, max_length - block_size)
+        if limit <= 0:
+            return 0
+        get = self.block_pool.cached_by_group[self.group_id].get
+        prefix = 0
+        for block_hash in view[:limit // block_size + shift]:
+            if get(block_hash) is None:
+                break
+            prefix += 1
+        limit = min(limit, (prefix - shift) * block_size)
+        return max(0, limit // self.alignment * self.alignment)
+
+    def get_num_common_prefix_blocks(self, request_id: str, num_requests: int) -> int:
+        """Leading blocks with ref count ``num_requests``.
+        Cost: O(common blocks + 1)."""
+        ref = self.block_pool.ref_counts
+        count = 0
+        for block in self.req_to_blocks[request_id]:
+            if ref[block] != num_requests:
+                break
+            count += 1
+        return count
+
+
+class SinkFullAttentionManager(FullAttentionManager):
+    """Full attention with attention sinks: ``sink_len / b`` blocks are
+    reserved when the manager is built and held for good (SINK-1); requests
+    behave as under full attention.
+
+    Raises:
+        InvalidConfigError: ``sink_len`` is not a positive multiple of the
+            block size, or the pool cannot hold the sink blocks.
+    """
+
+    __slots__ = ("sink_blocks",)
+
+    def _setup(self) -> None:
+        """Reserve the sink blocks. Cost: O(sink blocks)."""
+        kv_cache_spec, block_size, block_pool = self.kv_cache_spec, self.block_size, self.block_pool
+        assert isinstance(kv_cache_spec, SinkFullAttentionSpec)
+        sink_len = kv_cache_spec.sink_len
+        if sink_len is None or sink_len <= 0 or sink_len % block_size:
+            raise InvalidConfigError(
+                f"SinkFullAttentionSpec.sink_len must be a positive multiple of the block size "
+                f"{block_size}, got {sink_len!r}")
+        free = block_pool.get_num_free_blocks()
+        if sink_len // block_size > free:
+            raise InvalidConfigError(
+                f"SinkFullAttentionSpec.sink_len={sink_len} needs {sink_len // block_size} "
+                f"blocks, the pool has {free}")
+        self.sink_blocks = block_pool.reserve(sink_len // block_size)
+
 
 MANAGER_REGISTRY: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
 }
-"""Manager class per spec type (exact type). Other attention types register
-here as they are implemented."""
-
-
-def make_single_type_manager(kv_cache_spec: KVCacheSpec, block_size: int,
-                             block_pool: BlockPool, group_id: int) -> SingleTypeKVCacheManager:
-    """The manager for one group, chosen by the spec's exact type.
-
-    Cost: O(1).
-
-    Raises:
-        InvalidConfigError: no manager handles this spec type yet.
-    """
-    manager_class = MANAGER_REGISTRY.get(type(kv_cache_spec))
-    if manager_class is None:
-        raise InvalidConfigError(
-            f"kv_cache_groups[{group_id}].kv_cache_spec: expected one of "
-            f"{sorted(cls.__name__ for cls in MANAGER_REGISTRY)}, got "
-            f"{type(kv_cache_spec).__name__} (other attention types are not supported yet)")
-    return manager_class(kv_cache_spec, block_size, block_pool, group_id)
+"""Kept for callers of the full-attention slice; coordinators now choose by
+manager kind (``coordinator.MANAGER_FOR_KIND``)."""

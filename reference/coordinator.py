@@ -89,11 +89,12 @@ class Coordinator:
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
                                    num_total_computed_tokens: int, num_main_tokens: int,
-                                   num_encoder_tokens: int) -> int:
+                                   num_encoder_tokens: int, num_external_computed_tokens: int) -> int:
         """Free blocks all groups together consume for this allocation."""
         return sum(manager.get_num_blocks_to_allocate(
             request_id, self._tokens_for(manager, num_tokens, num_encoder_tokens), hits,
-            num_total_computed_tokens, self._tokens_for(manager, num_main_tokens, num_encoder_tokens))
+            num_total_computed_tokens, self._tokens_for(manager, num_main_tokens, num_encoder_tokens),
+            num_external_computed_tokens)
             for manager, hits in zip(self.managers, new_computed_blocks))
 
     def admit(self, request_id: str, new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
@@ -134,11 +135,11 @@ class Coordinator:
         for manager in self.managers:
             manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, num_tokens)
 
-    def free(self, request_id: str) -> None:
+    def release(self, request_id: str) -> None:
         """Release every group's blocks, group by group."""
         self.known.remove(request_id)
         for manager in self.managers:
-            manager.free(request_id)
+            manager.release(request_id)
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         """The request's blocks per group."""

@@ -59,22 +59,23 @@ class MambaManager(SingleTypeManager):
             return length == 0
         return super().can_hit(block_hashes, length, max_length)
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+    def skipped_tokens(self, num_computed: int) -> int:
         # Only the state after the last computed token is needed.
-        return num_computed_tokens - 1
+        return num_computed - 1
 
     # -- allocation -----------------------------------------------------------------
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[KVCacheBlock],
-                                   num_total_computed_tokens: int, num_main_tokens: int) -> int:
+                                   new_computed_blocks: Sequence[KVCacheBlock], num_total_computed_tokens: int,
+                                   num_main_tokens: int, num_external_computed_tokens: int = 0) -> int:
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
             # More than the pool holds: the allocation is refused this step.
             return self.pool.num_blocks + 1
         if self.mode != "align":
-            return super().get_num_blocks_to_allocate(
-                request_id, num_tokens + self.block_size * self.num_speculative_blocks,
-                new_computed_blocks, num_total_computed_tokens, num_main_tokens)
+            with_drafts = num_tokens + self.block_size * self.num_speculative_blocks
+            return super().get_num_blocks_to_allocate(request_id, with_drafts, new_computed_blocks,
+                                                      num_total_computed_tokens, num_main_tokens,
+                                                      num_external_computed_tokens)
         # align: lookahead tokens get no state blocks (draft models have no
         # Mamba layers), and at most one state block (plus the speculative
         # ones on the first allocation) is added per step.
@@ -83,8 +84,16 @@ class MambaManager(SingleTypeManager):
         num_new = required - len(new_computed_blocks) - held
         if num_new > 0:
             num_new = 1 if request_id in self.given_state else 1 + self.num_speculative_blocks
+        # A new request's externally computed tokens get blocks at admission
+        # (``allocate_external``) before the state blocks: count them too, or
+        # the allocation could run dry halfway (D-MAMBA-5).
+        external = 0
+        if request_id not in self.req_to_blocks and num_external_computed_tokens > 0:
+            skipped = self.skipped_tokens(num_total_computed_tokens) // self.block_size
+            external = rules.num_new_blocks_needed(num_total_computed_tokens, self.block_size,
+                                                   max(skipped, len(new_computed_blocks)))
         evictable = sum(1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null)
-        return max(num_new, 0) + evictable
+        return max(num_new, 0) + external + evictable
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int) -> list[KVCacheBlock]:
         if self.mode != "align":
@@ -142,10 +151,10 @@ class MambaManager(SingleTypeManager):
             if not block.is_null and block.block_hash is not None:
                 self.cached_this_step.add(block.block_hash)
 
-    def free(self, request_id: str) -> None:
+    def release(self, request_id: str) -> None:
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
-        super().free(request_id)
+        super().release(request_id)
 
     def new_step_starts(self) -> None:
         self.cached_this_step.clear()

@@ -200,7 +200,8 @@ class KVCacheManager:
         # releasing them first spares cached blocks from eviction (D-API-6).
         self.coordinator.remove_skipped_blocks(request_id, num_total_computed)
         needed = self.coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, hits, num_total_computed, num_main_tokens, num_encoder_tokens)
+            request_id, num_tokens_need_slot, hits, num_total_computed, num_main_tokens, num_encoder_tokens,
+            num_external_computed_tokens)
         if needed > self._pool.get_num_free_blocks():
             return None
         if not known:
@@ -222,7 +223,7 @@ class KVCacheManager:
             if missing_ok:
                 return
             raise UnknownRequestError(f"request {request.request_id!r} holds no blocks (never allocated or already freed)")
-        self.coordinator.free(request.request_id)
+        self.coordinator.release(request.request_id)
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
         """Hand the full blocks among the first ``num_computed_tokens`` tokens

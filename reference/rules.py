@@ -193,7 +193,7 @@ def reachable_block_mask(start_block: int, end_block: int, block_size: int, alig
         alignment if retention_interval is None else retention_interval) // block_size
     if per_boundary is not None and need >= per_boundary:
         return None
-    mask = [False] * (end_block - start_block)
+    mask = [False for _ in range(start_block, end_block)]
     if per_boundary is not None:
         for index in range(max(start_block, shift), end_block):
             if (index - shift) % per_boundary >= per_boundary - need:

@@ -4,7 +4,7 @@
 The base class holds the rules every attention type shares: which blocks an
 allocation needs, how a new request takes its hit, how blocks attention no
 longer reads are released, caching and freeing. An attention type states
-its own rules by overriding three methods: ``get_num_skipped_tokens`` (what
+its own rules by overriding three methods: ``skipped_tokens`` (what
 it stops reading), ``hit_span`` (which blocks a hit of a given length
 serves) and, where needed, ``can_hit``.
 """
@@ -51,9 +51,9 @@ class SingleTypeManager:
 
     # -- the rules an attention type states -------------------------------------
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Leading tokens attention no longer reads once ``num_computed_tokens``
-        are computed (0: it reads them all)."""
+    def skipped_tokens(self, num_computed: int) -> int:
+        """Leading tokens attention no longer reads once ``num_computed``
+        tokens are computed (0: it reads them all)."""
         return 0
 
     def hit_span(self, length: int) -> tuple[int, int]:
@@ -98,14 +98,14 @@ class SingleTypeManager:
     # -- allocation ---------------------------------------------------------------
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[KVCacheBlock],
-                                   num_total_computed_tokens: int, num_main_tokens: int) -> int:
+                                   new_computed_blocks: Sequence[KVCacheBlock], num_total_computed_tokens: int,
+                                   num_main_tokens: int, num_external_computed_tokens: int = 0) -> int:
         """Free blocks this group consumes so ``num_tokens`` tokens have a slot:
         new blocks, plus hit blocks that leave the free queue when touched."""
         held = self.req_to_blocks.get(request_id)
         if held is not None:
             return rules.num_new_blocks_needed(num_tokens, self.block_size, len(held))
-        num_skipped_blocks = self.get_num_skipped_tokens(num_total_computed_tokens) // self.block_size
+        num_skipped_blocks = self.skipped_tokens(num_total_computed_tokens) // self.block_size
         # Skipped positions become null blocks: they need no fresh block either.
         num_new = rules.num_new_blocks_needed(
             num_tokens, self.block_size, max(num_skipped_blocks, len(new_computed_blocks)))
@@ -117,7 +117,7 @@ class SingleTypeManager:
         """Start holding blocks for a new request: null blocks for skipped
         positions, then the remaining hit blocks (touched)."""
         num_total = num_local_computed_tokens + num_external_computed_tokens
-        num_skipped_blocks = self.get_num_skipped_tokens(num_total) // self.block_size
+        num_skipped_blocks = self.skipped_tokens(num_total) // self.block_size
         kept_hits = list(new_computed_blocks[num_skipped_blocks:])
         if self.enable_caching:
             self.pool.touch(kept_hits)
@@ -145,11 +145,11 @@ class SingleTypeManager:
         """Replace blocks attention no longer reads by the null block and
         release them, last first (uncached ones become the next to reuse)."""
         blocks = self.req_to_blocks.get(request_id)
-        num_skipped_tokens = self.get_num_skipped_tokens(num_total_computed_tokens)
-        if blocks is None or num_skipped_tokens <= 0:
+        skipped = self.skipped_tokens(num_total_computed_tokens)
+        if blocks is None or skipped <= 0:
             return
         released: list[KVCacheBlock] = []
-        for index in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+        for index in range(min(skipped // self.block_size, len(blocks)) - 1, -1, -1):
             if blocks[index].is_null:
                 break  # everything before was nulled by an earlier call
             released.append(blocks[index])
@@ -176,7 +176,7 @@ class SingleTypeManager:
                                     self.cache_mask(request, num_cached, num_full))
         self.num_cached_blocks[request_id] = num_full
 
-    def free(self, request_id: str) -> None:
+    def release(self, request_id: str) -> None:
         """Release the request's blocks, tail first, so the tail is evicted first."""
         blocks = self.req_to_blocks.pop(request_id)
         del self.num_cached_blocks[request_id]

@@ -28,8 +28,8 @@ class SlidingWindowManager(SingleTypeManager):
         """``n``: blocks a hit must have cached right before its end."""
         return rules.contiguous_blocks_for_hit(self.window, self.block_size)
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        return rules.sliding_window_skipped_tokens(num_computed_tokens, self.window)
+    def skipped_tokens(self, num_computed: int) -> int:
+        return rules.sliding_window_skipped_tokens(num_computed, self.window)
 
     def hit_span(self, length: int) -> tuple[int, int]:
         end = length // self.block_size
@@ -58,8 +58,8 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         assert isinstance(self.spec, ChunkedLocalAttentionSpec)
         return self.spec.attention_chunk_size
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        return rules.chunked_local_skipped_tokens(num_computed_tokens, self.chunk_size)
+    def skipped_tokens(self, num_computed: int) -> int:
+        return rules.chunked_local_skipped_tokens(num_computed, self.chunk_size)
 
     def hit_span(self, length: int) -> tuple[int, int]:
         chunk_start = rules.chunked_local_skipped_tokens(length, self.chunk_size)

@@ -24,36 +24,36 @@ class PrefixCachingMetrics:
         if type(max_recent_requests) is not int or max_recent_requests <= 0:
             raise InvalidArgumentError(
                 f"max_recent_requests must be a positive int, got {max_recent_requests!r}")
-        self.max_recent_requests = max_recent_requests
+        self.window_requests = max_recent_requests
         self._intervals: deque[tuple[int, int, int]] = deque()
-        self.aggregated_requests = 0
-        self.aggregated_query_total = 0
-        self.aggregated_query_hit = 0
+        self.num_requests = 0
+        self.num_queries = 0
+        self.num_hits = 0
 
     def observe(self, stats: PrefixCacheStats) -> None:
         """Add one interval of lookups (first-time lookups only)."""
         if stats.reset:
             self.reset()
         self._intervals.append((stats.requests, stats.queries, stats.hits))
-        self.aggregated_requests += stats.requests
-        self.aggregated_query_total += stats.queries
-        self.aggregated_query_hit += stats.hits
-        if self.aggregated_requests > self.max_recent_requests:
+        self.num_requests += stats.requests
+        self.num_queries += stats.queries
+        self.num_hits += stats.hits
+        if self.num_requests > self.window_requests:
             requests, queries, hits = self._intervals.popleft()
-            self.aggregated_requests -= requests
-            self.aggregated_query_total -= queries
-            self.aggregated_query_hit -= hits
+            self.num_requests -= requests
+            self.num_queries -= queries
+            self.num_hits -= hits
 
     def reset(self) -> None:
         """Forget every interval."""
         self._intervals.clear()
-        self.aggregated_requests = 0
-        self.aggregated_query_total = 0
-        self.aggregated_query_hit = 0
+        self.num_requests = 0
+        self.num_queries = 0
+        self.num_hits = 0
 
     @property
     def hit_rate(self) -> float:
         """Hits over queries of the retained intervals; 0.0 with no queries."""
-        if self.aggregated_query_total == 0:
+        if self.num_queries == 0:
             return 0.0
-        return self.aggregated_query_hit / self.aggregated_query_total
+        return self.num_hits / self.num_queries

@@ -108,11 +108,11 @@ def unify_hybrid_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, K
                 result[name] = FullAttentionSpec(
                     spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
                     sliding_window=spec.sliding_window, page_size_padded=spec.page_size_padded)
-            elif isinstance(spec, ChunkedLocalAttentionSpec):
+            elif isinstance(spec, (ChunkedLocalAttentionSpec,)):
+                chunk = spec.attention_chunk_size
                 result[name] = FullAttentionSpec(
                     spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
-                    attention_chunk_size=spec.attention_chunk_size,
-                    page_size_padded=spec.page_size_padded)
+                    attention_chunk_size=chunk, page_size_padded=spec.page_size_padded)
     failure = _merge_failure(result)
     if failure is not None:
         raise IncompatibleSpecError(
@@ -215,7 +215,8 @@ def get_kv_cache_groups(setting: ModelSetting, specs: Mapping[str, KVCacheSpec]
 
 
 def get_kv_cache_config(setting: ModelSetting, specs: Mapping[str, KVCacheSpec],
-                        available_memory: int) -> KVCacheConfig:
+                        available_memory: int,
+                        ) -> KVCacheConfig:
     """Plan the KV cache of a model in ``available_memory`` bytes.
 
     Groups the layers (``get_kv_cache_groups``), checks that one request of

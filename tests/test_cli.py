@@ -55,7 +55,7 @@ def test_demo_reports_a_divergence(monkeypatch: pytest.MonkeyPatch,
         return make_manager(implementation, **options)
 
     monkeypatch.setattr(demo, "make_manager", skewed)
-    assert cli.main(["demo", *SMALL]) == 1
+    assert cli.main(["demo", *SMALL, "--check-every", "1"]) == 1
     out = capsys.readouterr().out
     assert "DIVERGENCE at step 1 " in out
     assert "pool.num_blocks: optimized 512 | reference 513" in out
@@ -103,3 +103,11 @@ def test_plan_passes_its_arguments_through(monkeypatch: pytest.MonkeyPatch) -> N
                         lambda name: FakePlan if name == "pagedkv.plan" else real_import(name))
     assert cli.main(["plan", "--help", "x"]) == 3
     assert received == [["--help", "x"]]
+
+
+@needs_managers
+@pytest.mark.parametrize("model", ["gemma3", "jamba"])
+def test_demo_runs_hybrid_models_in_lockstep(model: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--model", model, "--requests", "4", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"model {model}" in out and "reference and optimized agreed on" in out

@@ -13,7 +13,9 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from pagedkv.optimized import BlockPool, FreeBlockQueue, KVCacheBlocks, KVCacheManager
+from pagedkv.optimized import BlockPool, FreeBlockQueue, HybridCoordinator, KVCacheBlocks, KVCacheManager
+from pagedkv.optimized.hybrid_search import group_view
+from pagedkv.optimized.windowed import reachable_block_mask
 from pagedkv.optimized.hasher import make_block_hasher
 from pagedkv.spec import (
     BlockRemoved,
@@ -309,12 +311,14 @@ def test_prefix_hit_and_free_round_trip() -> None:
 
 
 def test_manager_config_errors() -> None:
-    with pytest.raises(InvalidConfigError, match="hybrid"):
-        KVCacheManager(config(groups=2), 64)
+    # Several groups with caching: the hybrid coordinator.
+    assert isinstance(KVCacheManager(config(groups=2), 64).coordinator, HybridCoordinator)
     with pytest.raises(InvalidConfigError):
         KVCacheManager(config(), 0)
     with pytest.raises(InvalidConfigError):
-        KVCacheManager(config(), 64, hash_block_size=2)
+        KVCacheManager(config(), 64, hash_block_size=3)  # must divide the block size
+    with pytest.raises(InvalidConfigError):
+        KVCacheManager(config(), 64, retention_interval=6)  # not a multiple of the alignment
     with pytest.raises(InvalidArgumentError):
         KVCacheManager(config(), 64, hash_fn="md5")
     manager = KVCacheManager(config(groups=0), 64, enable_caching=False)
@@ -372,3 +376,94 @@ def test_stale_hit_is_refused_before_any_change() -> None:
     with pytest.raises(InvalidArgumentError, match="stale"):
         manager.allocate_slots(b, 1, num_tokens, hit)
     assert manager.snapshot() == before
+
+
+# ------------------------------------------------------------------- hybrid
+
+def test_pool_events_one_per_contiguous_run_under_a_view() -> None:
+    pool = BlockPool(8, True, hash_block_size=2, enable_kv_cache_events=True)
+    request = Request("r", list(range(16)), block_hasher=make_block_hasher("sha256", 2))
+    view = group_view(request.block_hashes, 2)
+    blocks = pool.get_new_blocks(4)
+    pool.cache_full_blocks(request, blocks, 0, 4, 4, 0, view, [True, False, True, True])
+    events = pool.take_events()
+    assert [(e.block_hashes, e.parent_block_hash) for e in events if isinstance(e, BlockStored)] == [
+        ((view[0],), None), ((view[2], view[3]), view[1])]
+    assert pool.cache_key(blocks[1]) is None
+    pool.check_invariants()
+
+
+def test_reserved_blocks_do_not_block_a_reset() -> None:
+    pool = BlockPool(6, True, hash_block_size=4)
+    assert pool.reserve(2) == [1, 2]
+    assert pool.reset_prefix_cache() is True
+    blocks = pool.get_new_blocks(1)
+    assert pool.reset_prefix_cache() is False
+    pool.free_blocks(blocks)
+    assert pool.reset_prefix_cache() is True
+
+
+@given(st.integers(0, 12), st.integers(0, 12), st.sampled_from([1, 2, 4]), st.sampled_from([4, 8]),
+       st.integers(1, 3), st.sampled_from([None, 0, 8, 16]), st.one_of(st.none(), st.integers(1, 60)))
+def test_reachable_block_mask_matches_the_reference_rule(
+        start: int, width: int, block_size: int, alignment: int, need: int,
+        retention: int | None, prompt: int | None) -> None:
+    from pagedkv.reference import rules
+
+    if alignment % block_size or (retention is not None and retention % alignment):
+        return
+    for shift in (0, 1):
+        assert reachable_block_mask(start, start + width, block_size, alignment, need, shift, retention,
+                                    prompt) == rules.reachable_block_mask(
+            start, start + width, block_size, alignment, need, shift, retention, prompt)
+
+
+@given(st.data())
+def test_hybrid_search_equals_the_brute_force(data: st.DataObject) -> None:
+    """The fixed-point search against the reference's definition, on random
+    cached/uncached patterns (evictions), windows, chunks, block sizes, EAGLE."""
+    import pagedkv.reference as reference
+    from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
+    from pagedkv.spec.mamba_spec import MambaSpec
+
+    specs: list[Any] = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        size = data.draw(st.sampled_from([2, 4]))
+        kind = data.draw(st.sampled_from(["full", "swa", "chunk", "mamba"]))
+        if kind == "full":
+            specs.append(FullAttentionSpec(size, 1, 8, "float16"))
+        elif kind == "swa":
+            specs.append(SlidingWindowSpec(size, 1, 8, "float16", sliding_window=data.draw(st.integers(1, 12))))
+        elif kind == "chunk":
+            specs.append(ChunkedLocalAttentionSpec(size, 1, 8, "float16",
+                                                   attention_chunk_size=size * data.draw(st.integers(1, 3))))
+        else:
+            specs.append(MambaSpec(size, shapes=((2,),), dtypes=("float16",), mamba_cache_mode="all"))
+    groups = tuple(KVCacheGroupSpec((f"l{i}",), spec) for i, spec in enumerate(specs))
+    kv_config = KVCacheConfig(400, (), groups)
+    use_eagle = data.draw(st.booleans())
+    managers = [module.KVCacheManager(kv_config, 128, use_eagle=use_eagle)
+                for module in (reference, __import__("pagedkv.optimized").optimized)]
+    tokens = [data.draw(st.integers(0, 1)) for _ in range(data.draw(st.integers(8, 60)))]
+    for manager in managers:
+        first = manager.make_request("a", tokens)
+        assert manager.allocate_slots(first, len(tokens)) is not None
+        manager.free(first)
+    evict = data.draw(st.lists(st.integers(1, 120), max_size=30))
+    for manager in managers:
+        manager.evict_blocks(evict)
+    probe = tokens + [data.draw(st.integers(0, 1)) for _ in range(data.draw(st.integers(1, 8)))]
+    results = [manager.get_computed_blocks(manager.make_request("b", probe)) for manager in managers]
+    assert results[0][1] == results[1][1]
+    assert results[0][0].get_block_ids() == results[1][0].get_block_ids()
+
+
+def test_free_batches_front_and_back_in_release_order() -> None:
+    pool = BlockPool(10, True, hash_block_size=1)
+    request = Request("r", list(range(6)), block_hasher=make_block_hasher("sha256", 1))
+    blocks = pool.get_new_blocks(6)
+    pool.cache_full_blocks(request, blocks, 0, 6, 1, 0, None, [True, False, True, False, True, False])
+    pool.free_blocks(reversed(blocks))
+    # unhashed 6, 4, 2 to the front as one batch; hashed 5, 3, 1 to the back
+    assert pool.free_queue_ids() == [6, 4, 2, 7, 8, 9, 5, 3, 1]
+    pool.check_invariants()

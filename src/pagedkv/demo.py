@@ -30,6 +30,8 @@ from typing import Any, TextIO
 
 from pagedkv.spec import HASH_FUNCTIONS, ManagerSnapshot, PoolSnapshot
 from pagedkv.trace import (
+    DEFAULT_NUM_BLOCKS,
+    MODELS,
     CALL_KINDS,
     MANAGER_CALL_KINDS,
     STANDARD,
@@ -56,8 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests in the trace (default %(default)s, the standard trace)")
     parser.add_argument("--hash-fn", default="sha256", choices=HASH_FUNCTIONS,
                         help="prefix hash function (default %(default)s)")
-    parser.add_argument("--num-blocks", type=int, default=8192, metavar="N",
-                        help="blocks in the pool, the null block included (default %(default)s)")
+    parser.add_argument("--model", default="llama3", choices=sorted(MODELS),
+                        help="model shape: " + "; ".join(f"{name}: {text}" for name, text in MODELS.items()))
+    parser.add_argument("--num-blocks", type=int, default=None, metavar="N",
+                        help="blocks in the pool, the null block included (default: the model's, 8192 for llama3)")
     parser.add_argument("--no-reference", action="store_true",
                         help="run the optimized manager alone (no lockstep check)")
     parser.add_argument("--check-every", type=int, default=32, metavar="K",
@@ -189,7 +193,8 @@ def _report(config: TraceConfig, args: argparse.Namespace, driver: TraceDriver, 
     print(f"pagedkv demo: the standard chat trace, {config.num_requests} requests "
           f"(prompts {config.system_prompt_tokens} shared + {config.unique_prompt_tokens} unique "
           f"tokens, {config.decode_steps} decode steps, batches of {config.batch_size}), "
-          f"{args.num_blocks} blocks of {config.block_size} tokens, hash {args.hash_fn}", file=out)
+          f"{args.num_blocks} blocks of {config.block_size} tokens, model {args.model} "
+          f"({MODELS[args.model]}), hash {args.hash_fn}", file=out)
     print(f"  requests served      {driver.calls['free']}", file=out)
     print(f"  prefix hit rate      {hit_rate:.1%} of prompt tokens", file=out)
     print(f"  peak usage           {peak_usage:.1%} of the pool", file=out)
@@ -229,7 +234,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"--requests must be >= 1, got {args.requests}", file=sys.stderr)
         return 2
     config = TraceConfig(num_requests=args.requests)
-    options: dict[str, Any] = dict(num_blocks=args.num_blocks, hash_fn=args.hash_fn,
+    if args.num_blocks is None:
+        args.num_blocks = DEFAULT_NUM_BLOCKS[args.model]
+    options: dict[str, Any] = dict(num_blocks=args.num_blocks, model=args.model, hash_fn=args.hash_fn,
                                    log_stats=True, enable_kv_cache_events=True)
     optimized = make_manager("optimized", **options)
     reference = None if args.no_reference else make_manager("reference", **options)

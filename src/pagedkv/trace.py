@@ -229,15 +229,41 @@ def peak_blocks(config: TraceConfig = STANDARD) -> int:
     return batch * (per_request - shared) + prompts * shared
 
 
-def standard_kv_cache_config(num_blocks: int = 8192, block_size: int = 16) -> KVCacheConfig:
-    """One group of full-attention layers: ``FullAttentionSpec(block_size, 8, 128,
-    "bfloat16")``, ``num_blocks`` blocks, no tensors (the anchors' configuration)."""
-    from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+MODELS: dict[str, str] = {
+    "llama3": "one group of full-attention layers (the anchors' configuration)",
+    "gemma3": "5 sliding-window groups (window 1024) : 1 full-attention group",
+    "jamba": "1 full-attention group + 1 Mamba group (state cached at every block, mode 'all')",
+}
+"""Model shapes the trace can run on, by name."""
 
+DEFAULT_NUM_BLOCKS: dict[str, int] = {"llama3": 8192, "gemma3": 24576, "jamba": 16384}
+"""Pool sizes at which the standard trace never runs out of blocks."""
+
+
+def standard_kv_cache_config(num_blocks: int = 8192, block_size: int = 16,
+                             model: str = "llama3") -> KVCacheConfig:
+    """The KV cache of ``model`` (see :data:`MODELS`) with ``num_blocks`` blocks
+    and no tensors. Attention groups use ``(block_size, 8, 128, "bfloat16")``
+    specs; the Mamba group's block size equals ``block_size`` so hits align."""
+    from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
+    from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
+    from pagedkv.spec.mamba_spec import MambaSpec
+
+    full = FullAttentionSpec(block_size, 8, 128, "bfloat16")
+    specs: list[KVCacheSpec]
+    if model == "llama3":
+        specs = [full]
+    elif model == "gemma3":
+        specs = [SlidingWindowSpec(block_size, 8, 128, "bfloat16", sliding_window=1024)] * 5 + [full]
+    elif model == "jamba":
+        specs = [full, MambaSpec(block_size, shapes=((16, 64), (128, 16)), dtypes=("bfloat16", "bfloat16"),
+                                 mamba_cache_mode="all")]
+    else:
+        raise ValueError(f"model must be one of {sorted(MODELS)}, got {model!r}")
     return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=(),
-        kv_cache_groups=(KVCacheGroupSpec(("layer.0",), FullAttentionSpec(block_size, 8, 128, "bfloat16")),),
+        kv_cache_groups=tuple(KVCacheGroupSpec((f"layer.{index}",), spec) for index, spec in enumerate(specs)),
     )
 
 
@@ -306,6 +332,10 @@ class TraceDriver:
         if kind is GetComputedBlocks:
             assert isinstance(step, GetComputedBlocks)
             request = self.requests[step.request_id]
+            # Each admission is scheduled in a step of its own, as an engine
+            # would: a Mamba state cached by an earlier request of the batch
+            # may serve this one (untimed: a no-op for attention-only models).
+            manager.new_step_starts()
             start = clock()
             looked_up: tuple[Any, int] = manager.get_computed_blocks(request)
             self.time_ns["get_computed_blocks"] += clock() - start
@@ -365,6 +395,7 @@ def make_manager(
     num_blocks: int = 8192,
     block_size: int = 16,
     max_model_len: int = 8192,
+    model: str = "llama3",
     **options: Any,
 ) -> KVCacheManagerLike:
     """A ``KVCacheManager`` of ``pagedkv.<implementation>`` ("optimized" or
@@ -383,5 +414,5 @@ def make_manager(
     if manager_class is None:
         raise ImportError(f"pagedkv.{implementation} has no KVCacheManager yet")
     manager: KVCacheManagerLike = manager_class(
-        standard_kv_cache_config(num_blocks, block_size), max_model_len, **options)
+        standard_kv_cache_config(num_blocks, block_size, model), max_model_len, **options)
     return manager

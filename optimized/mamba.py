@@ -1,0 +1,185 @@
+"""Mamba (state-space) layers: one running state per request instead of
+per-token KV (spec/managers.md, MAMBA-1, MAMBA-2).
+
+Modes (``MambaSpec.mamba_cache_mode``):
+
+- ``"none"``: the state is never cached; a hit can only be empty.
+- ``"all"``: every full block's state is cached; a hit of ``L`` tokens needs
+  only the state block ending at ``L`` (``[N, ..., N, state]``).
+- ``"align"``: the state lives in the last block(s) of the request, copied
+  forward each step; the previous step's block is released once the copy no
+  longer needs it. Worked example (block 4, one speculative block, 8 tokens
+  per step): ``[N, 1, 2]`` -> ``[N, 1, N, 2, 3]`` -> ``[N, N, N, 2, N, 3, 4]``
+  (last step's speculative block moves past the padding to be reused).
+
+``num_speculative_blocks`` extra blocks hold draft states (MTP/EAGLE). A
+state cached during a step cannot serve a hit in that same step (its
+contents are written by the step): such an allocation is refused until
+``new_step_starts``. The EAGLE rule does not apply to Mamba.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.mamba_spec import MambaSpec
+from pagedkv.spec.types import BlockHash
+
+from .single_type import SingleTypeKVCacheManager
+
+__all__ = ["MambaManager"]
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    """One Mamba group; see the module docstring for the modes."""
+
+    __slots__ = ("mode", "num_speculative_blocks", "cached_this_step", "last_state_block",
+                 "given_state")
+
+    uses_eagle_rule = False
+
+    def _setup(self) -> None:
+        spec = self.kv_cache_spec
+        assert isinstance(spec, MambaSpec)
+        self.mode = spec.mamba_cache_mode
+        self.num_speculative_blocks = spec.num_speculative_blocks
+        # Raw hashes this group cached during the current step (the group
+        # id is implied: one manager, one group).
+        self.cached_this_step: set[BlockHash] = set()
+        # align mode: index of the state block the previous step wrote, and
+        # the requests that have been given state blocks at least once.
+        self.last_state_block: dict[str, int] = {}
+        self.given_state: set[str] = set()
+
+    # ---------------------------------------------------------------- hits
+
+    def first_hit_block(self, length: int) -> int:
+        """Only the state block ending at ``L``. Cost: O(1)."""
+        return max(0, length // self.block_size - 1)
+
+    def longest_hit(self, view: Sequence[BlockHash], bound: int, max_length: int) -> int:
+        """See the base class; mode ``none`` never hits. Cost: O(aligned
+        positions looked up between the bound and the result)."""
+        if self.mode == "none":
+            return 0
+        return super().longest_hit(view, bound, max_length)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Only the state after the last computed token is needed. Cost: O(1)."""
+        return num_computed_tokens - 1
+
+    # ---------------------------------------------------------- allocation
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[int],
+                                   num_total_computed_tokens: int, num_main_tokens: int,
+                                   num_external_computed_tokens: int = 0) -> int:
+        """As the base class, with the speculative blocks; refused (more
+        than the pool holds) when the hit's state was cached this step; in
+        align mode at most one state block (plus the speculative ones on the
+        first allocation) per step. Cost: O(len(new_computed_blocks) + 1)."""
+        pool = self.block_pool
+        if new_computed_blocks and pool.block_hashes[new_computed_blocks[-1]] in self.cached_this_step:
+            return pool.num_blocks + 1
+        if self.mode != "align":
+            return super().get_num_blocks_to_allocate(
+                request_id, num_tokens + self.block_size * self.num_speculative_blocks,
+                new_computed_blocks, num_total_computed_tokens, num_main_tokens,
+                num_external_computed_tokens)
+        # Lookahead tokens get no state blocks (draft models have no Mamba layers).
+        required = -(-num_main_tokens // self.block_size) + self.num_speculative_blocks
+        held = len(self.req_to_blocks.get(request_id, ()))
+        num_new = required - len(new_computed_blocks) - held
+        if num_new > 0:
+            num_new = 1 if request_id in self.given_state else 1 + self.num_speculative_blocks
+        # A new request's externally computed tokens get blocks at admission
+        # (``allocate_external``) before the state blocks: count them too, or
+        # the allocation could run dry halfway (D-MAMBA-5).
+        external = 0
+        if num_external_computed_tokens > 0 and request_id not in self.req_to_blocks:
+            skipped = self.get_num_skipped_tokens(num_total_computed_tokens) // self.block_size
+            external = max(-(-num_total_computed_tokens // self.block_size)
+                           - max(skipped, len(new_computed_blocks)), 0)
+        ref = pool.ref_counts
+        evictable = sum(1 for block in new_computed_blocks if block and ref[block] == 0)
+        return max(num_new, 0) + external + evictable
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int) -> list[int]:
+        """See the module docstring (align mode shuffles the speculative
+        blocks past the padding). Cost: O(new blocks + padding)."""
+        if self.mode != "align":
+            return super().allocate_new_blocks(
+                request_id, num_tokens + self.block_size * self.num_speculative_blocks,
+                num_main_tokens)
+        blocks = self.req_to_blocks[request_id]
+        spec_blocks = self.num_speculative_blocks
+        required = -(-num_main_tokens // self.block_size) + spec_blocks
+        if required <= len(blocks):
+            return []
+        previous_len = len(blocks)
+        given_before = request_id in self.given_state
+        if given_before:
+            # The running state sits just before the speculative blocks.
+            self.last_state_block[request_id] = previous_len - 1 - spec_blocks
+        elif previous_len > 0:
+            # A hit: its last block holds the state to continue from.
+            self.last_state_block[request_id] = previous_len - 1
+        num_padded = required - spec_blocks - 1
+        if num_padded > previous_len:
+            blocks.extend([0] * (num_padded - previous_len))
+        if given_before:
+            # Move last step's speculative blocks past the padding so they are reused.
+            for index in range(previous_len - spec_blocks, min(previous_len, num_padded)):
+                blocks.append(blocks[index])
+                blocks[index] = 0
+        missing = required - len(blocks)
+        if missing > 0:
+            blocks.extend(self.block_pool.get_new_blocks(missing))
+        self.given_state.add(request_id)
+        return blocks[previous_len:]
+
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+        """Release all but the live state (and, in align mode, last step's
+        state once copied). With async scheduling the count may include
+        draft tokens that get rejected; assume they all are, so no state
+        still needed is freed. Cost: O(blocks released + 1)."""
+        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
+        super().remove_skipped_blocks(request_id, num_computed)
+        if self.mode != "align":
+            return
+        last = self.last_state_block.get(request_id)
+        if last is not None and last < -(-num_computed // self.block_size) - 1:
+            blocks = self.req_to_blocks[request_id]
+            block = blocks[last]
+            if block:
+                blocks[last] = 0
+                self.block_pool._free((block,))
+
+    # ------------------------------------------------- caching and freeing
+
+    def cache_blocks(self, request: HashedRequest, view: Sequence[BlockHash] | None,
+                     request_id: str, num_tokens: int) -> None:
+        """As the base class (never in mode ``none``); remembers the states
+        cached in this step (MAMBA-2). Cost: O(blocks newly cached)."""
+        if self.mode == "none":
+            return
+        before = self.num_cached_block[request_id]
+        super().cache_blocks(request, view, request_id, num_tokens)
+        hashes = self.block_pool.block_hashes
+        added = self.cached_this_step.add
+        for block in self.req_to_blocks[request_id][before:self.num_cached_block[request_id]]:
+            block_hash = hashes[block]
+            if block and block_hash is not None:
+                added(block_hash)
+
+    def free(self, request_id: str) -> None:
+        """Forget the request's state bookkeeping, then release its blocks.
+        Cost: O(blocks held)."""
+        self.given_state.discard(request_id)
+        self.last_state_block.pop(request_id, None)
+        super().free(request_id)
+
+    def new_step_starts(self) -> None:
+        """States cached so far may serve hits from now on. Cost: O(1) amortised."""
+        self.cached_this_step.clear()

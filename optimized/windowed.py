@@ -1,0 +1,105 @@
+"""Managers whose attention reads a bounded window: sliding window and
+chunked local attention (spec/managers.md). Both release blocks that fall
+out of the window and pad their place with the null block (SKIP-1).
+
+Worked example (sliding window 4, block size 2, 7 tokens computed): the
+next token (position 7) reads positions 4-6, so tokens 0-3 are skipped
+(``7 - 4 + 1 = 4``) and blocks 0 and 1 become null: ``[N, N, 3, 4]``.
+"""
+
+from __future__ import annotations
+
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
+
+from .single_type import SingleTypeKVCacheManager
+
+__all__ = ["SlidingWindowManager", "ChunkedLocalAttentionManager", "reachable_block_mask"]
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding window of ``w`` tokens: the next token reads the ``w - 1``
+    tokens before it. A hit of ``L`` tokens needs the ``n = cdiv(w - 1, b)``
+    blocks before ``L`` cached (all of them when ``L`` is shorter); blocks
+    before those are served as null blocks: window 8, block 4, a 16-token
+    hit is ``[N, N, b2, b3]``."""
+
+    __slots__ = ("window", "contiguous_blocks")
+
+    def _setup(self) -> None:
+        spec = self.kv_cache_spec
+        assert isinstance(spec, SlidingWindowSpec)
+        self.window = spec.sliding_window
+        self.contiguous_blocks = -(-(self.window - 1) // self.block_size)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """``max(0, n - w + 1)``. Cost: O(1)."""
+        return max(0, num_computed_tokens - self.window + 1)
+
+    def first_hit_block(self, length: int) -> int:
+        """``max(0, L / b - n)``. Cost: O(1)."""
+        return max(0, length // self.block_size - self.contiguous_blocks)
+
+    def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
+        """Only blocks that can end a hit at some aligned length are worth a
+        cache entry (others would push out useful ones); every block when
+        the alignment is the block size. Cost: O(num_full - num_cached)."""
+        if self.alignment == self.block_size:
+            return None
+        shift = 1 if self.use_eagle else 0
+        prompt_tokens = getattr(request, "num_prompt_tokens", None)
+        return reachable_block_mask(
+            num_cached, num_full, self.block_size, self.alignment, self.contiguous_blocks + shift,
+            shift, self.retention_interval, prompt_tokens if isinstance(prompt_tokens, int) else None)
+
+
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """Chunked local attention with chunks of ``c`` tokens: a token reads only
+    the earlier tokens of its own chunk. A hit of ``L`` tokens needs the
+    blocks from the start of ``L``'s chunk up to ``L`` cached; blocks before
+    the chunk are null (chunk 8, block 4: a 12-token hit is ``[N, N, b2]``,
+    a 16-token hit ``[N, N, N, N]`` with nothing looked up)."""
+
+    __slots__ = ("chunk_size",)
+
+    def _setup(self) -> None:
+        spec = self.kv_cache_spec
+        assert isinstance(spec, ChunkedLocalAttentionSpec)
+        self.chunk_size = spec.attention_chunk_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Tokens before the current chunk: ``n // c * c``. Cost: O(1)."""
+        return num_computed_tokens // self.chunk_size * self.chunk_size
+
+    def first_hit_block(self, length: int) -> int:
+        """The block where ``L``'s chunk starts. Cost: O(1)."""
+        return length // self.chunk_size * self.chunk_size // self.block_size
+
+
+def reachable_block_mask(start_block: int, end_block: int, block_size: int, alignment: int,
+                         need: int, shift: int, retention_interval: int | None,
+                         num_prompt_tokens: int | None) -> list[bool] | None:
+    """Which sliding-window blocks in ``[start_block, end_block)`` are worth
+    caching: those among the ``need`` blocks before block ``L / b + shift``
+    for some kept boundary ``L``. ``retention_interval``: ``None`` keeps a
+    tail at every aligned boundary, ``0`` only the tail of the latest
+    boundary a prompt replay can hit, ``k > 0`` one tail per ``k`` tokens
+    plus that replay tail. ``None`` means every block (the tails overlap).
+
+    Cost: O(end_block - start_block).
+    """
+    per_boundary = None if retention_interval == 0 else (
+        alignment if retention_interval is None else retention_interval) // block_size
+    if per_boundary is not None and need >= per_boundary:
+        return None
+    mask = [False] * (end_block - start_block)
+    if per_boundary is not None:
+        keep_from = per_boundary - need
+        for index in range(max(start_block, shift), end_block):
+            if (index - shift) % per_boundary >= keep_from:
+                mask[index - start_block] = True
+    if retention_interval is not None and num_prompt_tokens is not None and num_prompt_tokens >= 1:
+        tail_end = (num_prompt_tokens - 1) // alignment * alignment // block_size + shift
+        for index in range(max(start_block, tail_end - need), min(end_block, tail_end)):
+            mask[index - start_block] = True
+    return mask
