@@ -44,7 +44,7 @@ from .mamba import MambaManager
 from .single_type import (
     MANAGER_REGISTRY,
     FullAttentionManager,
-    SingleTypeKVCacheManager,
+    GroupManager,
     SinkFullAttentionManager,
 )
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
@@ -53,7 +53,7 @@ __all__ = [
     "BlockPool", "ChunkedLocalAttentionManager", "CrossAttentionManager", "FreeBlockQueue",
     "FullAttentionManager", "HybridCoordinator", "KVCacheBlocks", "KVCacheCoordinator",
     "KVCacheManager", "MANAGER_FOR_KIND", "MANAGER_REGISTRY", "MambaManager", "NULL_BLOCK",
-    "NoPrefixCacheCoordinator", "PrefixCachingMetrics", "SingleTypeKVCacheManager",
+    "NoPrefixCacheCoordinator", "PrefixCachingMetrics", "GroupManager",
     "SinkFullAttentionManager", "SlidingWindowManager", "UnitaryCoordinator",
     "make_block_hasher", "make_coordinator",
 ]

@@ -38,7 +38,6 @@ from pagedkv.spec.errors import (
     UnknownBlockError,
 )
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.snapshot import PoolSnapshot
 from pagedkv.spec.types import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -49,19 +48,11 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
-from .pool_invariants import check_pool_invariants
+from .pool_view import NULL_BLOCK, PoolView, group_suffix
 
 __all__ = ["BlockPool", "NULL_BLOCK"]
 
-NULL_BLOCK = 0
-"""Id of the null block."""
-
-
-def _group_suffix(group_id: int) -> bytes:
-    return group_id.to_bytes(4, "big")
-
-
-class BlockPool:
+class BlockPool(PoolView):
     """A pool of ``num_blocks`` integer-id blocks with a prefix cache.
 
     Args:
@@ -115,48 +106,6 @@ class BlockPool:
         self._events: list[KVCacheEvent] = []
         # Blocks held for the pool's lifetime (attention sinks, D-SINK-1).
         self.reserved: list[int] = []
-
-    # ------------------------------------------------------------------ reads
-
-    @property
-    def null_block(self) -> int:
-        """The null block's id (0). Cost: O(1)."""
-        return NULL_BLOCK
-
-    @property
-    def ref_counts(self) -> list[int]:
-        """Ref count per block id (live list; do not mutate). Cost: O(1)."""
-        return self._ref
-
-    @property
-    def block_hashes(self) -> list[BlockHash | None]:
-        """Raw hash per block id (live list; do not mutate). Cost: O(1)."""
-        return self._hash
-
-    @property
-    def block_group_ids(self) -> list[int]:
-        """Group id of each block's key (meaningful where hashed; live list).
-        Cost: O(1)."""
-        return self._gid
-
-    @property
-    def free_queue(self) -> FreeBlockQueue:
-        """The free queue itself (do not mutate). Cost: O(1)."""
-        return self._queue
-
-    @property
-    def pending_events(self) -> list[KVCacheEvent]:
-        """Events not yet taken (live list; do not mutate). Cost: O(1)."""
-        return self._events
-
-    def ref_count(self, block_id: int) -> int:
-        """Ref count of one block. Cost: O(1).
-
-        Raises:
-            UnknownBlockError: ``block_id`` outside ``[0, num_blocks)``.
-        """
-        self._check_ids((block_id,))
-        return self._ref[block_id]
 
     def get_num_free_blocks(self) -> int:
         """Blocks in the free queue (evictable cached blocks included). Cost: O(1)."""
@@ -510,49 +459,3 @@ class BlockPool:
         events = self._events
         self._events = []
         return events
-
-    # ------------------------------------------------------- introspection
-
-    def free_queue_ids(self) -> list[int]:
-        """The free queue, front first. Cost: O(free blocks)."""
-        return self._queue.to_list()
-
-    def cache_key(self, block_id: int) -> bytes | None:
-        """The cache key (hash + group id) of a block, or None. Cost: O(1)."""
-        block_hash = self._hash[block_id]
-        if block_hash is None:
-            return None
-        return block_hash + _group_suffix(self._gid[block_id])
-
-    def snapshot(self) -> PoolSnapshot:
-        """Observable state (spec/snapshot.py); pending events are copied,
-        not taken. Cost: O(num_blocks + cached keys * log)."""
-        cached: list[tuple[bytes, tuple[int, ...]]] = []
-        for group_id, table in enumerate(self.cached_by_group):
-            suffix = _group_suffix(group_id)
-            cached.extend((block_hash + suffix, tuple(ids)) for block_hash, ids in table.items())
-        cached.sort()
-        return PoolSnapshot(
-            num_blocks=self.num_blocks,
-            ref_counts=tuple(self._ref),
-            block_hashes=tuple(self.cache_key(b) for b in range(self.num_blocks)),
-            free_queue=tuple(self._queue.to_list()),
-            cached=tuple(cached),
-            pending_events=tuple(self._events),
-        )
-
-    def check_invariants(self) -> None:
-        """Check POOL-1..4, CACHE-1..3 and EVT-1; "an expensive no-op" when
-        all is well. Cost: O(num_blocks + cached ids).
-
-        Raises:
-            InvariantViolation: the message starts with the invariant's ID.
-        """
-        check_pool_invariants(self)
-
-    def _check_ids(self, ids: Iterable[object]) -> None:
-        n = self.num_blocks
-        for block in ids:
-            if type(block) is not int or not 0 <= block < n:
-                raise UnknownBlockError(
-                    f"block id must be an int in [0, {n}), got {block!r}")

@@ -31,7 +31,7 @@ from .block_pool import BlockPool
 from .cross_attention import CrossAttentionManager
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
-from .single_type import FullAttentionManager, SingleTypeKVCacheManager, SinkFullAttentionManager
+from .single_type import FullAttentionManager, GroupManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 __all__ = [
@@ -44,7 +44,7 @@ __all__ = [
     "hit_alignment",
 ]
 
-MANAGER_FOR_KIND: dict[str, type[SingleTypeKVCacheManager]] = {
+MANAGER_FOR_KIND: dict[str, type[GroupManager]] = {
     "full_attention": FullAttentionManager,
     "sink_full_attention": SinkFullAttentionManager,
     "sliding_window": SlidingWindowManager,
@@ -92,7 +92,7 @@ class KVCacheCoordinator:
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks, enable_caching, hash_block_size=hash_block_size,
             enable_kv_cache_events=enable_kv_cache_events, num_groups=len(groups))
-        managers: list[SingleTypeKVCacheManager] = []
+        managers: list[GroupManager] = []
         for group_id, group in enumerate(groups):
             kind = manager_kind_for(group.kv_cache_spec)
             manager_class = MANAGER_FOR_KIND.get(kind)
@@ -103,7 +103,7 @@ class KVCacheCoordinator:
                 group.kv_cache_spec, block_sizes[group_id], self.block_pool, group_id,
                 enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval))
-        self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)
+        self.managers: tuple[GroupManager, ...] = tuple(managers)
         # Cross-attention groups count encoder tokens, the others decoder tokens.
         self.encoder_groups: tuple[bool, ...] = tuple(
             isinstance(manager, CrossAttentionManager) for manager in managers)
@@ -183,17 +183,17 @@ class KVCacheCoordinator:
                     views = self.views(request.block_hashes, num_tokens)
                 manager.cache_blocks(request, views.at(manager.block_size), request_id, num_tokens)
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_total_computed: int) -> None:
         """Release blocks no longer needed, per group. Cost: O(groups + released)."""
         for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+            manager.remove_skipped_blocks(request_id, num_total_computed)
 
-    def free(self, request_id: str) -> None:
+    def release(self, request_id: str) -> None:
         """Release the request's blocks group by group (tail first within a
         group) and forget it. Cost: O(blocks held)."""
         self.requests.remove(request_id)
         for manager in self.managers:
-            manager.free(request_id)
+            manager.release(request_id)
 
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, leading blocks every known request holds.
@@ -208,7 +208,7 @@ class KVCacheCoordinator:
 
     def get_num_cached_blocks(self, request_id: str) -> tuple[int, ...]:
         """The request's cached-block count per group. Cost: O(groups)."""
-        return tuple(manager.num_cached_block[request_id] for manager in self.managers)
+        return tuple(manager.cached_count[request_id] for manager in self.managers)
 
     def new_step_starts(self) -> None:
         """Per-step hook of every manager. Cost: O(groups)."""

@@ -26,12 +26,12 @@ from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
-from .single_type import SingleTypeKVCacheManager
+from .single_type import GroupManager
 
 __all__ = ["MambaManager"]
 
 
-class MambaManager(SingleTypeKVCacheManager):
+class MambaManager(GroupManager):
     """One Mamba group; see the module docstring for the modes."""
 
     __slots__ = ("mode", "num_speculative_blocks", "cached_this_step", "last_state_block",
@@ -65,9 +65,9 @@ class MambaManager(SingleTypeKVCacheManager):
             return 0
         return super().longest_hit(view, bound, max_length)
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+    def skipped_tokens(self, num_computed: int) -> int:
         """Only the state after the last computed token is needed. Cost: O(1)."""
-        return num_computed_tokens - 1
+        return num_computed - 1
 
     # ---------------------------------------------------------- allocation
 
@@ -83,10 +83,11 @@ class MambaManager(SingleTypeKVCacheManager):
         if new_computed_blocks and pool.block_hashes[new_computed_blocks[-1]] in self.cached_this_step:
             return pool.num_blocks + 1
         if self.mode != "align":
-            return super().get_num_blocks_to_allocate(
-                request_id, num_tokens + self.block_size * self.num_speculative_blocks,
-                new_computed_blocks, num_total_computed_tokens, num_main_tokens,
+            with_drafts = num_tokens + self.block_size * self.num_speculative_blocks
+            demand: int = super().get_num_blocks_to_allocate(
+                request_id, with_drafts, new_computed_blocks, num_total_computed_tokens, num_main_tokens,
                 num_external_computed_tokens)
+            return demand
         # Lookahead tokens get no state blocks (draft models have no Mamba layers).
         required = -(-num_main_tokens // self.block_size) + self.num_speculative_blocks
         held = len(self.req_to_blocks.get(request_id, ()))
@@ -98,7 +99,7 @@ class MambaManager(SingleTypeKVCacheManager):
         # the allocation could run dry halfway (D-MAMBA-5).
         external = 0
         if num_external_computed_tokens > 0 and request_id not in self.req_to_blocks:
-            skipped = self.get_num_skipped_tokens(num_total_computed_tokens) // self.block_size
+            skipped = self.skipped_tokens(num_total_computed_tokens) // self.block_size
             external = max(-(-num_total_computed_tokens // self.block_size)
                            - max(skipped, len(new_computed_blocks)), 0)
         ref = pool.ref_counts
@@ -164,21 +165,21 @@ class MambaManager(SingleTypeKVCacheManager):
         cached in this step (MAMBA-2). Cost: O(blocks newly cached)."""
         if self.mode == "none":
             return
-        before = self.num_cached_block[request_id]
+        before = self.cached_count[request_id]
         super().cache_blocks(request, view, request_id, num_tokens)
         hashes = self.block_pool.block_hashes
         added = self.cached_this_step.add
-        for block in self.req_to_blocks[request_id][before:self.num_cached_block[request_id]]:
+        for block in self.req_to_blocks[request_id][before:self.cached_count[request_id]]:
             block_hash = hashes[block]
             if block and block_hash is not None:
                 added(block_hash)
 
-    def free(self, request_id: str) -> None:
+    def release(self, request_id: str) -> None:
         """Forget the request's state bookkeeping, then release its blocks.
         Cost: O(blocks held)."""
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
-        super().free(request_id)
+        super().release(request_id)
 
     def new_step_starts(self) -> None:
         """States cached so far may serve hits from now on. Cost: O(1) amortised."""

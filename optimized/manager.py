@@ -113,7 +113,7 @@ class KVCacheManager:
                 self._coordinator.managers[0], FullAttentionManager):
             manager = self._coordinator.managers[0]
             self._single_blocks = manager.req_to_blocks
-            self._single_cached = manager.num_cached_block
+            self._single_cached = manager.cached_count
 
     # ------------------------------------------------------------ properties
 
@@ -316,7 +316,7 @@ class KVCacheManager:
             if missing_ok:
                 return
             check.known(coordinator, request_id)
-        coordinator.free(request_id)
+        coordinator.release(request_id)
 
     # ----------------------------------------------------------- the cache
 

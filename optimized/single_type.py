@@ -3,7 +3,7 @@
 A single-type manager owns, for one KV cache group, each known request's
 block list (token order; the null block 0 where attention no longer reads)
 and its count of cached blocks (REQ-2). Attention types differ in which
-leading tokens they stop reading (``get_num_skipped_tokens``), which blocks
+leading tokens they stop reading (``skipped_tokens``), which blocks
 a hit of ``L`` tokens needs cached (``first_hit_block``: blocks
 ``first..L/b-1``, the ones before it served as null blocks) and how the
 longest hit under a bound is found (``longest_hit``). The rules are those of
@@ -31,14 +31,14 @@ from pagedkv.spec.types import BlockHash
 from .block_pool import BlockPool
 
 __all__ = [
-    "SingleTypeKVCacheManager",
+    "GroupManager",
     "FullAttentionManager",
     "SinkFullAttentionManager",
     "MANAGER_REGISTRY",
 ]
 
 
-class SingleTypeKVCacheManager:
+class GroupManager:
     """Block lists of one KV cache group.
 
     Args:
@@ -57,7 +57,7 @@ class SingleTypeKVCacheManager:
 
     __slots__ = ("kv_cache_spec", "block_size", "block_pool", "group_id", "enable_caching",
                  "alignment", "use_eagle", "retention_interval", "req_to_blocks",
-                 "num_cached_block")
+                 "cached_count")
 
     uses_eagle_rule = True
     """Whether the EAGLE rule applies to this type's hits."""
@@ -77,7 +77,7 @@ class SingleTypeKVCacheManager:
         self.use_eagle = use_eagle and self.uses_eagle_rule
         self.retention_interval = retention_interval
         self.req_to_blocks: dict[str, list[int]] = {}
-        self.num_cached_block: dict[str, int] = {}
+        self.cached_count: dict[str, int] = {}
         self._setup()
 
     def _setup(self) -> None:
@@ -86,8 +86,8 @@ class SingleTypeKVCacheManager:
 
     # ------------------------------------------------------------ the type's rules
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Leading tokens attention no longer reads once ``num_computed_tokens``
+    def skipped_tokens(self, num_computed: int) -> int:
+        """Leading tokens attention no longer reads once ``num_computed``
         are computed (0: it reads them all). Cost: O(1)."""
         return 0
 
@@ -154,7 +154,7 @@ class SingleTypeKVCacheManager:
         held = self.req_to_blocks.get(request_id)
         if held is not None:
             return max(required - len(held), 0)
-        num_skipped_blocks = self.get_num_skipped_tokens(num_total_computed_tokens) // block_size
+        num_skipped_blocks = self.skipped_tokens(num_total_computed_tokens) // block_size
         num_new = max(required - max(num_skipped_blocks, len(new_computed_blocks)), 0)
         ref = self.block_pool.ref_counts
         for block in new_computed_blocks[num_skipped_blocks:]:
@@ -170,13 +170,13 @@ class SingleTypeKVCacheManager:
         Cost: O(len(new_computed_blocks) + skipped blocks).
         """
         num_total = num_local_computed_tokens + num_external_computed_tokens
-        num_skipped_blocks = self.get_num_skipped_tokens(num_total) // self.block_size
+        num_skipped_blocks = self.skipped_tokens(num_total) // self.block_size
         kept = list(new_computed_blocks[num_skipped_blocks:])
         if kept and self.enable_caching:
             self.block_pool._touch(kept)
         blocks = [0] * num_skipped_blocks + kept if num_skipped_blocks > 0 else kept
         self.req_to_blocks[request_id] = blocks
-        self.num_cached_block[request_id] = len(blocks)
+        self.cached_count[request_id] = len(blocks)
 
     def allocate_external(self, request_id: str, num_total_computed_tokens: int,
                           num_external_computed_tokens: int) -> None:
@@ -207,13 +207,13 @@ class SingleTypeKVCacheManager:
 
         Cost: O(blocks released + 1).
         """
-        num_skipped_tokens = self.get_num_skipped_tokens(num_total_computed_tokens)
-        if num_skipped_tokens <= 0:
+        skipped = self.skipped_tokens(num_total_computed_tokens)
+        if skipped <= 0:
             return
         blocks = self.req_to_blocks.get(request_id)
         if blocks is None:
             return
-        index = min(num_skipped_tokens // self.block_size, len(blocks)) - 1
+        index = min(skipped // self.block_size, len(blocks)) - 1
         if index < 0 or not blocks[index]:
             return
         released: list[int] = []
@@ -239,22 +239,22 @@ class SingleTypeKVCacheManager:
         Cost: O(blocks newly cached).
         """
         num_full = num_tokens // self.block_size
-        num_cached = self.num_cached_block[request_id]
+        num_cached = self.cached_count[request_id]
         if num_cached >= num_full:
             return
         self.block_pool.cache_full_blocks(
             request, self.req_to_blocks[request_id], num_cached, num_full,
             self.block_size, self.group_id, view,
             self.cache_mask(request, num_cached, num_full))
-        self.num_cached_block[request_id] = num_full
+        self.cached_count[request_id] = num_full
 
-    def free(self, request_id: str) -> None:
+    def release(self, request_id: str) -> None:
         """Release the request's blocks tail first and forget it.
 
         Cost: O(blocks held).
         """
         blocks = self.req_to_blocks.pop(request_id)
-        del self.num_cached_block[request_id]
+        del self.cached_count[request_id]
         blocks.reverse()  # the list is ours and dropped: reversing in place is free
         self.block_pool._free(blocks)
 
@@ -267,7 +267,7 @@ class SingleTypeKVCacheManager:
         """A scheduler step begins. Cost: O(1) here."""
 
 
-class FullAttentionManager(SingleTypeKVCacheManager):
+class FullAttentionManager(GroupManager):
     """Full (causal) attention, MLA included: every position keeps its
     block; a hit of ``L`` tokens needs its ``L / b`` leading blocks cached."""
 
@@ -381,7 +381,7 @@ class SinkFullAttentionManager(FullAttentionManager):
         self.sink_blocks = block_pool.reserve(sink_len // block_size)
 
 
-MANAGER_REGISTRY: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
+MANAGER_REGISTRY: dict[type[KVCacheSpec], type[GroupManager]] = {
     FullAttentionSpec: FullAttentionManager,
 }
 """Kept for callers of the full-attention slice; coordinators now choose by

@@ -12,12 +12,12 @@ from __future__ import annotations
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 
-from .single_type import SingleTypeKVCacheManager
+from .single_type import GroupManager
 
 __all__ = ["SlidingWindowManager", "ChunkedLocalAttentionManager", "reachable_block_mask"]
 
 
-class SlidingWindowManager(SingleTypeKVCacheManager):
+class SlidingWindowManager(GroupManager):
     """Sliding window of ``w`` tokens: the next token reads the ``w - 1``
     tokens before it. A hit of ``L`` tokens needs the ``n = cdiv(w - 1, b)``
     blocks before ``L`` cached (all of them when ``L`` is shorter); blocks
@@ -32,9 +32,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.window = spec.sliding_window
         self.contiguous_blocks = -(-(self.window - 1) // self.block_size)
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+    def skipped_tokens(self, num_computed: int) -> int:
         """``max(0, n - w + 1)``. Cost: O(1)."""
-        return max(0, num_computed_tokens - self.window + 1)
+        return max(0, num_computed - self.window + 1)
 
     def first_hit_block(self, length: int) -> int:
         """``max(0, L / b - n)``. Cost: O(1)."""
@@ -53,7 +53,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             shift, self.retention_interval, prompt_tokens if isinstance(prompt_tokens, int) else None)
 
 
-class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+class ChunkedLocalAttentionManager(GroupManager):
     """Chunked local attention with chunks of ``c`` tokens: a token reads only
     the earlier tokens of its own chunk. A hit of ``L`` tokens needs the
     blocks from the start of ``L``'s chunk up to ``L`` cached; blocks before
@@ -67,9 +67,9 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         assert isinstance(spec, ChunkedLocalAttentionSpec)
         self.chunk_size = spec.attention_chunk_size
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+    def skipped_tokens(self, num_computed: int) -> int:
         """Tokens before the current chunk: ``n // c * c``. Cost: O(1)."""
-        return num_computed_tokens // self.chunk_size * self.chunk_size
+        return num_computed // self.chunk_size * self.chunk_size
 
     def first_hit_block(self, length: int) -> int:
         """The block where ``L``'s chunk starts. Cost: O(1)."""
@@ -92,7 +92,7 @@ def reachable_block_mask(start_block: int, end_block: int, block_size: int, alig
         alignment if retention_interval is None else retention_interval) // block_size
     if per_boundary is not None and need >= per_boundary:
         return None
-    mask = [False] * (end_block - start_block)
+    mask = [False for _ in range(start_block, end_block)]
     if per_boundary is not None:
         keep_from = per_boundary - need
         for index in range(max(start_block, shift), end_block):

@@ -9,6 +9,8 @@ reference makes (spec/operations.md cites each rule by name).
 
 from __future__ import annotations
 
+from pagedkv.spec import sizing
+
 __all__ = [
     "cdiv",
     "num_new_blocks_needed",
@@ -26,15 +28,8 @@ __all__ = [
 ]
 
 
-def cdiv(numerator: int, denominator: int) -> int:
-    """Ceiling division: the number of blocks that hold ``numerator`` tokens.
-
-    pre: numerator >= 0
-    pre: denominator > 0
-    post: __return__ * denominator >= numerator
-    post: __return__ == 0 or (__return__ - 1) * denominator < numerator
-    """
-    return -(-numerator // denominator)
+# Ceiling division is shared vocabulary (its contract is checked there too).
+cdiv = sizing.cdiv
 
 
 def num_new_blocks_needed(num_tokens: int, block_size: int, num_held: int) -> int:

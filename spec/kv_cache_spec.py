@@ -378,13 +378,17 @@ class SlidingWindowSpec(AttentionSpec):
 
     def max_memory_usage_bytes(self, setting: ModelSetting) -> int:
         """The admission cap in pages (CFG-7); no context parallelism."""
-        _no_context_parallelism(self, setting)
-        blocks = self.max_admission_blocks_per_request(
-            setting.max_num_batched_tokens, setting.max_model_len)
-        return blocks * self.page_size_bytes
+        return _admission_cap_bytes(self, setting)
 
     def token_slot_key(self) -> object:
         return self.sliding_window
+
+
+def _admission_cap_bytes(spec: SlidingWindowSpec | ChunkedLocalAttentionSpec, setting: ModelSetting) -> int:
+    """Bytes of a windowed spec's per-request admission cap."""
+    _no_context_parallelism(spec, setting)
+    blocks = spec.max_admission_blocks_per_request(setting.max_num_batched_tokens, setting.max_model_len)
+    return blocks * spec.page_size_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,10 +420,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     def max_memory_usage_bytes(self, setting: ModelSetting) -> int:
         """The admission cap in pages (CFG-8); no context parallelism."""
-        _no_context_parallelism(self, setting)
-        blocks = self.max_admission_blocks_per_request(
-            setting.max_num_batched_tokens, setting.max_model_len)
-        return blocks * self.page_size_bytes
+        return _admission_cap_bytes(self, setting)
 
     def token_slot_key(self) -> object:
         return self.attention_chunk_size
