@@ -10,9 +10,10 @@ are read, never owned: any object with the attributes of
 Every public method validates first and raises a typed error from
 ``pagedkv.spec.errors`` before changing anything. Validation lives in
 ``_validation.py``; the work is delegated to a coordinator
-(``coordinator.py``). ``allocate_slots`` has an O(1) fast path for the
-common decode step: a known single-group request whose new tokens fit in
-the blocks it holds and that fills no new block.
+(``coordinator.py``). ``allocate_slots`` has a fast path for the common
+decode step: a known request whose new tokens fit in the blocks it holds,
+that fills no new block and (several groups, ``decode.py``) moves no window
+past a block boundary: O(1) with one group, O(groups) with several.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import InvalidArgumentError, InvalidTokenCountError, InvariantViolation
+from pagedkv.spec.errors import (
+    InvalidArgumentError,
+    InvalidConfigError,
+    InvalidTokenCountError,
+    InvariantViolation,
+)
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
@@ -31,6 +37,9 @@ from . import _validation as check
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .coordinator import KVCacheCoordinator, make_coordinator
+from .admission import admission_caps, full_sequence_demand
+from .pool_invariants import check_request_invariants
+from .decode import decode_probes, is_noop_decode
 from .hasher import make_block_hasher
 from .single_type import FullAttentionManager
 
@@ -81,10 +90,16 @@ class KVCacheManager:
         pcp_world_size: int = 1,
         hash_seed: str | None = None,
         retention_interval: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         block_sizes, hbs = check.constructor_args(
             kv_cache_config, max_model_len, enable_caching, hash_fn, hash_block_size,
             dcp_world_size, pcp_world_size, retention_interval)
+        if max_num_batched_tokens is not None and (type(max_num_batched_tokens) is not int
+                                                   or max_num_batched_tokens < 1):
+            raise InvalidConfigError(
+                f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
+        self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
         self.use_eagle = bool(use_eagle)
@@ -98,6 +113,9 @@ class KVCacheManager:
             bool(enable_kv_cache_events), block_sizes, hbs if hbs is not None else 1,
             retention_interval)
         self._pool: BlockPool = self._coordinator.block_pool
+        # The per-request caps startup sizing counts (spec CFG-7, CFG-8).
+        self._admission_caps = admission_caps(
+            self._coordinator.managers, self.max_num_batched_tokens, max_model_len)
         self._hasher = (None if hbs is None else make_block_hasher(hash_fn, hbs, hash_seed))
         self.prefix_cache_stats: PrefixCacheStats | None = (
             PrefixCacheStats() if self.log_stats else None)
@@ -114,6 +132,11 @@ class KVCacheManager:
             manager = self._coordinator.managers[0]
             self._single_blocks = manager.req_to_blocks
             self._single_cached = manager.cached_count
+        # The decode fast path of every other configuration (``decode.py``);
+        # None where a group's type is not covered.
+        self._decode_probes = (
+            decode_probes(self._coordinator.managers)
+            if self._single_blocks is None and block_sizes else None)
 
     # ------------------------------------------------------------ properties
 
@@ -180,17 +203,21 @@ class KVCacheManager:
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
     ) -> KVCacheBlocks | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens (plus
         lookahead), taking a prefix hit (``new_computed_blocks``, covering
         ``num_new_computed_tokens``) if it is new, then cache the blocks its
         computed tokens fill (unless ``delay_cache_blocks``). Returns the
-        newly allocated blocks, or ``None`` (no change at all) when the free
-        queue is too short.
+        newly allocated blocks, or ``None`` when the free queue is too short
+        (no change beyond releasing blocks attention no longer reads,
+        D-API-6). With ``full_sequence_must_fit`` the whole request must fit
+        too, windowed groups counted at their admission cap (spec/managers.md
+        §8).
 
-        Cost: O(1) for a decode step that needs no new block and fills no
-        block; otherwise O(groups + hit blocks + new blocks + blocks
-        cached).
+        Cost: O(1) (one group) or O(groups) for a decode step that needs
+        no new block, fills no block and releases none; otherwise O(groups
+        + hit blocks + new blocks + blocks cached + blocks released).
 
         Raises:
             InvalidTokenCountError: ``num_new_tokens < 1`` or a negative count.
@@ -202,36 +229,55 @@ class KVCacheManager:
             UnknownBlockError: a hit names a block outside the pool.
             ExceedsMaxModelLenError: the request would exceed max_model_len.
         """
-        single_blocks = self._single_blocks
-        if (single_blocks is not None and new_computed_blocks is None
+        if (new_computed_blocks is None and not full_sequence_must_fit
                 and not (num_new_computed_tokens or num_lookahead_tokens
                          or num_external_computed_tokens or num_encoder_tokens)
                 and type(num_new_tokens) is int and num_new_tokens >= 1):
-            # Decode fast path: nothing new to take, touch or validate beyond
-            # the bounds checked here; no object is created.
-            blocks = single_blocks.get(request.request_id)
-            if blocks is not None:
-                total = request.num_computed_tokens + num_new_tokens
-                block_size = self._block_size0
-                # total >= num_new_tokens: a negative num_computed_tokens
-                # takes the slow path, which raises.
-                if num_new_tokens <= total <= len(blocks) * block_size and (
-                        total <= self.max_model_len):
-                    if not self.enable_caching or delay_cache_blocks:
-                        return self._empty
-                    num_tokens = request.num_tokens
-                    if (total if total < num_tokens else num_tokens) // block_size <= (
-                            self._single_cached[request.request_id]):
+            single_blocks = self._single_blocks
+            if single_blocks is not None:
+                # Decode fast path: nothing new to take, touch or validate
+                # beyond the bounds checked here; no object is created.
+                blocks = single_blocks.get(request.request_id)
+                if blocks is not None:
+                    total = request.num_computed_tokens + num_new_tokens
+                    block_size = self._block_size0
+                    # total >= num_new_tokens: a negative num_computed_tokens
+                    # takes the slow path, which raises.
+                    if num_new_tokens <= total <= len(blocks) * block_size and (
+                            total <= self.max_model_len):
+                        if not self.enable_caching or delay_cache_blocks:
+                            return self._empty
+                        num_tokens = request.num_tokens
+                        if (total if total < num_tokens else num_tokens) // block_size <= (
+                                self._single_cached[request.request_id]):
+                            return self._empty
+            elif self._decode_probes is not None:
+                # Other configurations: the same step, decided per group in
+                # decode.is_noop_decode (windows that move past a block
+                # boundary and filled blocks take the general path).
+                num_computed = request.num_computed_tokens
+                total = num_computed + num_new_tokens
+                if type(num_computed) is int and num_new_tokens <= total <= self.max_model_len:
+                    cache_tokens = -1  # the step caches nothing
+                    if self.enable_caching and not delay_cache_blocks:
+                        num_tokens = request.num_tokens
+                        cache_tokens = total if total < num_tokens else num_tokens
+                    # Hashes falling short of the blocks to cache: the
+                    # general path raises.
+                    if cache_tokens // (self.hash_block_size or 1) <= len(request.block_hashes) and (
+                            is_noop_decode(self._decode_probes, request.request_id, num_computed,
+                                           total, cache_tokens)):
                         return self._empty
         return self._allocate_slots(
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
             num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
-            num_encoder_tokens)
+            num_encoder_tokens, full_sequence_must_fit)
 
     def _allocate_slots(
         self, request: RequestView, num_new_tokens: int, num_new_computed_tokens: int,
         new_computed_blocks: Any, num_lookahead_tokens: int,
         num_external_computed_tokens: int, delay_cache_blocks: bool, num_encoder_tokens: int,
+        full_sequence_must_fit: bool = False,
     ) -> KVCacheBlocks | None:
         """The general allocation path (see :meth:`allocate_slots`)."""
         coordinator = self._coordinator
@@ -253,6 +299,11 @@ class KVCacheManager:
         num_to_allocate = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need, computed, num_total_computed, num_tokens_main,
             num_encoder_tokens, num_external_computed_tokens)
+        if full_sequence_must_fit:
+            whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
+            num_to_allocate = max(num_to_allocate, full_sequence_demand(
+                coordinator.managers, self._admission_caps, request_id, whole, computed,
+                num_encoder_tokens, self._pool.ref_counts))
         if num_to_allocate > self._pool.get_num_free_blocks():
             return None
         if not known:
@@ -312,10 +363,22 @@ class KVCacheManager:
         """
         request_id = request.request_id
         coordinator = self._coordinator
-        if request_id not in coordinator.requests:
+        requests = coordinator.requests
+        if request_id not in requests:
             if missing_ok:
                 return
             check.known(coordinator, request_id)
+        single_blocks = self._single_blocks
+        if single_blocks is not None:
+            # One full-attention group: coordinator.release and
+            # FullAttentionManager.release inlined (two calls fewer on a
+            # per-request path); the differential tests hold them equal.
+            requests.remove(request_id)
+            blocks = single_blocks.pop(request_id)
+            del self._single_cached[request_id]
+            blocks.reverse()  # tail first; the list is dropped
+            self._pool._free(blocks)
+            return
         coordinator.release(request_id)
 
     # ----------------------------------------------------------- the cache
@@ -421,39 +484,8 @@ class KVCacheManager:
         Raises:
             InvariantViolation: the message starts with the invariant's ID.
         """
-        pool = self._pool
-        pool.check_invariants()
-        coordinator = self._coordinator
-        holders = [0] * pool.num_blocks
-
-        def fail(inv: str, what: str) -> None:
-            raise InvariantViolation(f"{inv}: {what}\nstate: {self.snapshot()!r}")
-
-        for request_id in coordinator.requests:
-            for manager in coordinator.managers:
-                if request_id not in manager.req_to_blocks:
-                    fail("REQ-5", f"request {request_id!r} has no list in group {manager.group_id}")
-            for group_id, blocks in enumerate(coordinator.get_blocks(request_id)):
-                cached = coordinator.get_num_cached_blocks(request_id)[group_id]
-                if not 0 <= cached <= len(blocks):
-                    fail("REQ-2", f"request {request_id!r}: {cached} cached of {len(blocks)}")
-                held = [block for block in blocks if block]
-                full = isinstance(coordinator.managers[group_id], FullAttentionManager)
-                if (full and len(held) != len(blocks)) or len(set(held)) != len(held):
-                    fail("REQ-4", f"request {request_id!r} group {group_id}: {blocks}")
-                for block in held:
-                    holders[block] += 1
-                    key = pool.cache_key(block)
-                    if key is not None and int.from_bytes(key[-4:], "big") != group_id:
-                        fail("REQ-3", f"block {block} held in group {group_id} keyed {key.hex()}")
-        for manager in coordinator.managers:
-            if set(manager.req_to_blocks) != coordinator.requests:
-                fail("REQ-5", f"group {manager.group_id} tracks other requests")
-        for block in pool.reserved:
-            holders[block] += 1  # sink blocks: held by the manager itself (SINK-1)
-        for block in range(1, pool.num_blocks):
-            if pool.ref_counts[block] != holders[block]:
-                fail("REQ-1", f"block {block}: ref {pool.ref_counts[block]}, held {holders[block]}")
+        self._pool.check_invariants()
+        check_request_invariants(self._pool, self._coordinator, self.snapshot)
 
     def __repr__(self) -> str:
         return (f"KVCacheManager(num_blocks={self._pool.num_blocks}, "

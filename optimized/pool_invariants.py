@@ -6,14 +6,16 @@ Kept apart from ``block_pool.py`` so the hot module stays small; the pool's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pagedkv.spec.errors import InvariantViolation
 
 if TYPE_CHECKING:
     from .block_pool import BlockPool
+    from .coordinator import KVCacheCoordinator
 
-__all__ = ["check_pool_invariants"]
+__all__ = ["check_pool_invariants", "check_request_invariants"]
 
 
 def check_pool_invariants(pool: BlockPool) -> None:
@@ -62,3 +64,46 @@ def check_pool_invariants(pool: BlockPool) -> None:
         fail("CACHE-2", "caching disabled but blocks carry hashes")
     if not pool.enable_kv_cache_events and pool.pending_events:
         fail("EVT-1", "events disabled but events pending")
+
+
+def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
+                             snapshot: Callable[[], object]) -> None:
+    """Check REQ-1..5 over the coordinator's request table (the manager's
+    ``check_invariants()`` calls it after the pool's). Cost: O(num_blocks +
+    blocks held).
+
+    Raises:
+        InvariantViolation: the message starts with the invariant's ID.
+    """
+    from .single_type import FullAttentionManager  # imported late: it imports the pool
+
+    holders = [0] * pool.num_blocks
+
+    def fail(inv: str, what: str) -> None:
+        raise InvariantViolation(f"{inv}: {what}\nstate: {snapshot()!r}")
+
+    for request_id in coordinator.requests:
+        for manager in coordinator.managers:
+            if request_id not in manager.req_to_blocks:
+                fail("REQ-5", f"request {request_id!r} has no list in group {manager.group_id}")
+        for group_id, blocks in enumerate(coordinator.get_blocks(request_id)):
+            cached = coordinator.get_num_cached_blocks(request_id)[group_id]
+            if not 0 <= cached <= len(blocks):
+                fail("REQ-2", f"request {request_id!r}: {cached} cached of {len(blocks)}")
+            held = [block for block in blocks if block]
+            full = isinstance(coordinator.managers[group_id], FullAttentionManager)
+            if (full and len(held) != len(blocks)) or len(set(held)) != len(held):
+                fail("REQ-4", f"request {request_id!r} group {group_id}: {blocks}")
+            for block in held:
+                holders[block] += 1
+                key = pool.cache_key(block)
+                if key is not None and int.from_bytes(key[-4:], "big") != group_id:
+                    fail("REQ-3", f"block {block} held in group {group_id} keyed {key.hex()}")
+    for manager in coordinator.managers:
+        if set(manager.req_to_blocks) != coordinator.requests:
+            fail("REQ-5", f"group {manager.group_id} tracks other requests")
+    for block in pool.reserved:
+        holders[block] += 1  # sink blocks: held by the manager itself (SINK-1)
+    for block in range(1, pool.num_blocks):
+        if pool.ref_counts[block] != holders[block]:
+            fail("REQ-1", f"block {block}: ref {pool.ref_counts[block]}, held {holders[block]}")

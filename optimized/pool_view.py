@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pagedkv.spec.errors import UnknownBlockError
+from pagedkv.spec.errors import InvariantViolation, UnknownBlockError
 from pagedkv.spec.snapshot import PoolSnapshot
 from pagedkv.spec.types import BlockHash, KVCacheEvent
 
@@ -58,7 +58,7 @@ class PoolView:
 
     @property
     def block_group_ids(self) -> list[int]:
-        """Group id of each block's key (meaningful where hashed; live list).
+        """Group id of each block's key, ``-1`` where unhashed (live list).
         Cost: O(1)."""
         return self._gid
 
@@ -122,6 +122,13 @@ class PoolView:
 
         assert isinstance(self, BlockPool)
         check_pool_invariants(self)
+        # The representation's own rule (the hot loops test the group id,
+        # not the hash): group id -1 exactly where no key.
+        for block, (block_hash, group_id) in enumerate(zip(self._hash, self._gid)):
+            if (block_hash is None) != (group_id == -1):
+                raise InvariantViolation(
+                    f"CACHE-3: block {block} has hash {block_hash!r} and group id {group_id}"
+                    f"\nstate: {self.snapshot()!r}")
 
     def _check_ids(self, ids: Iterable[object]) -> None:
         n = self.num_blocks

@@ -256,7 +256,7 @@ class GroupManager:
         blocks = self.req_to_blocks.pop(request_id)
         del self.cached_count[request_id]
         blocks.reverse()  # the list is ours and dropped: reversing in place is free
-        self.block_pool._free(blocks)
+        self.block_pool._free(filter(None, blocks))  # null blocks are never released
 
     def get_num_common_prefix_blocks(self, request_id: str, num_requests: int) -> int:
         """Leading blocks of the request held by every known request (0 for
@@ -339,6 +339,14 @@ class FullAttentionManager(GroupManager):
             prefix += 1
         limit = min(limit, (prefix - shift) * block_size)
         return max(0, limit // self.alignment * self.alignment)
+
+    def release(self, request_id: str) -> None:
+        """See the base class; a full-attention list holds no null block
+        (REQ-4), so nothing is filtered. Cost: O(blocks held)."""
+        blocks = self.req_to_blocks.pop(request_id)
+        del self.cached_count[request_id]
+        blocks.reverse()  # the list is ours and dropped: reversing in place is free
+        self.block_pool._free(blocks)
 
     def get_num_common_prefix_blocks(self, request_id: str, num_requests: int) -> int:
         """Leading blocks with ref count ``num_requests``.

@@ -53,12 +53,14 @@ class Coordinator:
 
     def __init__(self, config: KVCacheConfig, pool: BlockPool, enable_caching: bool,
                  block_sizes: Sequence[int], hash_block_size: int, use_eagle: bool,
-                 retention_interval: int | None = None) -> None:
+                 retention_interval: int | None = None,
+                 admission_caps: Sequence[int | None] | None = None) -> None:
         self.pool = pool
         self.block_sizes = list(block_sizes)
         self.hash_block_size = hash_block_size
         self.alignment = rules.hit_alignment(self.block_sizes)
         self.managers: list[SingleTypeManager] = []
+        caps = list(admission_caps) if admission_caps is not None else [None] * len(block_sizes)
         for group_id, (group, block_size) in enumerate(zip(config.kv_cache_groups, block_sizes)):
             kind = manager_kind_for(group.kv_cache_spec)
             manager_type = MANAGER_FOR_KIND.get(kind)
@@ -66,7 +68,8 @@ class Coordinator:
                 raise InvalidConfigError(
                     f"kv_cache_groups[{group_id}]: manager kind {kind!r} has no reference manager")
             self.managers.append(manager_type(group.kv_cache_spec, pool, group_id, block_size,
-                                              enable_caching, self.alignment, use_eagle, retention_interval))
+                                              enable_caching, self.alignment, use_eagle, retention_interval,
+                                              caps[group_id]))
         self.known: set[str] = set()
 
     def view(self, manager: SingleTypeManager, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
@@ -96,6 +99,19 @@ class Coordinator:
             num_total_computed_tokens, self._tokens_for(manager, num_main_tokens, num_encoder_tokens),
             num_external_computed_tokens)
             for manager, hits in zip(self.managers, new_computed_blocks))
+
+    def full_sequence_demand(self, request_id: str, num_tokens: int,
+                             new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+                             num_encoder_tokens: int) -> int:
+        """Free blocks the whole request needs beyond what it holds or hits,
+        each group counted at its admission requirement (spec/managers.md §8)."""
+        demand = 0
+        for manager, hits in zip(self.managers, new_computed_blocks):
+            required = manager.admission_blocks(self._tokens_for(manager, num_tokens, num_encoder_tokens))
+            demand += max(required - manager.covered_blocks(request_id, hits), 0)
+            if request_id not in manager.req_to_blocks:
+                demand += sum(1 for block in hits if block.ref_cnt == 0 and not block.is_null)
+        return demand
 
     def admit(self, request_id: str, new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
               num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
@@ -179,8 +195,10 @@ class NoPrefixCacheCoordinator(Coordinator):
 
 def make_coordinator(config: KVCacheConfig, pool: BlockPool, enable_caching: bool,
                      block_sizes: Sequence[int], hash_block_size: int, use_eagle: bool,
-                     retention_interval: int | None = None) -> Coordinator:
+                     retention_interval: int | None = None,
+                     admission_caps: Sequence[int | None] | None = None) -> Coordinator:
     """The coordinator for a configuration: no prefix cache when caching is
     off or there are no groups, else the hybrid coordinator."""
     kind = HybridCoordinator if enable_caching and config.kv_cache_groups else NoPrefixCacheCoordinator
-    return kind(config, pool, enable_caching, block_sizes, hash_block_size, use_eagle, retention_interval)
+    return kind(config, pool, enable_caching, block_sizes, hash_block_size, use_eagle, retention_interval,
+                admission_caps)

@@ -36,9 +36,9 @@ class MambaManager(SingleTypeManager):
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
                  enable_caching: bool, alignment: int, use_eagle: bool,
-                 retention_interval: int | None = None) -> None:
+                 retention_interval: int | None = None, admission_cap: int | None = None) -> None:
         super().__init__(spec, pool, group_id, block_size, enable_caching, alignment, use_eagle,
-                         retention_interval)
+                         retention_interval, admission_cap)
         assert isinstance(spec, MambaSpec)
         self.mode = spec.mamba_cache_mode
         self.num_speculative_blocks = spec.num_speculative_blocks
@@ -138,6 +138,10 @@ class MambaManager(SingleTypeManager):
             if not blocks[last].is_null:
                 self.pool.free_blocks([blocks[last]])
                 blocks[last] = self.pool.null_block
+
+    def admission_blocks(self, num_tokens: int) -> int:
+        """The running state and the draft states, however long the request."""
+        return 1 + self.num_speculative_blocks
 
     # -- caching and freeing ------------------------------------------------------------
 

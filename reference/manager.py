@@ -26,6 +26,7 @@ from pagedkv.spec.errors import (
     UnknownRequestError,
 )
 from pagedkv.spec.hashing import normalize_hash_fn
+from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
@@ -53,7 +54,8 @@ class KVCacheManager:
                  hash_block_size: int | None = None, use_eagle: bool = False,
                  log_stats: bool = False, enable_kv_cache_events: bool = False,
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
-                 hash_seed: str | None = None, retention_interval: int | None = None) -> None:
+                 hash_seed: str | None = None, retention_interval: int | None = None,
+                 max_num_batched_tokens: int | None = None) -> None:
         if type(max_model_len) is not int or max_model_len < 1:
             raise InvalidConfigError(f"max_model_len must be a positive int, got {max_model_len!r}")
         for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
@@ -86,12 +88,24 @@ class KVCacheManager:
             raise InvalidConfigError(
                 f"retention_interval must be None, 0 or a positive multiple of the hit alignment "
                 f"{alignment}, got {retention_interval!r}")
+        if max_num_batched_tokens is not None and (type(max_num_batched_tokens) is not int
+                                                   or max_num_batched_tokens < 1):
+            raise InvalidConfigError(
+                f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
+        # The same cap startup sizing counts per request (spec CFG-7, CFG-8).
+        self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
+        admission_caps: list[int | None] = []
+        for group in groups:
+            spec = group.kv_cache_spec
+            admission_caps.append(spec.max_admission_blocks_per_request(self.max_num_batched_tokens, max_model_len)
+                                  if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)) else None)
         self.hash_block_size = hash_block_size
         self.hash_seed = hash_seed
         self._pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
                                enable_kv_cache_events=enable_kv_cache_events)
         self.coordinator = make_coordinator(kv_cache_config, self._pool, enable_caching, self.block_sizes,
-                                            hash_block_size or 1, use_eagle, retention_interval)
+                                            hash_block_size or 1, use_eagle, retention_interval,
+                                            admission_caps)
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
     # -- requests -------------------------------------------------------------
@@ -134,12 +148,17 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None,
                        num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
-                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0) -> KVCacheBlocks | None:
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus
         lookahead), taking the hit blocks of ``get_computed_blocks``.
 
-        Returns the newly allocated blocks, or ``None`` (and no change) when
-        the pool cannot supply them.
+        Returns the newly allocated blocks, or ``None`` (and no change beyond
+        releasing blocks attention no longer reads, D-API-6) when the pool
+        cannot supply them. With ``full_sequence_must_fit`` the whole request
+        (all its tokens, windowed groups at their admission cap) must fit too,
+        so an engine admitting by that rule and startup sizing agree
+        (spec/managers.md §8).
 
         Raises:
             InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
@@ -202,6 +221,10 @@ class KVCacheManager:
         needed = self.coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, hits, num_total_computed, num_main_tokens, num_encoder_tokens,
             num_external_computed_tokens)
+        if full_sequence_must_fit:
+            whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
+            needed = max(needed, self.coordinator.full_sequence_demand(request_id, whole, hits,
+                                                                       num_encoder_tokens))
         if needed > self._pool.get_num_free_blocks():
             return None
         if not known:

@@ -37,7 +37,8 @@ class SingleTypeManager:
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
                  enable_caching: bool, alignment: int, use_eagle: bool,
-                 retention_interval: int | None = None) -> None:
+                 retention_interval: int | None = None, admission_cap: int | None = None) -> None:
+        self.admission_cap = admission_cap
         self.spec = spec
         self.pool = pool
         self.group_id = group_id
@@ -156,6 +157,17 @@ class SingleTypeManager:
             blocks[index] = self.pool.null_block
         self.pool.free_blocks(released)
 
+    def admission_blocks(self, num_tokens: int) -> int:
+        """Real blocks this group needs at once to hold a whole request of
+        ``num_tokens`` tokens (the full-sequence admission requirement)."""
+        return rules.cdiv(num_tokens, self.block_size)
+
+    def covered_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]) -> int:
+        """Real blocks the request already holds (known) or takes from its hit (new)."""
+        held = self.req_to_blocks.get(request_id)
+        blocks = new_computed_blocks if held is None else held
+        return sum(1 for block in blocks if not block.is_null)
+
     # -- caching, freeing, queries ------------------------------------------------------
 
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
@@ -207,9 +219,9 @@ class SinkFullAttentionManager(FullAttentionManager):
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
                  enable_caching: bool, alignment: int, use_eagle: bool,
-                 retention_interval: int | None = None) -> None:
+                 retention_interval: int | None = None, admission_cap: int | None = None) -> None:
         super().__init__(spec, pool, group_id, block_size, enable_caching, alignment, use_eagle,
-                         retention_interval)
+                         retention_interval, admission_cap)
         assert isinstance(spec, SinkFullAttentionSpec)
         if spec.sink_len is None or spec.sink_len <= 0 or spec.sink_len % block_size:
             raise InvalidConfigError(

@@ -12,7 +12,16 @@ from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowS
 __all__ = ["SlidingWindowManager", "ChunkedLocalAttentionManager"]
 
 
-class SlidingWindowManager(SingleTypeManager):
+class _WindowedManager(SingleTypeManager):
+    """Blocks out of the window are recycled, so a whole request never holds
+    more than the spec's admission cap at once (spec/managers.md §8)."""
+
+    def admission_blocks(self, num_tokens: int) -> int:
+        needed = rules.cdiv(num_tokens, self.block_size)
+        return needed if self.admission_cap is None else min(needed, self.admission_cap)
+
+
+class SlidingWindowManager(_WindowedManager):
     """Sliding window of ``w`` tokens: the next token reads the ``w - 1``
     tokens before it. A hit of ``L`` tokens needs the ``n = cdiv(w - 1, b)``
     blocks before ``L`` cached (all of them when ``L`` is shorter); blocks
@@ -47,7 +56,7 @@ class SlidingWindowManager(SingleTypeManager):
                                           prompt_tokens if isinstance(prompt_tokens, int) else None)
 
 
-class ChunkedLocalAttentionManager(SingleTypeManager):
+class ChunkedLocalAttentionManager(_WindowedManager):
     """Chunked local attention with chunks of ``c`` tokens: a token reads only
     the earlier tokens of its own chunk. A hit of ``L`` tokens needs the
     blocks from the start of ``L``'s chunk up to ``L`` cached; blocks before

@@ -110,6 +110,7 @@ class KVCacheManagerLike(Protocol):
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
     ) -> Any: ...
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None: ...

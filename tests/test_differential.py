@@ -22,7 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import pagedkv.optimized as optimized
 import pagedkv.reference as reference
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MMFeature, PagedKVError
+from pagedkv.reference.mamba import MambaManager
 from pagedkv.spec.request import Request
+from pagedkv.spec.types import make_block_hash_with_group_id
 
 ALPHABET = st.integers(0, 2)
 
@@ -108,6 +110,23 @@ class Lockstep(RuleBasedStateMachine):
         assert self.ref.usage == self.opt.usage
         assert self.ref.block_pool.get_num_free_blocks() == self.opt.block_pool.get_num_free_blocks()
         self.ref.check_invariants()
+        self.check_position_keys()
+
+    def check_position_keys(self) -> None:
+        """REQ-7: a hashed block a request holds carries the key of its own
+        position (the request's hash there, in the group's view)."""
+        coordinator = self.ref.coordinator
+        for pair in self.pairs.values():
+            if not pair.known:
+                continue
+            for manager in coordinator.managers:
+                if isinstance(manager, MambaManager):
+                    continue  # state blocks move between positions (align mode)
+                view = coordinator.view(manager, pair.ref.block_hashes)
+                for index, block in enumerate(manager.req_to_blocks[pair.ref.request_id]):
+                    if block.block_hash is not None:
+                        assert block.block_hash == make_block_hash_with_group_id(view[index], manager.group_id), (
+                            f"REQ-7: request {pair.ref.request_id} group {manager.group_id} position {index}")
 
     # -- requests ----------------------------------------------------------------
 
@@ -141,6 +160,7 @@ class Lockstep(RuleBasedStateMachine):
     def admit(self, data: st.DataObject) -> None:
         """A waiting request: look up its prefix hit, then allocate its first chunk."""
         lookahead, delay = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 4)) == 0
+        whole = data.draw(st.integers(0, 3)) == 0
         pair = self.pairs[data.draw(st.sampled_from(self.waiting()))]
         (ref_hit, ref_n), (opt_hit, opt_n) = self.both(lambda m: m.get_computed_blocks(
             pair.ref if m is self.ref else pair.opt))
@@ -151,7 +171,7 @@ class Lockstep(RuleBasedStateMachine):
             pair.ref if m is self.ref else pair.opt, chunk, ref_n,
             ref_hit if m is self.ref else opt_hit, num_lookahead_tokens=lookahead,
             num_external_computed_tokens=external, delay_cache_blocks=delay,
-            num_encoder_tokens=self.encoder_tokens))
+            num_encoder_tokens=self.encoder_tokens, full_sequence_must_fit=whole))
         if ref_out is not None:
             pair.known = True
             pair.set_computed(ref_n + external + chunk)
@@ -319,5 +339,5 @@ def _diff(ref_state: Any, opt_state: Any) -> str:
 
 
 LockstepMachine.TestCase.settings = settings(
-    settings(), stateful_step_count=60, max_examples=settings().max_examples * 3)
+    settings(), stateful_step_count=60, max_examples=settings().max_examples * 10)
 test_lockstep = LockstepMachine.TestCase

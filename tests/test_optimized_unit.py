@@ -467,3 +467,82 @@ def test_free_batches_front_and_back_in_release_order() -> None:
     # unhashed 6, 4, 2 to the front as one batch; hashed 5, 3, 1 to the back
     assert pool.free_queue_ids() == [6, 4, 2, 7, 8, 9, 5, 3, 1]
     pool.check_invariants()
+
+
+def _hybrid_config(kinds: tuple[str, ...], num_blocks: int = 96, block_size: int = 4) -> KVCacheConfig:
+    from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
+    from pagedkv.spec.mamba_spec import MambaSpec
+
+    def spec(kind: str) -> KVCacheSpec:
+        if kind == "full":
+            return FullAttentionSpec(block_size, 1, 1, "float16")
+        if kind == "sliding":
+            return SlidingWindowSpec(block_size, 1, 1, "float16", sliding_window=6)
+        if kind == "chunked":
+            return ChunkedLocalAttentionSpec(block_size, 1, 1, "float16", attention_chunk_size=8)
+        mode, _, spec_blocks = kind.partition(":")
+        return MambaSpec(block_size, shapes=((2,),), dtypes=("float16",), mamba_cache_mode=mode[6:],
+                         num_speculative_blocks=int(spec_blocks or 0))
+
+    return KVCacheConfig(num_blocks, (), tuple(
+        KVCacheGroupSpec((f"layer.{index}",), spec(kind)) for index, kind in enumerate(kinds)))
+
+
+@pytest.mark.parametrize("kinds", [
+    ("sliding", "sliding", "full"),
+    ("full", "chunked"),
+    ("full", "mamba-all"),
+    ("full", "mamba-all:1"),
+    ("sliding", "mamba-none"),
+])
+@pytest.mark.parametrize("caching", [True, False])
+def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...], caching: bool) -> None:
+    """Whenever decode.is_noop_decode says a step changes nothing, the
+    general path run on the same state changes nothing and returns the empty
+    result; and the fast path does take most decode steps."""
+    from pagedkv.optimized.decode import is_noop_decode
+
+    rng = random.Random(repr((kinds, caching)))
+    manager = KVCacheManager(_hybrid_config(kinds), 256, enable_caching=caching)
+    probes = manager._decode_probes
+    assert probes is not None
+    request = manager.make_request("a", [rng.randrange(50) for _ in range(5)])
+    assert manager.allocate_slots(request, 5) is not None
+    request.num_computed_tokens = 5
+    taken = 0
+    for step in range(60):
+        request.append_output_token_ids(rng.randrange(50))
+        delay = rng.random() < 0.2
+        computed = request.num_computed_tokens
+        cache_tokens = min(computed + 1, request.num_tokens) if caching and not delay else -1
+        if is_noop_decode(probes, "a", computed, computed + 1, cache_tokens):
+            taken += 1
+            before = manager.snapshot()
+            result = manager._allocate_slots(request, 1, 0, None, 0, 0, delay, 0)
+            assert result is not None and not any(result.get_block_ids()), (step, kinds)
+            assert manager.snapshot() == before, (step, kinds)
+        assert manager.allocate_slots(request, 1, delay_cache_blocks=delay) is not None
+        request.num_computed_tokens += 1
+        manager.check_invariants()
+    assert taken >= 10  # block size 4: a block fills, is needed or leaves a window often
+
+
+def test_decode_probes_leave_uncovered_types_to_the_general_path() -> None:
+    manager = KVCacheManager(_hybrid_config(("full", "mamba-align")), 256)
+    assert manager._decode_probes is None
+
+
+def test_group_id_is_minus_one_exactly_when_unhashed() -> None:
+    pool = BlockPool(8, True, hash_block_size=4, num_groups=2)
+    request = make_request(list(range(12)))
+    blocks = pool.get_new_blocks(3)
+    assert pool.block_group_ids[1:4] == [-1, -1, -1]
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 1)
+    assert pool.block_group_ids[1:4] == [1, 1, -1]
+    pool.evict_blocks([blocks[0]])
+    assert pool.block_group_ids[1:4] == [-1, 1, -1]
+    pool.free_blocks(blocks)
+    # In the caller's order: the unhashed ones to the front in release order, the hashed one to the back.
+    assert pool.free_queue_ids()[:2] == [blocks[0], blocks[2]] and pool.free_queue_ids()[-1] == blocks[1]
+    assert pool.reset_prefix_cache() and pool.block_group_ids == [-1] * 8
+    pool.check_invariants()

@@ -161,3 +161,24 @@ def test_mixed_block_sizes_align_hits_to_the_lcm(impl: ModuleType) -> None:
     hit, length = manager.get_computed_blocks(manager.make_request("b", list(range(11))))
     # Alignment lcm(2, 4) = 4: the hit is 8 tokens, not 10.
     assert length == 8 and hit.get_block_ids() == (small[:4], large[:2])
+
+
+def test_admission_cap_lets_a_long_sliding_window_request_in(impl: ModuleType) -> None:
+    """spec/managers.md §8: admitting by the whole sequence needs the cap,
+    or a long sliding-window request could never fit a pool sized with
+    recycling in mind."""
+    spec = SlidingWindowSpec(2, 1, 8, "float16", sliding_window=4)
+    uncapped = make(impl, spec, num_blocks=12)  # max_num_batched_tokens defaults to max_model_len
+    request = uncapped.make_request("a", list(range(40)))
+    assert uncapped.allocate_slots(request, 4, full_sequence_must_fit=True) is None  # 20 blocks > 11
+    assert uncapped.snapshot().requests == ()
+
+    capped = make(impl, spec, num_blocks=12, max_num_batched_tokens=4)
+    cap = spec.max_admission_blocks_per_request(4, 256)
+    assert cap == 5
+    request = capped.make_request("a", list(range(40)))
+    while request.num_computed_tokens < request.num_tokens:
+        assert capped.allocate_slots(request, 4, full_sequence_must_fit=True) is not None
+        request.num_computed_tokens += 4
+        held = [block for block in capped.get_block_ids("a")[0] if block != N]
+        assert len(held) <= cap  # SWA-1: the bound the cap relies on

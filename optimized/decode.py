@@ -1,0 +1,122 @@
+"""The decode fast path for several KV cache groups.
+
+Most ``allocate_slots`` calls are decode steps of a known request: one more
+token, no prefix hit, no lookahead, external or encoder tokens. In most of
+them no group needs a new block, no group has a block to release (its
+window has not moved past a block boundary) and no block fills, so the
+general path (validate, ``remove_skipped_blocks``, count, allocate and cache
+in every group) changes nothing and returns the empty result. This module
+decides that case directly from each group's block list and cached count,
+in one pass over the groups with no call per group. Any other step takes
+the general path, which stays the definition.
+
+Worked example (sliding window 8, block size 4, one full-attention group
+beside it): a request holding ``[N, b1, b2]`` in the window group and
+``[f0, f1, f2]`` in the full group, 10 tokens computed, cached 2 blocks per
+group, asks for 1 more token. Total 11 fits the 12 slots of both lists;
+``min(11, num_tokens) // 4 = 2`` blocks are full, already cached; the
+window skips ``10 - 8 + 1 = 3`` tokens, less than a block, nothing to
+release: a no-op. At 13 computed tokens the window skips 6 tokens and
+block 0 lies behind it, already null: a no-op; at 16 it skips 9 and block
+1 (``b1``) lies behind it: the general path releases it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .mamba import MambaManager
+from .single_type import FullAttentionManager, GroupManager, SinkFullAttentionManager
+from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
+
+__all__ = ["DecodeProbe", "decode_probes", "is_noop_decode"]
+
+# How a group's ``skipped_tokens`` is computed (``remove_skipped_blocks``).
+_NO_SKIP = 0
+_SLIDING = 1
+_CHUNKED = 2
+_MAMBA = 3
+
+_NEVER = 1 << 62
+"""Cache block size of a group that never caches (Mamba ``none``): no token
+count fills one of its blocks."""
+
+DecodeProbe = tuple[dict[str, list[int]], dict[str, int], int, int, int, int, int]
+"""Per group: its ``req_to_blocks`` and ``cached_count`` (live), block size,
+extra slots a step needs beyond its tokens (Mamba speculative blocks), the
+block size caching counts in (``_NEVER``: none), the skip kind and its
+parameter (window, chunk, speculative blocks)."""
+
+
+def decode_probes(managers: Sequence[GroupManager]) -> tuple[DecodeProbe, ...] | None:
+    """The probes of :func:`is_noop_decode` for these managers, or ``None``
+    when some group's type is not covered (cross-attention, Mamba
+    ``align``, any other class): such configurations always take the
+    general path. Exact classes are matched, so a subclass with other rules
+    is never probed by its parent's. Cost: O(groups).
+    """
+    probes: list[DecodeProbe] = []
+    for manager in managers:
+        kind = type(manager)
+        block_size = manager.block_size
+        extra = 0
+        cache_size = block_size
+        if kind is FullAttentionManager or kind is SinkFullAttentionManager:
+            skip, param = _NO_SKIP, 0
+        elif kind is SlidingWindowManager:
+            assert isinstance(manager, SlidingWindowManager)
+            skip, param = _SLIDING, manager.window
+        elif kind is ChunkedLocalAttentionManager:
+            assert isinstance(manager, ChunkedLocalAttentionManager)
+            skip, param = _CHUNKED, manager.chunk_size
+        elif kind is MambaManager:
+            assert isinstance(manager, MambaManager)
+            if manager.mode == "align":
+                return None
+            skip, param = _MAMBA, manager.num_speculative_blocks
+            extra = block_size * manager.num_speculative_blocks
+            if manager.mode == "none":
+                cache_size = _NEVER
+        else:
+            return None
+        probes.append((manager.req_to_blocks, manager.cached_count, block_size, extra,
+                       cache_size, skip, param))
+    return tuple(probes)
+
+
+def is_noop_decode(probes: tuple[DecodeProbe, ...], request_id: str, num_computed: int,
+                   total: int, cache_tokens: int) -> bool:
+    """Whether a step taking a request from ``num_computed`` to ``total``
+    tokens (no hit, lookahead, external or encoder tokens)
+    changes nothing in any group: every group holds slots for ``total``
+    tokens (plus its extra slots), caches no new block
+    (``cache_tokens``: ``min(total, num_tokens)``, or ``-1`` when the step
+    caches nothing) and releases no block (the block just behind the
+    skipped tokens is already null, or there is none). ``False`` for an
+    unknown request. The caller checks the arguments' bounds.
+
+    Cost: O(groups), a few list and dict loads per group.
+    """
+    for blocks_of, cached_of, block_size, extra, cache_size, skip, param in probes:
+        blocks = blocks_of.get(request_id)
+        if blocks is None:
+            return False
+        held = len(blocks)
+        if total + extra > held * block_size:
+            return False  # a new block: the general path allocates
+        if cache_tokens // cache_size > cached_of[request_id]:
+            return False  # a block filled: the general path caches it
+        if skip:
+            # remove_skipped_blocks: the skipped tokens, then the block
+            # just behind them must already be null (held >= 1 here).
+            if skip == _SLIDING:
+                skipped = num_computed - param + 1
+            elif skip == _CHUNKED:
+                skipped = num_computed // param * param
+            else:
+                skipped = (num_computed - param if num_computed > param else 0) - 1
+            if skipped >= block_size:
+                index = skipped // block_size
+                if blocks[(index if index < held else held) - 1]:
+                    return False
+    return True
