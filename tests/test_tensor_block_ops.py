@@ -34,6 +34,7 @@ DEVICES = [
 ATTENTION = FullAttentionSpec(2, 1, 4, "float16")  # 32-byte pages
 MAMBA = MambaSpec(2, ((2, 2),), ("float32",), page_size_padded=32)
 WIDE = FullAttentionSpec(2, 2, 4, "float16")       # 64-byte pages: a second arena
+LARGE = FullAttentionSpec(2, 16, 256, "float16")  # 32 KiB pages: copied block by block on the CPU
 
 
 def _random_cache(specs: list[KVCacheSpec], num_blocks: int, shared: bool, seed: int,
@@ -69,7 +70,8 @@ def _outcome(call: object) -> object:
 
 
 CONFIGS = st.sampled_from([([ATTENTION], False), ([ATTENTION, MAMBA], True),
-                           ([ATTENTION, WIDE], False), ([MAMBA], False)])
+                           ([ATTENTION, WIDE], False), ([MAMBA], False),
+                           ([LARGE], False), ([LARGE, ATTENTION], False)])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -142,3 +144,19 @@ def test_typed_errors() -> None:
     other = _random_cache([WIDE], 4, False, 0, "cpu")
     with pytest.raises(InvalidArgumentError):
         swap_blocks(memory, other, [(1, 2)])        # different layouts
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_large_pages_copy_and_swap_block_by_block(device: str) -> None:
+    """Pages >= 16 KiB take the per-block path on the CPU (no destination is
+    also a source here); the results must equal the plain-Python model."""
+    memory = _random_cache([LARGE, ATTENTION], 6, False, 7, device)
+    ref = _as_reference(memory)
+    copy_blocks(memory, [(1, 3), (2, 4)])
+    reference_copy_blocks(ref, [(1, 3), (2, 4)], range(len(memory.tensors)))
+    assert _as_reference(memory).pages == ref.pages
+    host = _random_cache([LARGE, ATTENTION], 5, False, 8, "cpu")
+    ref_host = _as_reference(host)
+    swap_blocks(memory, host, [(3, 1), (4, 2)])
+    reference_swap_blocks(ref, ref_host, [(3, 1), (4, 2)])
+    assert _as_reference(host).pages == ref_host.pages

@@ -70,6 +70,16 @@ def check_block_pairs(pairs: BlockPairs, src_num_blocks: int,
     return arr
 
 
+_PAIRWISE_BYTES = 16 * 1024
+"""Pages at least this large are copied block by block on the CPU."""
+
+
+def _words(pages: torch.Tensor) -> torch.Tensor:
+    """``pages`` viewed as 8-byte words when the page allows: gathers and
+    scatters then move 8x fewer elements (same bytes)."""
+    return pages.view(torch.int64) if pages.shape[-1] % 8 == 0 else pages
+
+
 def copy_blocks(cache: KVCacheMemory, pairs: BlockPairs, group_id: int | None = None) -> None:
     """Copy block ``src`` onto block ``dst`` for every pair, in every layer of
     KV cache group ``group_id`` (every layer when ``None``): copy-on-write and
@@ -95,12 +105,21 @@ def copy_blocks(cache: KVCacheMemory, pairs: BlockPairs, group_id: int | None = 
         return
     index = torch.from_numpy(arr.T.copy()).to(cache.device)
     src, dst = index[0], index[1]
+    # On the CPU, torch's byte gather/scatter is far slower than a memcpy per
+    # block; copying pair by pair is equivalent when no destination is also
+    # a source (nothing is overwritten before it is read).
+    pairwise = cache.device.type == "cpu" and not set(arr[:, 1].tolist()) & set(arr[:, 0].tolist())
     for arena in cache.arenas:
         rows = [i for i, t in enumerate(arena.tensor_indices) if t in wanted]
         if not rows:
             continue
-        if len(rows) == len(arena.tensor_indices):
-            arena.pages.index_copy_(1, dst, arena.pages.index_select(1, src))
+        if pairwise and len(rows) == len(arena.tensor_indices) and arena.page_bytes >= _PAIRWISE_BYTES:
+            pages = arena.pages
+            for source, target in arr.tolist():
+                pages[:, target].copy_(pages[:, source])
+        elif len(rows) == len(arena.tensor_indices):
+            pages = _words(arena.pages)
+            pages.index_copy_(1, dst, pages.index_select(1, src))
         else:
             # Only some tensors of the arena: each selected row in turn (rare: the
             # planner's configurations put every tensor in every group).
@@ -142,7 +161,13 @@ def swap_blocks(src_cache: KVCacheMemory, dst_cache: KVCacheMemory, pairs: Block
     src = torch.from_numpy(arr[:, 0].copy()).to(src_cache.device)
     dst = torch.from_numpy(arr[:, 1].copy()).to(dst_cache.device)
     pin = src_cache.device.type == "cpu" and dst_cache.device.type == "cuda"
+    both_cpu = src_cache.device.type == "cpu" and dst_cache.device.type == "cpu"
     for src_arena, dst_arena in zip(src_cache.arenas, dst_cache.arenas):
+        if both_cpu and src_arena.page_bytes >= _PAIRWISE_BYTES:
+            # Two distinct buffers: a memcpy per block, no staging (see copy_blocks).
+            for source, target in arr.tolist():
+                dst_arena.pages[:, target].copy_(src_arena.pages[:, source])
+            continue
         shape = (src_arena.pages.shape[0], len(arr), src_arena.page_bytes)
         staging = torch.empty(shape, dtype=torch.int8, device=src_cache.device, pin_memory=pin)
         torch.index_select(src_arena.pages, 1, src, out=staging)
