@@ -381,6 +381,25 @@ class BlockPool(PoolView):
             raise InvalidArgumentError(
                 f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}): the request "
                 f"holds {len(blocks)} blocks and {len(block_hashes)} block hashes")
+        self._cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
+                                block_size, group_id, block_hashes, mask)
+
+    def _cache_full_blocks(
+        self,
+        request: HashedRequest,
+        blocks: Sequence[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        block_hashes: Sequence[BlockHash],
+        mask: Sequence[bool] | None,
+    ) -> None:
+        """:meth:`cache_full_blocks` without validation or the default view:
+        caching on, ``group_id`` in range, ``0 <= num_cached_blocks <
+        num_full_blocks <= min(len(blocks), len(block_hashes))``, and
+        ``block_hashes`` the group's view (the request's own at the hash
+        block size). Cost: O(num_full_blocks - num_cached_blocks)."""
         hashes = self._hash
         gids = self._gid
         table = self.cached_by_group[group_id]

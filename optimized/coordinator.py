@@ -14,7 +14,7 @@ and find a prefix hit common to the groups. Kinds:
   types and block sizes (``hybrid_search``).
 
 :func:`make_coordinator` picks the kind. Arguments are assumed valid: the
-facade validates before calling.
+facade validates before calling (``check_cache_blocks`` aside).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError, InvalidTokenCountError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash
@@ -182,6 +182,33 @@ class KVCacheCoordinator:
                 if views is None:
                     views = self.views(request.block_hashes, num_tokens)
                 manager.cache_blocks(request, views.at(manager.block_size), request_id, num_tokens)
+
+    def check_cache_blocks(self, request: HashedRequest, request_id: str,
+                           num_computed_tokens: int) -> None:
+        """Validate :meth:`cache_blocks`'s arguments for the facade's public
+        ``cache_blocks`` (the one method here that checks its arguments):
+        every group (cross-attention aside) must hold the blocks and have the
+        hashes ``num_computed_tokens`` fill. Cost: O(groups).
+
+        Raises:
+            InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0.
+            InvalidArgumentError: a group holds fewer blocks or hashes.
+        """
+        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
+        for group_id, (manager, encoder) in enumerate(zip(self.managers, self.encoder_groups)):
+            if encoder:
+                continue  # cross-attention blocks are never cached
+            block_size = manager.block_size
+            blocks = manager.req_to_blocks[request_id]
+            num_full = num_computed_tokens // block_size
+            num_hashes = len(request.block_hashes) * self.hash_block_size // block_size
+            if num_full > len(blocks) or num_full > num_hashes:
+                raise InvalidArgumentError(
+                    f"request {request_id!r}: {num_computed_tokens} tokens fill {num_full} "
+                    f"blocks of group {group_id} but it holds {len(blocks)} blocks and "
+                    f"hashes for {num_hashes}")
 
     def remove_skipped_blocks(self, request_id: str, num_total_computed: int) -> None:
         """Release blocks no longer needed, per group. Cost: O(groups + released)."""

@@ -19,17 +19,30 @@ window skips ``10 - 8 + 1 = 3`` tokens, less than a block, nothing to
 release: a no-op. At 13 computed tokens the window skips 6 tokens and
 block 0 lies behind it, already null: a no-op; at 16 it skips 9 and block
 1 (``b1``) lies behind it: the general path releases it.
+
+:func:`allocate_known_single` takes the steps the facade's O(1) fast path
+leaves over with one full-attention group: a known request whose step fills
+a block or needs new ones (two decode steps in every block's worth at block
+size 16, and later prefill chunks). It does what the general path does for
+such a step, minus the validation and per-group dispatch that cannot apply.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from pagedkv.spec.request import RequestView
+
+from .blocks import KVCacheBlocks
 from .mamba import MambaManager
 from .single_type import FullAttentionManager, GroupManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
-__all__ = ["DecodeProbe", "decode_probes", "is_noop_decode"]
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
+
+__all__ = ["DecodeProbe", "decode_probes", "is_noop_decode", "allocate_known_single"]
 
 # How a group's ``skipped_tokens`` is computed (``remove_skipped_blocks``).
 _NO_SKIP = 0
@@ -120,3 +133,59 @@ def is_noop_decode(probes: tuple[DecodeProbe, ...], request_id: str, num_compute
                 if blocks[(index if index < held else held) - 1]:
                     return False
     return True
+
+
+def allocate_known_single(manager: KVCacheManager, request: RequestView, blocks: list[int],
+                          num_new_tokens: int, delay_cache_blocks: bool) -> KVCacheBlocks | None:
+    """``manager.allocate_slots(request, num_new_tokens, delay_cache_blocks=...)``
+    with no other argument, for a manager of one full-attention group hashed
+    at its block size and a known request holding ``blocks``
+    (``num_new_tokens``: an int >= 1, checked by the caller).
+
+    What the general path does in that case, in the same order: nothing to
+    release (full attention skips no token), refuse (``None``) when the
+    free queue holds fewer blocks than are missing, append the missing
+    blocks from the free queue's front (evicting keys they carry, with
+    ``BlockRemoved``), cache the blocks the step fills (``BlockStored``),
+    return the new blocks. Anything the general path would reject (a
+    malformed ``num_computed_tokens``, max_model_len exceeded, too few
+    block hashes) is handed to it, and it raises.
+
+    Cost: O(new blocks + blocks newly cached), no per-group dispatch.
+    """
+    num_computed = request.num_computed_tokens
+    total = num_computed + num_new_tokens
+    if type(num_computed) is not int or num_computed < 0 or total > manager.max_model_len:
+        return manager._allocate_slots(request, num_new_tokens, 0, None, 0, 0,
+                                       delay_cache_blocks, 0)
+    block_size = manager._block_size0
+    cache = manager.enable_caching and not delay_cache_blocks
+    num_full = 0
+    if cache:
+        num_tokens = request.num_tokens
+        num_full = (total if total < num_tokens else num_tokens) // block_size
+        if num_full > len(request.block_hashes):
+            return manager._allocate_slots(request, num_new_tokens, 0, None, 0, 0,
+                                           delay_cache_blocks, 0)
+    pool = manager._pool
+    missing = -(-total // block_size) - len(blocks)
+    new_blocks: list[int] | None = None
+    if missing > 0:
+        if missing > pool._queue.size:  # the free queue's length, no call
+            return None
+        new_blocks = pool.get_new_blocks(missing)
+        blocks.extend(new_blocks)
+    if cache:
+        cached_count = manager._single_cached
+        request_id = request.request_id
+        num_cached = cached_count[request_id]
+        if num_cached < num_full:
+            # Unchecked: caching is on, group 0 exists, and num_full is
+            # bounded by the hashes (checked above) and by the blocks (total
+            # tokens fit them after the allocation).
+            pool._cache_full_blocks(request, blocks, num_cached, num_full, block_size, 0,
+                                    request.block_hashes, None)
+            cached_count[request_id] = num_full
+    if new_blocks is None:
+        return manager._empty
+    return KVCacheBlocks((new_blocks,), pool.block_hashes)

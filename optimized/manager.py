@@ -13,7 +13,9 @@ Every public method validates first and raises a typed error from
 (``coordinator.py``). ``allocate_slots`` has a fast path for the common
 decode step: a known request whose new tokens fit in the blocks it holds,
 that fills no new block and (several groups, ``decode.py``) moves no window
-past a block boundary: O(1) with one group, O(groups) with several.
+past a block boundary: O(1) with one group, O(groups) with several. With
+one full-attention group, the other steps of a known request (a block fills
+or is needed) skip the validation and dispatch (``decode.allocate_known_single``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,7 @@ from typing import Any
 
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import (
-    InvalidArgumentError,
     InvalidConfigError,
-    InvalidTokenCountError,
     InvariantViolation,
 )
 from pagedkv.spec.request import Request, RequestView
@@ -39,7 +39,7 @@ from .blocks import KVCacheBlocks
 from .coordinator import KVCacheCoordinator, make_coordinator
 from .admission import admission_caps, full_sequence_demand
 from .pool_invariants import check_request_invariants
-from .decode import decode_probes, is_noop_decode
+from .decode import allocate_known_single, decode_probes, is_noop_decode
 from .hasher import make_block_hasher
 from .single_type import FullAttentionManager
 
@@ -237,20 +237,27 @@ class KVCacheManager:
             if single_blocks is not None:
                 # Decode fast path: nothing new to take, touch or validate
                 # beyond the bounds checked here; no object is created.
-                blocks = single_blocks.get(request.request_id)
-                if blocks is not None:
-                    total = request.num_computed_tokens + num_new_tokens
+                request_id = request.request_id
+                blocks = single_blocks.get(request_id)
+                num_computed = request.num_computed_tokens
+                if blocks is not None and type(num_computed) is int:
+                    total = num_computed + num_new_tokens
                     block_size = self._block_size0
                     # total >= num_new_tokens: a negative num_computed_tokens
-                    # takes the slow path, which raises.
+                    # (or a non-int one, above) takes the slow path, which raises.
                     if num_new_tokens <= total <= len(blocks) * block_size and (
                             total <= self.max_model_len):
                         if not self.enable_caching or delay_cache_blocks:
                             return self._empty
-                        num_tokens = request.num_tokens
-                        if (total if total < num_tokens else num_tokens) // block_size <= (
-                                self._single_cached[request.request_id]):
+                        # The blocks filled are min(total, num_tokens) // b:
+                        # none is new when total alone fills none, so
+                        # num_tokens (a property call) is left to the helper.
+                        if total // block_size <= self._single_cached[request_id]:
                             return self._empty
+                    # A block to fill or to add: the general path's work
+                    # without its validation and dispatch (decode.py).
+                    return allocate_known_single(
+                        self, request, blocks, num_new_tokens, delay_cache_blocks)
             elif self._decode_probes is not None:
                 # Other configurations: the same step, decided per group in
                 # decode.is_noop_decode (windows that move past a block
@@ -334,22 +341,7 @@ class KVCacheManager:
             return
         request_id = request.request_id
         check.known(self._coordinator, request_id)
-        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
-            raise InvalidTokenCountError(
-                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
-        coordinator = self._coordinator
-        hash_block_size = self.hash_block_size or 1
-        for group_id, (blocks, block_size) in enumerate(
-                zip(coordinator.get_blocks(request_id), self.block_sizes)):
-            if coordinator.encoder_groups[group_id]:
-                continue  # cross-attention blocks are never cached
-            num_full = num_computed_tokens // block_size
-            num_hashes = len(request.block_hashes) * hash_block_size // block_size
-            if num_full > len(blocks) or num_full > num_hashes:
-                raise InvalidArgumentError(
-                    f"request {request_id!r}: {num_computed_tokens} tokens fill {num_full} "
-                    f"blocks of group {group_id} but it holds {len(blocks)} blocks and "
-                    f"hashes for {num_hashes}")
+        self._coordinator.check_cache_blocks(request, request_id, num_computed_tokens)
         self._coordinator.cache_blocks(request, request_id, num_computed_tokens)
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:

@@ -12,7 +12,7 @@ must expose equal snapshots; the reference's ``check_invariants()`` holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import hypothesis.strategies as st
@@ -50,7 +50,6 @@ class Pair:
     opt: Request
     known: bool = False
     finished: bool = False
-    held_out: list[int] = field(default_factory=list)
 
     def set_computed(self, value: int) -> None:
         self.ref.num_computed_tokens = value

@@ -20,9 +20,11 @@ from pagedkv.optimized.hasher import make_block_hasher
 from pagedkv.spec import (
     BlockRemoved,
     BlockStored,
+    ExceedsMaxModelLenError,
     FullAttentionSpec,
     InvalidArgumentError,
     InvalidConfigError,
+    InvalidTokenCountError,
     InvariantViolation,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -286,6 +288,89 @@ def test_decode_fast_path_returns_shared_empty_and_changes_nothing() -> None:
     manager.allocate_slots(request, 1)
     assert manager.snapshot().requests[0].num_cached_blocks == (2,)
     manager.check_invariants()
+
+
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_known_single_group_step_equals_the_general_path(caching: bool, seed: int) -> None:
+    """decode.allocate_known_single (the facade's path for a known request
+    that fills or needs blocks, one full-attention group) against the
+    general path on a twin manager: same result, state, events and errors,
+    through eviction (a small pool), refusals and malformed steps."""
+    from pagedkv.optimized.decode import allocate_known_single
+
+    rng = random.Random(seed)
+    twins = [KVCacheManager(config(num_blocks=12), 40, enable_caching=caching, log_stats=True,
+                            enable_kv_cache_events=True) for _ in range(2)]
+    fast, general = twins
+    live: dict[str, list[Request]] = {}
+    shortcut_steps = 0
+    for step in range(300):
+        if not live or rng.random() < 0.08:
+            request_id = f"r{step}"
+            prompt = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+            pair = [manager.make_request(request_id, prompt) for manager in twins]
+            if all(manager.allocate_slots(r, len(prompt)) is not None
+                   for manager, r in zip(twins, pair)):
+                for r in pair:
+                    r.num_computed_tokens = len(prompt)
+                live[request_id] = pair
+            continue
+        request_id = rng.choice(sorted(live))
+        pair = live[request_id]
+        if rng.random() < 0.1:
+            for manager, r in zip(twins, pair):
+                manager.free(r)
+            del live[request_id]
+            continue
+        num_new = rng.randrange(1, 7)
+        delay = rng.random() < 0.2
+        malformed = rng.random() < 0.05
+        # Odd steps: fewer tokens than scheduled (min(total, num_tokens) caches).
+        num_appended = rng.randrange(0, num_new + 1) if step % 2 else num_new
+        for r in pair:
+            for _ in range(num_appended):
+                r.append_output_token_ids(3)
+            if malformed:
+                r.num_computed_tokens = -1
+        outcomes: list[object] = []
+        for manager, r in zip(twins, pair):
+            try:
+                if manager is fast:
+                    blocks = manager.coordinator.managers[0].req_to_blocks[request_id]
+                    result = allocate_known_single(manager, r, blocks, num_new, delay)
+                else:
+                    result = manager._allocate_slots(r, num_new, 0, None, 0, 0, delay, 0)
+                outcomes.append(None if result is None else result.get_block_ids())
+            except Exception as error:  # the same typed error from both
+                outcomes.append(type(error))
+        assert outcomes[0] == outcomes[1], (step, outcomes)
+        assert fast.snapshot() == general.snapshot(), step
+        assert fast.take_events() == general.take_events(), step
+        if malformed:
+            for r in pair:
+                r.num_computed_tokens = 0
+        elif isinstance(outcomes[0], tuple):
+            shortcut_steps += 1
+            for r in pair:
+                r.num_computed_tokens += num_new
+        fast.check_invariants()
+    assert shortcut_steps >= 50
+
+
+def test_known_single_group_step_hands_errors_to_the_general_path() -> None:
+    manager = KVCacheManager(config(), 12, enable_kv_cache_events=True)
+    request = manager.make_request("a", [1, 2, 3, 4, 5, 6])
+    assert manager.allocate_slots(request, 6) is not None
+    request.num_computed_tokens = 6
+    manager.take_events()
+    before = manager.snapshot()
+    with pytest.raises(ExceedsMaxModelLenError):
+        manager.allocate_slots(request, 7)  # 13 > max_model_len 12
+    request.num_computed_tokens = 6.0  # type: ignore[assignment]
+    with pytest.raises(InvalidTokenCountError):
+        manager.allocate_slots(request, 3)
+    assert manager.snapshot() == before and manager.take_events() == []
 
 
 def test_prefix_hit_and_free_round_trip() -> None:
