@@ -10,6 +10,7 @@ implementations with full-state comparison after every step.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import hypothesis.strategies as st
@@ -76,19 +77,23 @@ class HybridLockstepMachine(Lockstep):
         use_eagle=st.booleans(),
         encoder_tokens=st.integers(1, 10),
         max_num_batched_tokens=st.sampled_from([None, 2, 4, 8]),
+        retention=st.sampled_from([None, None, 0, 1, 2]),
         prefixes=st.lists(st.lists(ALPHABET, min_size=8, max_size=32), min_size=1, max_size=2),
     )
     def setup(self, specs: list[KVCacheSpec], num_blocks: int, max_model_len: int, enable_caching: bool,
               events: bool, log_stats: bool, hash_fn: str, use_eagle: bool, encoder_tokens: int,
-              max_num_batched_tokens: int | None, prefixes: list[list[int]]) -> None:
+              max_num_batched_tokens: int | None, retention: int | None,
+              prefixes: list[list[int]]) -> None:
         groups = tuple(KVCacheGroupSpec((f"layer.{index}",), spec) for index, spec in enumerate(specs))
         if any(isinstance(spec, CrossAttentionSpec) for spec in specs):
             self.encoder_tokens = encoder_tokens
+        alignment = math.lcm(*(spec.block_size for spec in specs))
         sinks = sum(spec.sink_len // spec.block_size for spec in specs
                     if isinstance(spec, SinkFullAttentionSpec) and spec.sink_len)
         kwargs: dict[str, Any] = dict(enable_caching=enable_caching, hash_fn=hash_fn, use_eagle=use_eagle,
                                       log_stats=log_stats, enable_kv_cache_events=events,
-                                      max_num_batched_tokens=max_num_batched_tokens)
+                                      max_num_batched_tokens=max_num_batched_tokens,
+                                      retention_interval=None if retention is None else retention * alignment)
         self.build(KVCacheConfig(num_blocks + sinks, (), groups), max_model_len, prefixes, **kwargs)
 
 
