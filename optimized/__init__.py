@@ -1,11 +1,12 @@
 """pagedkv.optimized: the fast implementation of the block manager.
 
-Same observable behaviour as ``pagedkv.reference`` (notes/semantics.md; the
+Same observable behaviour as ``pagedkv.reference`` (spec/operations.md; the
 differential tests compare return values and ``snapshot()`` after every
 call), different insides: blocks are plain integer ids, per-block state
 lives in lists indexed by id, the free queue is an intrusive doubly linked
 list with O(1) removal from the middle, and the decode step of
-``allocate_slots`` has an O(1) fast path. Modules, one concept each:
+``allocate_slots`` has an O(1) fast path (O(groups) with several
+groups). Modules, one concept each:
 
 - ``free_queue``: :class:`FreeBlockQueue`.
 - ``block_pool``: :class:`BlockPool` (ref counts, hashes, prefix-cache map,
@@ -17,8 +18,14 @@ list with O(1) removal from the middle, and the decode step of
   ``mamba``, ``cross_attention``: the other attention types.
 - ``hybrid_search``: the longest common hit of several groups (a
   fixed-point iteration) and per-group hash views.
-- ``coordinator``: no-prefix-cache, unitary and hybrid coordinators.
+- ``admission``: full-sequence admission (``full_sequence_must_fit``).
+- ``decode``: the per-group test of the decode fast path.
+- ``coordinator``: no-prefix-cache, unitary and hybrid coordinators; each
+  builds the pool and the per-group managers, and holds the decode fast path.
+- ``validation``: argument checks of every public operation.
 - ``manager``: the :class:`KVCacheManager` facade.
+- ``pool_view``, ``pool_invariants``: the pool's read-only side and the
+  invariant checks of ``check_invariants()``.
 
 The GPU tensor path lives in ``pagedkv.optimized.tensor`` and is not
 imported here (it needs torch).
@@ -41,19 +48,14 @@ from .hasher import make_block_hasher
 from .manager import KVCacheManager
 from .cross_attention import CrossAttentionManager
 from .mamba import MambaManager
-from .single_type import (
-    MANAGER_REGISTRY,
-    FullAttentionManager,
-    GroupManager,
-    SinkFullAttentionManager,
-)
+from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 __all__ = [
     "BlockPool", "ChunkedLocalAttentionManager", "CrossAttentionManager", "FreeBlockQueue",
     "FullAttentionManager", "HybridCoordinator", "KVCacheBlocks", "KVCacheCoordinator",
-    "KVCacheManager", "MANAGER_FOR_KIND", "MANAGER_REGISTRY", "MambaManager", "NULL_BLOCK",
-    "NoPrefixCacheCoordinator", "PrefixCachingMetrics", "GroupManager",
+    "KVCacheManager", "MANAGER_FOR_KIND", "MambaManager", "NULL_BLOCK",
+    "NoPrefixCacheCoordinator", "PrefixCachingMetrics", "SingleTypeManager",
     "SinkFullAttentionManager", "SlidingWindowManager", "UnitaryCoordinator",
     "make_block_hasher", "make_coordinator",
 ]

@@ -16,13 +16,13 @@ from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowS
 
 from .cross_attention import CrossAttentionManager
 from .mamba import MambaManager
-from .single_type import GroupManager
+from .single_type import SingleTypeManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 __all__ = ["admission_caps", "full_sequence_demand"]
 
 
-def admission_caps(managers: Sequence[GroupManager], max_num_batched_tokens: int,
+def admission_caps(managers: Sequence[SingleTypeManager], max_num_batched_tokens: int,
                    max_model_len: int) -> list[int | None]:
     """Per group, the windowed spec's per-request cap (CFG-7, CFG-8), else None."""
     caps: list[int | None] = []
@@ -33,7 +33,7 @@ def admission_caps(managers: Sequence[GroupManager], max_num_batched_tokens: int
     return caps
 
 
-def full_sequence_demand(managers: Sequence[GroupManager], caps: Sequence[int | None], request_id: str,
+def full_sequence_demand(managers: Sequence[SingleTypeManager], caps: Sequence[int | None], request_id: str,
                          num_tokens: int, hits: Sequence[Sequence[int]] | None, num_encoder_tokens: int,
                          ref_counts: Sequence[int]) -> int:
     """Free blocks a request of ``num_tokens`` tokens needs beyond the real

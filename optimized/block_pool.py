@@ -25,7 +25,7 @@ Representation (everything indexed by block id, plain lists for speed):
   the hot loops below, bound to locals).
 
 Public methods validate their arguments and raise typed errors before any
-change. The ``_touch`` / ``_free`` variants skip validation; the managers
+change. The ``touch_held`` / ``free_held`` variants skip validation; the managers
 call them with ids they hold, which are valid by construction (REQ-1).
 """
 
@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 
 from pagedkv.spec.errors import (
     InvalidArgumentError,
+    InvalidConfigError,
     InvariantViolation,
     PoolExhaustedError,
     UnknownBlockError,
@@ -62,19 +63,16 @@ class BlockPool(PoolView):
         num_blocks: total blocks, the null block included (>= 1).
         enable_caching: when false, blocks never get hashes and allocation
             never evicts.
-        hash_block_size: tokens per hash of a request's ``block_hashes``;
-            ``cache_full_blocks`` requires its ``block_size`` to equal it
-            (this slice hashes at the block size).
         enable_kv_cache_events: collect events for :meth:`take_events`.
         num_groups: number of KV cache groups; group ids of cache keys lie in
             ``[0, num_groups)`` (CACHE-3).
 
     Raises:
-        InvalidArgumentError: a malformed argument.
+        InvalidConfigError: ``num_blocks`` or ``num_groups`` malformed.
     """
 
     __slots__ = (
-        "num_blocks", "enable_caching", "hash_block_size", "enable_kv_cache_events",
+        "num_blocks", "enable_caching", "enable_kv_cache_events",
         "num_groups", "_ref", "_hash", "_gid", "cached_by_group", "_queue", "_events",
         "reserved",
     )
@@ -84,20 +82,15 @@ class BlockPool(PoolView):
         num_blocks: int,
         enable_caching: bool,
         *,
-        hash_block_size: int,
         enable_kv_cache_events: bool = False,
         num_groups: int = 1,
     ) -> None:
         if type(num_blocks) is not int or num_blocks < 1:
-            raise InvalidArgumentError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
-        if type(hash_block_size) is not int or hash_block_size < 1:
-            raise InvalidArgumentError(
-                f"hash_block_size must be a positive int, got {hash_block_size!r}")
+            raise InvalidConfigError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         if type(num_groups) is not int or num_groups < 0:
-            raise InvalidArgumentError(f"num_groups must be an int >= 0, got {num_groups!r}")
+            raise InvalidConfigError(f"num_groups must be an int >= 0, got {num_groups!r}")
         self.num_blocks = num_blocks
         self.enable_caching = bool(enable_caching)
-        self.hash_block_size = hash_block_size
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
         self.num_groups = num_groups
         self._ref: list[int] = [0] * num_blocks
@@ -151,11 +144,11 @@ class BlockPool(PoolView):
         Cost: O(num_blocks).
 
         Raises:
-            InvalidArgumentError: ``num_blocks`` is negative.
+            InvalidArgumentError: ``num_blocks`` is not an int >= 0.
             PoolExhaustedError: fewer free blocks than asked for (no change).
         """
-        if num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks!r}")
+        if type(num_blocks) is not int or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
         queue = self._queue
         if num_blocks > queue.size:
             raise PoolExhaustedError(
@@ -225,9 +218,9 @@ class BlockPool(PoolView):
         """
         ids = list(blocks)
         self._check_ids(ids)
-        self._touch(ids)
+        self.touch_held(ids)
 
-    def _touch(self, blocks: Iterable[int]) -> None:
+    def touch_held(self, blocks: Iterable[int]) -> None:
         """:meth:`touch` without validation (ids held by the caller)."""
         queue = self._queue
         prev, nxt = queue.prev, queue.next  # locals: O(1) unlink inlined below
@@ -269,7 +262,7 @@ class BlockPool(PoolView):
         if len(set(ids)) != len(ids):
             self._free_with_duplicates(ids)
         else:
-            self._free(filter(None, ids))  # _free takes no null block
+            self.free_held(filter(None, ids))  # free_held takes no null block
 
     def _free_with_duplicates(self, ids: list[int]) -> None:
         """:meth:`free_blocks` for a list naming a block more than once:
@@ -282,9 +275,9 @@ class BlockPool(PoolView):
         released = [block for block in dict.fromkeys(ids) if block and not ref[block]]
         for block in released:
             ref[block] = 1
-        self._free(released)
+        self.free_held(released)
 
-    def _free(self, blocks: Iterable[int]) -> None:
+    def free_held(self, blocks: Iterable[int]) -> None:
         """:meth:`free_blocks` without validation: ids held by the caller,
         none twice, no null block (callers whose lists hold null blocks
         filter them out, e.g. with ``filter(None, blocks)``). One fused
@@ -341,17 +334,17 @@ class BlockPool(PoolView):
         self,
         request: HashedRequest,
         blocks: Sequence[int],
+        *,
+        block_hashes: Sequence[BlockHash],
         num_cached_blocks: int,
         num_full_blocks: int,
         block_size: int,
         group_id: int,
-        block_hashes: Sequence[BlockHash] | None = None,
         mask: Sequence[bool] | None = None,
     ) -> None:
         """Give blocks ``[num_cached_blocks, num_full_blocks)`` of
         ``blocks`` the keys ``block_hashes[i] + group_id``; ``block_hashes``
-        is the group's view of the request's hashes (default: the request's
-        own, which needs ``block_size`` equal to the hash block size). Null
+        is the group's view of the request's hashes (at ``block_size``). Null
         blocks, blocks already hashed and blocks the ``mask`` (indexed from
         ``num_cached_blocks``) rules out are skipped. With events on, one
         ``BlockStored`` per contiguous run of newly hashed blocks (D-EVT-2).
@@ -360,19 +353,12 @@ class BlockPool(PoolView):
         Cost: O(num_full_blocks - num_cached_blocks).
 
         Raises:
-            InvalidArgumentError: ``block_size`` differs from the pool's
-                hash block size without a view, ``group_id`` is out of
-                range, or ``num_full_blocks`` exceeds ``len(blocks)`` or the
-                hashes (no change).
+            InvalidArgumentError: ``group_id`` is out of range, or
+                ``num_full_blocks`` exceeds ``len(blocks)`` or the hashes
+                (no change).
         """
         if num_cached_blocks >= num_full_blocks or not self.enable_caching:
             return
-        if block_hashes is None:
-            block_hashes = request.block_hashes
-            if block_size != self.hash_block_size:
-                raise InvalidArgumentError(
-                    f"block_size must equal the hash block size {self.hash_block_size} "
-                    f"without a hash view, got {block_size!r}")
         if not 0 <= group_id < self.num_groups:
             raise InvalidArgumentError(
                 f"group_id must lie in [0, {self.num_groups}), got {group_id!r}")
@@ -381,18 +367,21 @@ class BlockPool(PoolView):
             raise InvalidArgumentError(
                 f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}): the request "
                 f"holds {len(blocks)} blocks and {len(block_hashes)} block hashes")
-        self._cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
-                                block_size, group_id, block_hashes, mask)
+        self.cache_full_blocks_unchecked(request, blocks, block_hashes=block_hashes,
+                                num_cached_blocks=num_cached_blocks,
+                                num_full_blocks=num_full_blocks, block_size=block_size,
+                                group_id=group_id, mask=mask)
 
-    def _cache_full_blocks(
+    def cache_full_blocks_unchecked(
         self,
         request: HashedRequest,
         blocks: Sequence[int],
+        *,
+        block_hashes: Sequence[BlockHash],
         num_cached_blocks: int,
         num_full_blocks: int,
         block_size: int,
         group_id: int,
-        block_hashes: Sequence[BlockHash],
         mask: Sequence[bool] | None,
     ) -> None:
         """:meth:`cache_full_blocks` without validation or the default view:

@@ -1,10 +1,13 @@
 """Coordinators: drive the per-group managers over one shared block pool.
 
-A coordinator owns the pool and one single-type manager per KV cache group
-and answers for all groups at once: how many blocks an allocation takes in
-total, admit a request (every group takes its hit before any group
-allocates, D-API-9), allocate in every group, cache, free group by group,
-and find a prefix hit common to the groups. Kinds:
+A coordinator owns all the manager's state: the pool (built here, as in
+``pagedkv.reference``), one single-type manager per KV cache group and the
+set of known requests. It answers for all groups at once: how many blocks
+an allocation takes in total, admit a request (every group takes its hit
+before any group allocates, D-API-9), allocate in every group, cache,
+release group by group, and find a prefix hit common to the groups. It also
+holds the decode fast path of ``allocate_slots`` (:meth:`decode_step`),
+beside the tables it reads. Kinds:
 
 - :class:`NoPrefixCacheCoordinator`: caching disabled, or zero groups;
   never finds a hit.
@@ -14,24 +17,30 @@ and find a prefix hit common to the groups. Kinds:
   types and block sizes (``hybrid_search``).
 
 :func:`make_coordinator` picks the kind. Arguments are assumed valid: the
-facade validates before calling (``check_cache_blocks`` aside).
+facade validates first (``validation.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Callable, Sequence
+from math import lcm
 
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError, InvalidTokenCountError
+from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.registry import manager_kind_for
+from pagedkv.spec.request import RequestView
 from pagedkv.spec.types import BlockHash
 
+from .admission import admission_caps, full_sequence_demand
 from .block_pool import BlockPool
+from .blocks import KVCacheBlocks
 from .cross_attention import CrossAttentionManager
+from .decode import DecodeProbe, decode_probes, is_noop_decode
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
-from .single_type import FullAttentionManager, GroupManager, SinkFullAttentionManager
+from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 __all__ = [
@@ -40,11 +49,11 @@ __all__ = [
     "UnitaryCoordinator",
     "HybridCoordinator",
     "MANAGER_FOR_KIND",
+    "Route",
     "make_coordinator",
-    "hit_alignment",
 ]
 
-MANAGER_FOR_KIND: dict[str, type[GroupManager]] = {
+MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "full_attention": FullAttentionManager,
     "sink_full_attention": SinkFullAttentionManager,
     "sliding_window": SlidingWindowManager,
@@ -55,44 +64,52 @@ MANAGER_FOR_KIND: dict[str, type[GroupManager]] = {
 """The optimized manager for each manager kind of :mod:`pagedkv.spec.registry`."""
 
 
-def hit_alignment(block_sizes: Sequence[int]) -> int:
-    """The LCM of the block sizes (1 with none). Cost: O(groups)."""
-    from math import lcm
+class Route(enum.Enum):
+    """What :meth:`KVCacheCoordinator.decode_step` answers when it does not
+    decide a step itself."""
 
-    return lcm(*block_sizes) if block_sizes else 1
+    GENERAL = 0
+    """Take the general path (the spec's steps), which validates and raises."""
+
+
+DecodeStep = Callable[[RequestView, int, bool], "KVCacheBlocks | None | Route"]
+"""``decode_step(request, num_new_tokens, delay_cache_blocks)``."""
 
 
 class KVCacheCoordinator:
-    """Managers of every group over one pool; tracks the known requests.
+    """The pool, the managers of every group, and the known requests.
 
     Args:
         kv_cache_config: groups and number of blocks.
-        use_eagle: hits keep the next block cached (EAGLE rule).
-        enable_caching: prefix caching on.
-        enable_kv_cache_events: pool collects events.
         block_sizes: tokens per block of each group (spec size * dcp * pcp).
         hash_block_size: tokens per request block hash (divides every block size).
+        enable_caching: prefix caching on.
+        enable_kv_cache_events: the pool collects events.
+        use_eagle: hits keep the next block cached (EAGLE rule).
         retention_interval: sliding-window cache thinning (``windowed``).
+        max_model_len: most tokens one request may hold.
+        max_num_batched_tokens: the per-step token budget the windowed
+            admission caps count with (CFG-7, CFG-8).
 
     Raises:
         InvalidConfigError: a spec whose manager kind has no optimized manager,
             or a sink group the pool cannot hold.
     """
 
-    def __init__(self, kv_cache_config: KVCacheConfig, use_eagle: bool, enable_caching: bool,
-                 enable_kv_cache_events: bool, block_sizes: Sequence[int],
-                 hash_block_size: int, retention_interval: int | None = None) -> None:
+    def __init__(self, kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[int],
+                 hash_block_size: int, enable_caching: bool, enable_kv_cache_events: bool,
+                 use_eagle: bool, retention_interval: int | None, max_model_len: int,
+                 max_num_batched_tokens: int) -> None:
         groups = kv_cache_config.kv_cache_groups
-        self.kv_cache_config = kv_cache_config
-        self.use_eagle = use_eagle
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.block_sizes = tuple(block_sizes)
-        self.alignment = hit_alignment(self.block_sizes)
+        self.max_model_len = max_model_len
+        self.alignment = lcm(*self.block_sizes) if self.block_sizes else 1
         self.block_pool = BlockPool(
-            kv_cache_config.num_blocks, enable_caching, hash_block_size=hash_block_size,
+            kv_cache_config.num_blocks, enable_caching,
             enable_kv_cache_events=enable_kv_cache_events, num_groups=len(groups))
-        managers: list[GroupManager] = []
+        managers: list[SingleTypeManager] = []
         for group_id, group in enumerate(groups):
             kind = manager_kind_for(group.kv_cache_spec)
             manager_class = MANAGER_FOR_KIND.get(kind)
@@ -100,16 +117,132 @@ class KVCacheCoordinator:
                 raise InvalidConfigError(
                     f"kv_cache_groups[{group_id}]: manager kind {kind!r} has no optimized manager")
             managers.append(manager_class(
-                group.kv_cache_spec, block_sizes[group_id], self.block_pool, group_id,
-                enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
+                group.kv_cache_spec, block_pool=self.block_pool, group_id=group_id,
+                block_size=block_sizes[group_id], enable_caching=enable_caching,
+                alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval))
-        self.managers: tuple[GroupManager, ...] = tuple(managers)
+        self.managers: tuple[SingleTypeManager, ...] = tuple(managers)
         # Cross-attention groups count encoder tokens, the others decoder tokens.
         self.encoder_groups: tuple[bool, ...] = tuple(
             isinstance(manager, CrossAttentionManager) for manager in managers)
         # Known requests (holding an allocation): needed apart from the
         # managers' tables because a config may have zero groups.
         self.requests: set[str] = set()
+        # The per-request caps startup sizing counts (spec CFG-7, CFG-8).
+        self.admission_caps = admission_caps(self.managers, max_num_batched_tokens, max_model_len)
+        # Shared empty result: never mutated (KVCacheBlocks lists are not).
+        self.empty_blocks = KVCacheBlocks(
+            tuple([] for _ in self.managers), self.block_pool.block_hashes)
+        self.decode_step: DecodeStep | None = None
+        """The decode fast path for this configuration, or ``None``."""
+        self._probes: tuple[DecodeProbe, ...] | None = None
+        if (len(managers) == 1 and block_sizes[0] == hash_block_size
+                and isinstance(managers[0], FullAttentionManager)):
+            # One full-attention group hashed at its size: the common case.
+            self._blocks0 = managers[0].req_to_blocks
+            self._cached0 = managers[0].num_cached_blocks
+            self._block_size0 = block_sizes[0]
+            self.decode_step = self._decode_single
+        elif managers:
+            self._probes = decode_probes(self.managers)
+            if self._probes is not None:
+                self.decode_step = self._decode_probed
+
+    # ------------------------------------------------------- decode fast path
+
+    def _decode_single(self, request: RequestView, num_new_tokens: int,
+                       delay_cache_blocks: bool) -> KVCacheBlocks | None | Route:
+        """``allocate_slots(request, num_new_tokens, delay_cache_blocks=...)``
+        with no other argument (``num_new_tokens``: an int >= 1, checked by
+        the caller), one full-attention group hashed at its block size.
+
+        A known request whose new tokens fit the blocks it holds and fill
+        no new block: nothing to do, O(1), no object created. A known
+        request whose step fills a block or needs new ones (two decode
+        steps in every block's worth at block size 16, and later prefill
+        chunks): what the general path does in that case, in the same
+        order, minus the validation and per-group dispatch that cannot
+        apply: nothing to release (full attention skips no token), refuse
+        (``None``) when the free queue is too short, append the missing
+        blocks from the queue's front, cache the blocks the step fills,
+        return the new blocks. An unknown request, or anything the general
+        path would reject (a malformed ``num_computed_tokens``,
+        max_model_len exceeded, too few block hashes): ``Route.GENERAL``.
+
+        Cost: O(1), or O(new blocks + blocks newly cached).
+        """
+        blocks = self._blocks0.get(request.request_id)
+        num_computed = request.num_computed_tokens
+        if blocks is None or type(num_computed) is not int:
+            return Route.GENERAL
+        total = num_computed + num_new_tokens
+        # total >= num_new_tokens: a negative num_computed_tokens goes to
+        # the general path, which raises.
+        if not num_new_tokens <= total <= self.max_model_len:
+            return Route.GENERAL
+        block_size = self._block_size0
+        cache = self.enable_caching and not delay_cache_blocks
+        missing = -(-total // block_size) - len(blocks)
+        num_full = 0
+        if cache:
+            # The blocks filled are min(total, num_tokens) // b: none is new
+            # when total alone fills none, so num_tokens (a property call)
+            # is read only when one may be.
+            if total // block_size > self._cached0[request.request_id]:
+                num_tokens = request.num_tokens
+                num_full = (total if total < num_tokens else num_tokens) // block_size
+                if num_full > len(request.block_hashes):
+                    return Route.GENERAL
+        if missing <= 0 and not num_full:
+            return self.empty_blocks
+        pool = self.block_pool
+        new_blocks: list[int] | None = None
+        if missing > 0:
+            if missing > pool.free_queue.size:
+                return None
+            new_blocks = pool.get_new_blocks(missing)
+            blocks.extend(new_blocks)
+        if num_full:
+            cached = self._cached0
+            request_id = request.request_id
+            num_cached = cached[request_id]
+            if num_cached < num_full:
+                # Unchecked: caching is on, the group exists, and num_full is
+                # bounded by the hashes (checked above) and by the blocks
+                # (total tokens fit them after the allocation).
+                pool.cache_full_blocks_unchecked(
+                    request, blocks, block_hashes=request.block_hashes,
+                    num_cached_blocks=num_cached, num_full_blocks=num_full,
+                    block_size=block_size, group_id=0, mask=None)
+                cached[request_id] = num_full
+        if new_blocks is None:
+            return self.empty_blocks
+        return KVCacheBlocks((new_blocks,), pool.block_hashes)
+
+    def _decode_probed(self, request: RequestView, num_new_tokens: int,
+                       delay_cache_blocks: bool) -> KVCacheBlocks | None | Route:
+        """The same step for every other covered configuration, decided per
+        group by :func:`decode.is_noop_decode`: the empty result when no
+        group needs a block, fills one or releases one; else
+        ``Route.GENERAL``. Cost: O(groups)."""
+        num_computed = request.num_computed_tokens
+        if type(num_computed) is not int:
+            return Route.GENERAL
+        total = num_computed + num_new_tokens
+        if not num_new_tokens <= total <= self.max_model_len:
+            return Route.GENERAL
+        cache_tokens = -1  # the step caches nothing
+        if self.enable_caching and not delay_cache_blocks:
+            num_tokens = request.num_tokens
+            cache_tokens = total if total < num_tokens else num_tokens
+        # Hashes falling short of the blocks to cache: the general path raises.
+        assert self._probes is not None
+        if cache_tokens // self.hash_block_size <= len(request.block_hashes) and is_noop_decode(
+                self._probes, request.request_id, num_computed, total, cache_tokens):
+            return self.empty_blocks
+        return Route.GENERAL
+
+    # ------------------------------------------------------------- the steps
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
                                max_cache_hit_length: int) -> tuple[tuple[list[int], ...], int]:
@@ -123,26 +256,63 @@ class KVCacheCoordinator:
         """The request's hashes per group block size. Cost: O(1) (lazy)."""
         return HashViews(block_hashes, self.hash_block_size, max_tokens)
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+    def stale_hit(self, block_hashes: Sequence[BlockHash],
+                  new_computed_blocks: Sequence[Sequence[int]]) -> str | None:
+        """Why a hit handed back to ``allocate_slots`` no longer holds, or
+        ``None``: block ``i`` of group ``g`` (null blocks aside) must carry
+        group ``g``'s view of ``block_hashes`` at ``i``. A block evicted or
+        reused since ``get_computed_blocks`` would hand the request another
+        prefix's KV (D-API-8). Ids must lie in the pool (checked before).
+
+        Cost: O(hit blocks) (plus the views of groups hashed at a larger size).
+        """
+        pool = self.block_pool
+        hashes, group_ids = pool.block_hashes, pool.block_group_ids
+        views = self.views(block_hashes)
+        for group_id, group in enumerate(new_computed_blocks):
+            if not group:
+                continue
+            view = views.at(self.block_sizes[group_id])
+            for index, block in enumerate(group):
+                if not block:
+                    continue
+                if (index >= len(view) or hashes[block] != view[index]
+                        or group_ids[block] != group_id):
+                    return (f"group {group_id} position {index}: block {block} no longer caches "
+                            "that position (evicted or reused since get_computed_blocks)")
+        return None
+
+    def _group_tokens(self, group_id: int, num_tokens: int, num_encoder_tokens: int) -> int:
+        # Cross-attention groups are sized by the encoder tokens.
+        return num_encoder_tokens if self.encoder_groups[group_id] else num_tokens
+
+    def get_num_blocks_to_allocate(self, *, request_id: str, num_tokens: int,
                                    new_computed_blocks: tuple[list[int], ...] | None,
                                    num_total_computed_tokens: int, num_main_tokens: int,
-                                   num_encoder_tokens: int, num_external_computed_tokens: int = 0) -> int:
+                                   num_encoder_tokens: int, num_external_computed_tokens: int) -> int:
         """Free blocks all groups take from the free queue. Cost: O(groups + hit blocks)."""
         total = 0
         for group_id, manager in enumerate(self.managers):
             computed: Sequence[int] = (
                 () if new_computed_blocks is None else new_computed_blocks[group_id])
-            if self.encoder_groups[group_id]:
-                total += manager.get_num_blocks_to_allocate(
-                    request_id, num_encoder_tokens, computed, num_total_computed_tokens,
-                    num_encoder_tokens, num_external_computed_tokens)
-            else:
-                total += manager.get_num_blocks_to_allocate(
-                    request_id, num_tokens, computed, num_total_computed_tokens, num_main_tokens,
-                    num_external_computed_tokens)
+            total += manager.get_num_blocks_to_allocate(
+                request_id, self._group_tokens(group_id, num_tokens, num_encoder_tokens),
+                computed, num_total_computed_tokens,
+                self._group_tokens(group_id, num_main_tokens, num_encoder_tokens),
+                num_external_computed_tokens)
         return total
 
-    def admit(self, request_id: str, new_computed_blocks: tuple[list[int], ...] | None,
+    def full_sequence_demand(self, *, request_id: str, num_tokens: int,
+                             new_computed_blocks: tuple[list[int], ...] | None,
+                             num_encoder_tokens: int) -> int:
+        """Free blocks the whole request needs beyond what it holds or hits,
+        each group counted at its admission requirement (spec/managers.md
+        §8; ``admission.py``). Cost: O(groups + blocks held or hit)."""
+        return full_sequence_demand(
+            self.managers, self.admission_caps, request_id, num_tokens, new_computed_blocks,
+            num_encoder_tokens, self.block_pool.ref_counts)
+
+    def admit(self, *, request_id: str, new_computed_blocks: tuple[list[int], ...] | None,
               num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
         """Make a new request known: every group takes its hit before any
         group allocates blocks for external tokens, which could otherwise
@@ -160,16 +330,17 @@ class KVCacheCoordinator:
             for manager in managers:
                 manager.allocate_external(request_id, total, num_external_computed_tokens)
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int,
+    def allocate_new_blocks(self, *, request_id: str, num_tokens: int, num_main_tokens: int,
                             num_encoder_tokens: int) -> tuple[list[int], ...]:
         """New blocks per group so the tokens have slots.
         Cost: O(groups + new blocks)."""
         return tuple([
-            manager.allocate_new_blocks(request_id, num_encoder_tokens, num_encoder_tokens)
-            if encoder else manager.allocate_new_blocks(request_id, num_tokens, num_main_tokens)
-            for manager, encoder in zip(self.managers, self.encoder_groups)])
+            manager.allocate_new_blocks(
+                request_id, self._group_tokens(group_id, num_tokens, num_encoder_tokens),
+                self._group_tokens(group_id, num_main_tokens, num_encoder_tokens))
+            for group_id, manager in enumerate(self.managers)])
 
-    def cache_blocks(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+    def cache_blocks(self, *, request: HashedRequest, request_id: str, num_tokens: int) -> None:
         """Cache the blocks ``num_tokens`` fill, in every group, each under
         its view of the request's hashes.
         Cost: O(groups + blocks newly cached + view blocks built)."""
@@ -183,37 +354,10 @@ class KVCacheCoordinator:
                     views = self.views(request.block_hashes, num_tokens)
                 manager.cache_blocks(request, views.at(manager.block_size), request_id, num_tokens)
 
-    def check_cache_blocks(self, request: HashedRequest, request_id: str,
-                           num_computed_tokens: int) -> None:
-        """Validate :meth:`cache_blocks`'s arguments for the facade's public
-        ``cache_blocks`` (the one method here that checks its arguments):
-        every group (cross-attention aside) must hold the blocks and have the
-        hashes ``num_computed_tokens`` fill. Cost: O(groups).
-
-        Raises:
-            InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0.
-            InvalidArgumentError: a group holds fewer blocks or hashes.
-        """
-        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
-            raise InvalidTokenCountError(
-                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
-        for group_id, (manager, encoder) in enumerate(zip(self.managers, self.encoder_groups)):
-            if encoder:
-                continue  # cross-attention blocks are never cached
-            block_size = manager.block_size
-            blocks = manager.req_to_blocks[request_id]
-            num_full = num_computed_tokens // block_size
-            num_hashes = len(request.block_hashes) * self.hash_block_size // block_size
-            if num_full > len(blocks) or num_full > num_hashes:
-                raise InvalidArgumentError(
-                    f"request {request_id!r}: {num_computed_tokens} tokens fill {num_full} "
-                    f"blocks of group {group_id} but it holds {len(blocks)} blocks and "
-                    f"hashes for {num_hashes}")
-
-    def remove_skipped_blocks(self, request_id: str, num_total_computed: int) -> None:
+    def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int) -> None:
         """Release blocks no longer needed, per group. Cost: O(groups + released)."""
         for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_total_computed)
+            manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
 
     def release(self, request_id: str) -> None:
         """Release the request's blocks group by group (tail first within a
@@ -235,7 +379,7 @@ class KVCacheCoordinator:
 
     def get_num_cached_blocks(self, request_id: str) -> tuple[int, ...]:
         """The request's cached-block count per group. Cost: O(groups)."""
-        return tuple(manager.cached_count[request_id] for manager in self.managers)
+        return tuple(manager.num_cached_blocks[request_id] for manager in self.managers)
 
     def new_step_starts(self) -> None:
         """Per-step hook of every manager. Cost: O(groups)."""
@@ -255,21 +399,14 @@ class NoPrefixCacheCoordinator(KVCacheCoordinator):
 class UnitaryCoordinator(KVCacheCoordinator):
     """Caching on, one full-attention group hashed at its block size."""
 
-    def __init__(self, kv_cache_config: KVCacheConfig, use_eagle: bool, enable_caching: bool,
-                 enable_kv_cache_events: bool, block_sizes: Sequence[int],
-                 hash_block_size: int, retention_interval: int | None = None) -> None:
-        super().__init__(kv_cache_config, use_eagle, enable_caching, enable_kv_cache_events,
-                         block_sizes, hash_block_size, retention_interval)
-        self.block_size = block_sizes[0]
-
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
                                max_cache_hit_length: int) -> tuple[tuple[list[int], ...], int]:
         """The group's hit and ``blocks * block_size`` tokens.
         Cost: O(blocks hit + 1)."""
-        hit = FullAttentionManager.find_longest_cache_hit(
-            block_hashes, max_cache_hit_length, (0,), self.block_pool, self.block_size,
-            self.use_eagle)
-        return hit, len(hit[0]) * self.block_size
+        manager = self.managers[0]
+        assert isinstance(manager, FullAttentionManager)
+        hit = manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
+        return (hit,), len(hit) * manager.block_size
 
 
 class HybridCoordinator(KVCacheCoordinator):
@@ -289,10 +426,12 @@ class HybridCoordinator(KVCacheCoordinator):
                       for manager in managers]), length
 
 
-def make_coordinator(kv_cache_config: KVCacheConfig, use_eagle: bool, enable_caching: bool,
-                     enable_kv_cache_events: bool, block_sizes: Sequence[int],
-                     hash_block_size: int, retention_interval: int | None = None) -> KVCacheCoordinator:
-    """The coordinator kind for this configuration.
+def make_coordinator(kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[int],
+                     hash_block_size: int, enable_caching: bool, enable_kv_cache_events: bool,
+                     use_eagle: bool, retention_interval: int | None, max_model_len: int,
+                     max_num_batched_tokens: int) -> KVCacheCoordinator:
+    """The coordinator kind for this configuration (arguments as
+    :class:`KVCacheCoordinator`'s), which builds the pool.
 
     Cost: O(num_blocks) (the pool).
 
@@ -309,5 +448,7 @@ def make_coordinator(kv_cache_config: KVCacheConfig, use_eagle: bool, enable_cac
         kind = UnitaryCoordinator
     else:
         kind = HybridCoordinator
-    return kind(kv_cache_config, use_eagle, enable_caching, enable_kv_cache_events,
-                block_sizes, hash_block_size, retention_interval)
+    return kind(kv_cache_config, block_sizes=block_sizes, hash_block_size=hash_block_size,
+                enable_caching=enable_caching, enable_kv_cache_events=enable_kv_cache_events,
+                use_eagle=use_eagle, retention_interval=retention_interval,
+                max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import BlockHash
 
-from .single_type import GroupManager
+from .single_type import SingleTypeManager
 
 __all__ = ["CrossAttentionManager"]
 
 
-class CrossAttentionManager(GroupManager):
+class CrossAttentionManager(SingleTypeManager):
     """Sized by ``num_encoder_tokens`` (the coordinator passes those in place
     of decoder tokens). Its state is per request, so a prefix hit of the
     decoder cannot serve it: only the empty hit qualifies."""
@@ -36,7 +36,7 @@ class CrossAttentionManager(GroupManager):
               num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
         """A new request holds no encoder blocks until they are allocated. Cost: O(1)."""
         self.req_to_blocks[request_id] = []
-        self.cached_count[request_id] = 0
+        self.num_cached_blocks[request_id] = 0
 
     def allocate_external(self, request_id: str, num_total_computed_tokens: int,
                           num_external_computed_tokens: int) -> None:

@@ -7,7 +7,7 @@ qualifies. The reference tries every aligned length from the cap down.
 
 Here: a fixed-point iteration. Start from ``L = cap`` aligned down; each
 group in turn lowers ``L`` to its own longest hit at most ``L``
-(``GroupManager.longest_hit``); stop once every group has
+(``SingleTypeManager.longest_hit``); stop once every group has
 confirmed the current ``L``. Why it is the largest common hit: any common
 hit ``L' <= cap`` is a hit of every group, so each group's answer under a
 bound ``>= L'`` is ``>= L'`` and ``L`` never drops below ``L'``; at the
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from pagedkv.spec.types import BlockHash
 
-from .single_type import FullAttentionManager, GroupManager
+from .single_type import FullAttentionManager, SingleTypeManager
 
 __all__ = ["group_view", "HashViews", "longest_common_hit"]
 
@@ -83,7 +83,7 @@ class HashViews:
         return view
 
 
-def longest_common_hit(managers: Sequence[GroupManager], views: HashViews,
+def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
                        max_length: int, alignment: int) -> int:
     """The largest common hit (see the module docstring); ``managers`` in
     group order. Pure: touches nothing.
@@ -94,7 +94,7 @@ def longest_common_hit(managers: Sequence[GroupManager], views: HashViews,
     length = max_length // alignment * alignment
     if length <= 0:
         return 0
-    window_groups: list[GroupManager] = []
+    window_groups: list[SingleTypeManager] = []
     for manager in managers:
         if manager.always_empty_hit:
             return 0

@@ -26,12 +26,12 @@ from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
-from .single_type import GroupManager
+from .single_type import SingleTypeManager
 
 __all__ = ["MambaManager"]
 
 
-class MambaManager(GroupManager):
+class MambaManager(SingleTypeManager):
     """One Mamba group; see the module docstring for the modes."""
 
     __slots__ = ("mode", "num_speculative_blocks", "cached_this_step", "last_state_block",
@@ -68,6 +68,12 @@ class MambaManager(GroupManager):
     def skipped_tokens(self, num_computed: int) -> int:
         """Only the state after the last computed token is needed. Cost: O(1)."""
         return num_computed - 1
+
+    def released_tokens(self, num_total_computed_tokens: int) -> int:
+        """With async scheduling the count may include draft tokens that get
+        rejected; assume they all are, so no state still needed is freed.
+        Cost: O(1)."""
+        return self.skipped_tokens(max(0, num_total_computed_tokens - self.num_speculative_blocks))
 
     # ---------------------------------------------------------- allocation
 
@@ -141,21 +147,19 @@ class MambaManager(GroupManager):
         return blocks[previous_len:]
 
     def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
-        """Release all but the live state (and, in align mode, last step's
-        state once copied). With async scheduling the count may include
-        draft tokens that get rejected; assume they all are, so no state
-        still needed is freed. Cost: O(blocks released + 1)."""
-        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
-        super().remove_skipped_blocks(request_id, num_computed)
+        """Release all but the live state (:meth:`released_tokens`) and, in
+        align mode, last step's state once copied. Cost: O(blocks released + 1)."""
+        super().remove_skipped_blocks(request_id, num_total_computed_tokens)
         if self.mode != "align":
             return
+        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
         last = self.last_state_block.get(request_id)
         if last is not None and last < -(-num_computed // self.block_size) - 1:
             blocks = self.req_to_blocks[request_id]
             block = blocks[last]
             if block:
                 blocks[last] = 0
-                self.block_pool._free((block,))
+                self.block_pool.free_held((block,))
 
     # ------------------------------------------------- caching and freeing
 
@@ -165,11 +169,11 @@ class MambaManager(GroupManager):
         cached in this step (MAMBA-2). Cost: O(blocks newly cached)."""
         if self.mode == "none":
             return
-        before = self.cached_count[request_id]
+        before = self.num_cached_blocks[request_id]
         super().cache_blocks(request, view, request_id, num_tokens)
         hashes = self.block_pool.block_hashes
         added = self.cached_this_step.add
-        for block in self.req_to_blocks[request_id][before:self.cached_count[request_id]]:
+        for block in self.req_to_blocks[request_id][before:self.num_cached_blocks[request_id]]:
             block_hash = hashes[block]
             if block and block_hash is not None:
                 added(block_hash)

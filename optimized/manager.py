@@ -1,21 +1,19 @@
 """KVCacheManager: the facade an engine's scheduler calls.
 
-Semantic model (notes/semantics.md, "KVCacheManager operations"): a block
-pool shared by the KV cache groups, and for each *known* request (holding
-an allocation, from its first successful ``allocate_slots`` until
-``free``) a block list per group plus a count of cached blocks. Requests
-are read, never owned: any object with the attributes of
-:class:`pagedkv.spec.RequestView` works.
+Semantic model (spec/state.md, spec/operations.md): a block pool shared by
+the KV cache groups, and for each *known* request (holding an allocation,
+from its first successful ``allocate_slots`` until ``free``) a block list
+per group plus a count of cached blocks. Requests are read, never owned:
+any object with the attributes of :class:`pagedkv.spec.RequestView` works.
 
-Every public method validates first and raises a typed error from
-``pagedkv.spec.errors`` before changing anything. Validation lives in
-``_validation.py``; the work is delegated to a coordinator
-(``coordinator.py``). ``allocate_slots`` has a fast path for the common
-decode step: a known request whose new tokens fit in the blocks it holds,
-that fills no new block and (several groups, ``decode.py``) moves no window
-past a block boundary: O(1) with one group, O(groups) with several. With
-one full-attention group, the other steps of a known request (a block fills
-or is needed) skip the validation and dispatch (``decode.allocate_known_single``).
+Every public method validates first (``validation.py``) and raises a typed
+error from ``pagedkv.spec.errors`` before changing anything. The state and
+the work live in the coordinator (``coordinator.py``), which builds the
+pool and the per-group managers. ``allocate_slots`` reads as the spec's
+numbered steps; before them, a decode step of a known request (no hit,
+lookahead, external or encoder tokens) is offered to the coordinator's fast
+path (``KVCacheCoordinator.decode_step``), which settles the common cases
+and hands any other back.
 """
 
 from __future__ import annotations
@@ -25,23 +23,16 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import (
-    InvalidConfigError,
-    InvariantViolation,
-)
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
-from . import _validation as check
+from . import validation
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
-from .coordinator import KVCacheCoordinator, make_coordinator
-from .admission import admission_caps, full_sequence_demand
-from .pool_invariants import check_request_invariants
-from .decode import allocate_known_single, decode_probes, is_noop_decode
+from .coordinator import KVCacheCoordinator, Route, make_coordinator
 from .hasher import make_block_hasher
-from .single_type import FullAttentionManager
+from .pool_invariants import check_request_invariants
 
 __all__ = ["KVCacheManager"]
 
@@ -50,28 +41,33 @@ class KVCacheManager:
     """Allocates KV cache blocks to requests, with prefix caching.
 
     Args:
-        kv_cache_config: blocks and groups. With caching, at most one
-            group; without, any number. With zero groups (attention-free
-            models) nothing is hashed or hit.
-            Every group's spec must be a ``FullAttentionSpec`` for now.
+        kv_cache_config: blocks and groups: any number of groups of any
+            supported spec type (spec/managers.md), with or without
+            caching. With zero groups (attention-free models) nothing is
+            hashed or hit.
         max_model_len: most tokens one request may hold (positive int).
         enable_caching: prefix caching on.
         hash_fn: ``"sha256"``, ``"sha256_cbor"``, ``"xxh3_128"`` (alias
             ``"xxhash"``).
-        hash_block_size: tokens per request block hash; default (and, with
-            caching, the only accepted value) the block size of group 0.
+        hash_block_size: tokens per request block hash; must divide every
+            group's block size; default the GCD of the block sizes
+            (D-HASH-5).
         use_eagle: a prefix hit gives back its last matched block.
         log_stats: keep :class:`PrefixCacheStats`.
         enable_kv_cache_events: collect events for :meth:`take_events`.
         dcp_world_size, pcp_world_size: context-parallel sizes; a group's
             block size is its spec block size times both.
         hash_seed: seed of the first block's parent hash.
+        retention_interval: which sliding-window blocks are worth caching
+            (``None``, ``0`` or a multiple of the hit alignment; spec/config.md).
+        max_num_batched_tokens: the per-step token budget the windowed
+            admission caps count with (default ``max_model_len``).
 
     Raises:
-        InvalidConfigError: max_model_len, world sizes or hash_block_size
-            malformed, or an unsupported configuration (spec type, more
-            than one group with caching, hash block size differing from
-            the block size with caching).
+        InvalidConfigError: max_model_len, world sizes, hash_block_size,
+            retention_interval or max_num_batched_tokens malformed, context
+            parallelism with a group other than full attention, or a group
+            the pool cannot hold (sink blocks).
         InvalidArgumentError: unknown hash_fn.
     """
 
@@ -92,13 +88,11 @@ class KVCacheManager:
         retention_interval: int | None = None,
         max_num_batched_tokens: int | None = None,
     ) -> None:
-        block_sizes, hbs = check.constructor_args(
-            kv_cache_config, max_model_len, enable_caching, hash_fn, hash_block_size,
-            dcp_world_size, pcp_world_size, retention_interval)
-        if max_num_batched_tokens is not None and (type(max_num_batched_tokens) is not int
-                                                   or max_num_batched_tokens < 1):
-            raise InvalidConfigError(
-                f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
+        block_sizes, hbs = validation.constructor_args(
+            kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
+            hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size, retention_interval=retention_interval,
+            max_num_batched_tokens=max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
@@ -109,34 +103,16 @@ class KVCacheManager:
         self.block_sizes: tuple[int, ...] = block_sizes
         self.hash_block_size = hbs
         self._coordinator: KVCacheCoordinator = make_coordinator(
-            kv_cache_config, self.use_eagle, self.enable_caching,
-            bool(enable_kv_cache_events), block_sizes, hbs if hbs is not None else 1,
-            retention_interval)
+            kv_cache_config, block_sizes=block_sizes,
+            hash_block_size=hbs if hbs is not None else 1, enable_caching=self.enable_caching,
+            enable_kv_cache_events=bool(enable_kv_cache_events), use_eagle=self.use_eagle,
+            retention_interval=retention_interval, max_model_len=max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens)
         self._pool: BlockPool = self._coordinator.block_pool
-        # The per-request caps startup sizing counts (spec CFG-7, CFG-8).
-        self._admission_caps = admission_caps(
-            self._coordinator.managers, self.max_num_batched_tokens, max_model_len)
         self._hasher = (None if hbs is None else make_block_hasher(hash_fn, hbs, hash_seed))
         self.prefix_cache_stats: PrefixCacheStats | None = (
             PrefixCacheStats() if self.log_stats else None)
-        # Shared empty result: never mutated (KVCacheBlocks lists are not).
-        self._empty = KVCacheBlocks(tuple([] for _ in block_sizes), self._pool.block_hashes)
-        # Fast-path bindings for the single-group case (the common one).
-        self._single_blocks: dict[str, list[int]] | None = None
-        self._single_cached: dict[str, int] = {}
-        self._block_size0 = block_sizes[0] if block_sizes else 1
-        # The decode fast path skips remove_skipped_blocks and the per-group
-        # hash views: only for one full-attention group hashed at its size.
-        if len(block_sizes) == 1 and hbs == block_sizes[0] and isinstance(
-                self._coordinator.managers[0], FullAttentionManager):
-            manager = self._coordinator.managers[0]
-            self._single_blocks = manager.req_to_blocks
-            self._single_cached = manager.cached_count
-        # The decode fast path of every other configuration (``decode.py``);
-        # None where a group's type is not covered.
-        self._decode_probes = (
-            decode_probes(self._coordinator.managers)
-            if self._single_blocks is None and block_sizes else None)
+        self._empty = self._coordinator.empty_blocks
 
     # ------------------------------------------------------------ properties
 
@@ -213,114 +189,80 @@ class KVCacheManager:
         (no change beyond releasing blocks attention no longer reads,
         D-API-6). With ``full_sequence_must_fit`` the whole request must fit
         too, windowed groups counted at their admission cap (spec/managers.md
-        §8).
+        §8). The steps are spec/operations.md's, numbered alike.
 
         Cost: O(1) (one group) or O(groups) for a decode step that needs
         no new block, fills no block and releases none; otherwise O(groups
         + hit blocks + new blocks + blocks cached + blocks released).
 
-        Raises:
+        Raises (in the order of step 1):
             InvalidTokenCountError: ``num_new_tokens < 1`` or a negative count.
-            InvalidArgumentError: a prefix hit for a known request or with
-                caching off, a hit whose size disagrees with
-                ``num_new_computed_tokens``, a stale hit (a block evicted or
-                reused since ``get_computed_blocks``), a wrong number of
-                groups.
+            InvalidArgumentError: a wrong number of groups, a prefix hit for
+                a known request or with caching off, a hit whose size
+                disagrees with ``num_new_computed_tokens``, a stale hit (a
+                block evicted or reused since ``get_computed_blocks``), too
+                few block hashes for the blocks to cache.
             UnknownBlockError: a hit names a block outside the pool.
             ExceedsMaxModelLenError: the request would exceed max_model_len.
         """
-        if (new_computed_blocks is None and not full_sequence_must_fit
+        decode_step = self._coordinator.decode_step
+        if (decode_step is not None and new_computed_blocks is None
+                and not full_sequence_must_fit
                 and not (num_new_computed_tokens or num_lookahead_tokens
                          or num_external_computed_tokens or num_encoder_tokens)
                 and type(num_new_tokens) is int and num_new_tokens >= 1):
-            single_blocks = self._single_blocks
-            if single_blocks is not None:
-                # Decode fast path: nothing new to take, touch or validate
-                # beyond the bounds checked here; no object is created.
-                request_id = request.request_id
-                blocks = single_blocks.get(request_id)
-                num_computed = request.num_computed_tokens
-                if blocks is not None and type(num_computed) is int:
-                    total = num_computed + num_new_tokens
-                    block_size = self._block_size0
-                    # total >= num_new_tokens: a negative num_computed_tokens
-                    # (or a non-int one, above) takes the slow path, which raises.
-                    if num_new_tokens <= total <= len(blocks) * block_size and (
-                            total <= self.max_model_len):
-                        if not self.enable_caching or delay_cache_blocks:
-                            return self._empty
-                        # The blocks filled are min(total, num_tokens) // b:
-                        # none is new when total alone fills none, so
-                        # num_tokens (a property call) is left to the helper.
-                        if total // block_size <= self._single_cached[request_id]:
-                            return self._empty
-                    # A block to fill or to add: the general path's work
-                    # without its validation and dispatch (decode.py).
-                    return allocate_known_single(
-                        self, request, blocks, num_new_tokens, delay_cache_blocks)
-            elif self._decode_probes is not None:
-                # Other configurations: the same step, decided per group in
-                # decode.is_noop_decode (windows that move past a block
-                # boundary and filled blocks take the general path).
-                num_computed = request.num_computed_tokens
-                total = num_computed + num_new_tokens
-                if type(num_computed) is int and num_new_tokens <= total <= self.max_model_len:
-                    cache_tokens = -1  # the step caches nothing
-                    if self.enable_caching and not delay_cache_blocks:
-                        num_tokens = request.num_tokens
-                        cache_tokens = total if total < num_tokens else num_tokens
-                    # Hashes falling short of the blocks to cache: the
-                    # general path raises.
-                    if cache_tokens // (self.hash_block_size or 1) <= len(request.block_hashes) and (
-                            is_noop_decode(self._decode_probes, request.request_id, num_computed,
-                                           total, cache_tokens)):
-                        return self._empty
-        return self._allocate_slots(
-            request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-            num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
-            num_encoder_tokens, full_sequence_must_fit)
-
-    def _allocate_slots(
-        self, request: RequestView, num_new_tokens: int, num_new_computed_tokens: int,
-        new_computed_blocks: Any, num_lookahead_tokens: int,
-        num_external_computed_tokens: int, delay_cache_blocks: bool, num_encoder_tokens: int,
-        full_sequence_must_fit: bool = False,
-    ) -> KVCacheBlocks | None:
-        """The general allocation path (see :meth:`allocate_slots`)."""
+            result = decode_step(request, num_new_tokens, delay_cache_blocks)
+            if result is not Route.GENERAL:
+                return result
         coordinator = self._coordinator
         request_id = request.request_id
         known = request_id in coordinator.requests
-        computed = check.allocate_args(
-            self, request, known, num_new_tokens, num_new_computed_tokens,
-            new_computed_blocks, num_lookahead_tokens, num_external_computed_tokens,
-            delay_cache_blocks, num_encoder_tokens)
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        num_total_computed = num_local_computed + num_external_computed_tokens
-        num_tokens_main = num_total_computed + num_new_tokens
-        num_tokens_need = min(num_tokens_main + num_lookahead_tokens, self.max_model_len)
-        # Blocks attention no longer reads are released even if the
-        # allocation is then refused: they are dead weight either way, and
-        # releasing them first spares cached blocks from eviction (D-API-6).
+        # 1. Validate (all before any change).
+        computed = validation.allocate_args(
+            coordinator=coordinator, request=request, known_request=known,
+            max_model_len=self.max_model_len, num_new_tokens=num_new_tokens,
+            num_new_computed_tokens=num_new_computed_tokens,
+            new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens)
+        # 2. Token counts.
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total = local + num_external_computed_tokens
+        main = total + num_new_tokens
+        need = min(main + num_lookahead_tokens, self.max_model_len)
+        # 3. Remove skipped blocks, even if the allocation is then refused:
+        # they are dead weight either way, and releasing them first spares
+        # cached blocks from eviction (D-API-6).
         if known:
-            coordinator.remove_skipped_blocks(request_id, num_total_computed)
-        num_to_allocate = coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need, computed, num_total_computed, num_tokens_main,
-            num_encoder_tokens, num_external_computed_tokens)
+            coordinator.remove_skipped_blocks(request_id=request_id,
+                                              num_total_computed_tokens=total)
+        # 4-5. Capacity (the Mamba step rule counts as a refusal here).
+        demand = coordinator.get_num_blocks_to_allocate(
+            request_id=request_id, num_tokens=need, new_computed_blocks=computed,
+            num_total_computed_tokens=total, num_main_tokens=main,
+            num_encoder_tokens=num_encoder_tokens,
+            num_external_computed_tokens=num_external_computed_tokens)
         if full_sequence_must_fit:
             whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
-            num_to_allocate = max(num_to_allocate, full_sequence_demand(
-                coordinator.managers, self._admission_caps, request_id, whole, computed,
-                num_encoder_tokens, self._pool.ref_counts))
-        if num_to_allocate > self._pool.get_num_free_blocks():
+            demand = max(demand, coordinator.full_sequence_demand(
+                request_id=request_id, num_tokens=whole, new_computed_blocks=computed,
+                num_encoder_tokens=num_encoder_tokens))
+        if demand > self._pool.get_num_free_blocks():
             return None
+        # 6. Admit computed blocks (a new request only).
         if not known:
-            coordinator.admit(
-                request_id, computed, num_local_computed, num_external_computed_tokens)
+            coordinator.admit(request_id=request_id, new_computed_blocks=computed,
+                              num_local_computed_tokens=local,
+                              num_external_computed_tokens=num_external_computed_tokens)
+        # 7. Allocate.
         new_blocks = coordinator.allocate_new_blocks(
-            request_id, num_tokens_need, num_tokens_main, num_encoder_tokens)
+            request_id=request_id, num_tokens=need, num_main_tokens=main,
+            num_encoder_tokens=num_encoder_tokens)
+        # 8. Cache.
         if self.enable_caching and not delay_cache_blocks:
-            coordinator.cache_blocks(
-                request, request_id, min(num_tokens_main, request.num_tokens))
+            coordinator.cache_blocks(request=request, request_id=request_id,
+                                     num_tokens=min(main, request.num_tokens))
+        # 9. Return the blocks of step 7.
         if not any(new_blocks):
             return self._empty
         return KVCacheBlocks(new_blocks, self._pool.block_hashes)
@@ -339,10 +281,10 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return
-        request_id = request.request_id
-        check.known(self._coordinator, request_id)
-        self._coordinator.check_cache_blocks(request, request_id, num_computed_tokens)
-        self._coordinator.cache_blocks(request, request_id, num_computed_tokens)
+        validation.cache_blocks_args(coordinator=self._coordinator, request=request,
+                                     num_computed_tokens=num_computed_tokens)
+        self._coordinator.cache_blocks(request=request, request_id=request.request_id,
+                                       num_tokens=num_computed_tokens)
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
         """Release the request's blocks (group by group, tail first) and
@@ -355,22 +297,10 @@ class KVCacheManager:
         """
         request_id = request.request_id
         coordinator = self._coordinator
-        requests = coordinator.requests
-        if request_id not in requests:
+        if request_id not in coordinator.requests:
             if missing_ok:
                 return
-            check.known(coordinator, request_id)
-        single_blocks = self._single_blocks
-        if single_blocks is not None:
-            # One full-attention group: coordinator.release and
-            # FullAttentionManager.release inlined (two calls fewer on a
-            # per-request path); the differential tests hold them equal.
-            requests.remove(request_id)
-            blocks = single_blocks.pop(request_id)
-            del self._single_cached[request_id]
-            blocks.reverse()  # tail first; the list is dropped
-            self._pool._free(blocks)
-            return
+            validation.known(coordinator, request_id)
         coordinator.release(request_id)
 
     # ----------------------------------------------------------- the cache
@@ -406,7 +336,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the request holds no allocation.
         """
-        check.known(self._coordinator, request_id)
+        validation.known(self._coordinator, request_id)
         return self._coordinator.get_num_common_prefix_blocks(request_id)
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -421,7 +351,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the request holds no allocation.
         """
-        check.known(self._coordinator, request_id)
+        validation.known(self._coordinator, request_id)
         return KVCacheBlocks(
             tuple([list(group) for group in self._coordinator.get_blocks(request_id)]),
             self._pool.block_hashes)
@@ -434,7 +364,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the request holds no allocation.
         """
-        check.known(self._coordinator, request_id)
+        validation.known(self._coordinator, request_id)
         return tuple([list(group) for group in self._coordinator.get_blocks(request_id)])
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -471,7 +401,8 @@ class KVCacheManager:
         )
 
     def check_invariants(self) -> None:
-        """Check the pool invariants and REQ-1..5. Cost: O(num_blocks + blocks held).
+        """Check the pool invariants, then the request invariants
+        (``pool_invariants.py``). Cost: O(num_blocks + blocks held).
 
         Raises:
             InvariantViolation: the message starts with the invariant's ID.

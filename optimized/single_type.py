@@ -12,11 +12,11 @@ two equal.
 
 This module: the base class, full attention (MLA too) and sink full
 attention. ``windowed``, ``mamba`` and ``cross_attention`` hold the others;
-:data:`MANAGER_FOR_KIND` maps the manager kinds of
-:mod:`pagedkv.spec.registry` to classes.
+:data:`pagedkv.optimized.coordinator.MANAGER_FOR_KIND` maps the manager
+kinds of :mod:`pagedkv.spec.registry` to classes.
 
 All methods assume validated arguments: the facade (``manager.py``)
-validates and raises typed errors before calling in.
+validates (``validation.py``) and raises typed errors before calling in.
 """
 
 from __future__ import annotations
@@ -25,30 +25,29 @@ from collections.abc import Sequence
 
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.kv_cache_spec import FullAttentionSpec, KVCacheSpec, SinkFullAttentionSpec
+from pagedkv.spec.kv_cache_spec import KVCacheSpec, SinkFullAttentionSpec
 from pagedkv.spec.types import BlockHash
 
 from .block_pool import BlockPool
 
 __all__ = [
-    "GroupManager",
+    "SingleTypeManager",
     "FullAttentionManager",
     "SinkFullAttentionManager",
-    "MANAGER_REGISTRY",
 ]
 
 
-class GroupManager:
+class SingleTypeManager:
     """Block lists of one KV cache group.
 
     Args:
         kv_cache_spec: the group's spec.
-        block_size: tokens per block (spec block size times dcp * pcp).
         block_pool: the shared pool.
         group_id: this group's index.
+        block_size: tokens per block (spec block size times dcp * pcp).
         enable_caching: prefix caching on (hit blocks are touched).
         alignment: hybrid hit granularity, the LCM of every group's block
-            size (default: this block size).
+            size.
         use_eagle: hits keep the next block cached too (EAGLE rule,
             spec/coordinators.md); ignored by types exempt from it.
         retention_interval: which sliding-window blocks are worth caching
@@ -57,7 +56,7 @@ class GroupManager:
 
     __slots__ = ("kv_cache_spec", "block_size", "block_pool", "group_id", "enable_caching",
                  "alignment", "use_eagle", "retention_interval", "req_to_blocks",
-                 "cached_count")
+                 "num_cached_blocks")
 
     uses_eagle_rule = True
     """Whether the EAGLE rule applies to this type's hits."""
@@ -65,19 +64,23 @@ class GroupManager:
     always_empty_hit = False
     """Whether this type can only ever serve the empty hit."""
 
-    def __init__(self, kv_cache_spec: KVCacheSpec, block_size: int, block_pool: BlockPool,
-                 group_id: int, *, enable_caching: bool = True, alignment: int | None = None,
-                 use_eagle: bool = False, retention_interval: int | None = None) -> None:
+    holds_null_blocks = True
+    """Whether a request's list may hold null blocks (full attention's never
+    does, REQ-4: its release skips the filter)."""
+
+    def __init__(self, kv_cache_spec: KVCacheSpec, *, block_pool: BlockPool, group_id: int,
+                 block_size: int, enable_caching: bool, alignment: int, use_eagle: bool,
+                 retention_interval: int | None = None) -> None:
         self.kv_cache_spec = kv_cache_spec
         self.block_size = block_size
         self.block_pool = block_pool
         self.group_id = group_id
         self.enable_caching = enable_caching
-        self.alignment = block_size if alignment is None else alignment
+        self.alignment = alignment
         self.use_eagle = use_eagle and self.uses_eagle_rule
         self.retention_interval = retention_interval
         self.req_to_blocks: dict[str, list[int]] = {}
-        self.cached_count: dict[str, int] = {}
+        self.num_cached_blocks: dict[str, int] = {}
         self._setup()
 
     def _setup(self) -> None:
@@ -90,6 +93,14 @@ class GroupManager:
         """Leading tokens attention no longer reads once ``num_computed``
         are computed (0: it reads them all). Cost: O(1)."""
         return 0
+
+    def released_tokens(self, num_total_computed_tokens: int) -> int:
+        """Leading tokens whose blocks :meth:`remove_skipped_blocks` releases
+        once ``num_total_computed_tokens`` are computed: ``skipped_tokens``
+        of that count here (Mamba discounts draft tokens first). The one
+        place the skip rule is applied at a step; the decode fast path
+        (``decode.py``) calls it too. Cost: O(1)."""
+        return self.skipped_tokens(num_total_computed_tokens)
 
     def first_hit_block(self, length: int) -> int:
         """The first block a hit of ``length`` tokens needs cached (blocks
@@ -173,10 +184,10 @@ class GroupManager:
         num_skipped_blocks = self.skipped_tokens(num_total) // self.block_size
         kept = list(new_computed_blocks[num_skipped_blocks:])
         if kept and self.enable_caching:
-            self.block_pool._touch(kept)
+            self.block_pool.touch_held(kept)
         blocks = [0] * num_skipped_blocks + kept if num_skipped_blocks > 0 else kept
         self.req_to_blocks[request_id] = blocks
-        self.cached_count[request_id] = len(blocks)
+        self.num_cached_blocks[request_id] = len(blocks)
 
     def allocate_external(self, request_id: str, num_total_computed_tokens: int,
                           num_external_computed_tokens: int) -> None:
@@ -207,7 +218,7 @@ class GroupManager:
 
         Cost: O(blocks released + 1).
         """
-        skipped = self.skipped_tokens(num_total_computed_tokens)
+        skipped = self.released_tokens(num_total_computed_tokens)
         if skipped <= 0:
             return
         blocks = self.req_to_blocks.get(request_id)
@@ -221,7 +232,7 @@ class GroupManager:
             released.append(blocks[index])
             blocks[index] = 0
             index -= 1
-        self.block_pool._free(released)
+        self.block_pool.free_held(released)
 
     # ------------------------------------------------------ caching, freeing
 
@@ -239,14 +250,15 @@ class GroupManager:
         Cost: O(blocks newly cached).
         """
         num_full = num_tokens // self.block_size
-        num_cached = self.cached_count[request_id]
+        num_cached = self.num_cached_blocks[request_id]
         if num_cached >= num_full:
             return
         self.block_pool.cache_full_blocks(
-            request, self.req_to_blocks[request_id], num_cached, num_full,
-            self.block_size, self.group_id, view,
-            self.cache_mask(request, num_cached, num_full))
-        self.cached_count[request_id] = num_full
+            request, self.req_to_blocks[request_id],
+            block_hashes=request.block_hashes if view is None else view,
+            num_cached_blocks=num_cached, num_full_blocks=num_full, block_size=self.block_size,
+            group_id=self.group_id, mask=self.cache_mask(request, num_cached, num_full))
+        self.num_cached_blocks[request_id] = num_full
 
     def release(self, request_id: str) -> None:
         """Release the request's blocks tail first and forget it.
@@ -254,9 +266,11 @@ class GroupManager:
         Cost: O(blocks held).
         """
         blocks = self.req_to_blocks.pop(request_id)
-        del self.cached_count[request_id]
+        del self.num_cached_blocks[request_id]
         blocks.reverse()  # the list is ours and dropped: reversing in place is free
-        self.block_pool._free(filter(None, blocks))  # null blocks are never released
+        # Null blocks are never released; a type whose lists hold none
+        # skips the filter (the per-request path of full attention).
+        self.block_pool.free_held(filter(None, blocks) if self.holds_null_blocks else blocks)
 
     def get_num_common_prefix_blocks(self, request_id: str, num_requests: int) -> int:
         """Leading blocks of the request held by every known request (0 for
@@ -267,55 +281,34 @@ class GroupManager:
         """A scheduler step begins. Cost: O(1) here."""
 
 
-class FullAttentionManager(GroupManager):
+class FullAttentionManager(SingleTypeManager):
     """Full (causal) attention, MLA included: every position keeps its
     block; a hit of ``L`` tokens needs its ``L / b`` leading blocks cached."""
 
     __slots__ = ()
 
-    @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        group_ids: Sequence[int],
-        block_pool: BlockPool,
-        block_size: int,
-        use_eagle: bool,
-    ) -> tuple[list[int], ...]:
-        """The longest cached prefix of at most ``max_length`` tokens, one
-        block list per group in ``group_ids`` (all of this block size, hashed
-        at it). With ``use_eagle`` one matched block is dropped so the
-        drafter recomputes its hidden states. Pure: touches nothing.
+    holds_null_blocks = False
 
-        Cost: O(blocks hit + 1) per group.
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> list[int]:
+        """This group's longest cached prefix of at most ``max_length``
+        tokens, the group hashed at its block size. With ``use_eagle`` one
+        matched block is dropped so the drafter recomputes its hidden
+        states. Pure: touches nothing.
+
+        Cost: O(blocks hit + 1).
         """
-        max_blocks = max_length // block_size
-        if len(group_ids) == 1:
-            # Single group: probe the raw-hash table directly (no key bytes
-            # built per block). Locals bound for the loop.
-            table_get = block_pool.cached_by_group[group_ids[0]].get
-            hit: list[int] = []
-            append = hit.append
-            for block_hash in block_hashes[:max_blocks]:
-                holders = table_get(block_hash)
-                if holders is None:
-                    break
-                append(holders[0])
-            if use_eagle and hit:
-                hit.pop()
-            return (hit,)
-        per_group: tuple[list[int], ...] = tuple([] for _ in group_ids)
-        for block_hash in block_hashes[:max_blocks]:
-            found = block_pool.get_cached_block(block_hash, group_ids)
-            if found is None:
+        # Probe the raw-hash table directly (no key bytes built per block).
+        table_get = self.block_pool.cached_by_group[self.group_id].get
+        hit: list[int] = []
+        append = hit.append
+        for block_hash in block_hashes[:max_length // self.block_size]:
+            holders = table_get(block_hash)
+            if holders is None:
                 break
-            for group_blocks, block in zip(per_group, found):
-                group_blocks.append(block)
-        if use_eagle and per_group and per_group[0]:
-            for group_blocks in per_group:
-                group_blocks.pop()
-        return per_group
+            append(holders[0])
+        if self.use_eagle and hit:
+            hit.pop()
+        return hit
 
     def longest_hit(self, view: Sequence[BlockHash], bound: int, max_length: int) -> int:
         """See the base class. The cached prefix is scanned left to right,
@@ -339,14 +332,6 @@ class FullAttentionManager(GroupManager):
             prefix += 1
         limit = min(limit, (prefix - shift) * block_size)
         return max(0, limit // self.alignment * self.alignment)
-
-    def release(self, request_id: str) -> None:
-        """See the base class; a full-attention list holds no null block
-        (REQ-4), so nothing is filtered. Cost: O(blocks held)."""
-        blocks = self.req_to_blocks.pop(request_id)
-        del self.cached_count[request_id]
-        blocks.reverse()  # the list is ours and dropped: reversing in place is free
-        self.block_pool._free(blocks)
 
     def get_num_common_prefix_blocks(self, request_id: str, num_requests: int) -> int:
         """Leading blocks with ref count ``num_requests``.
@@ -387,10 +372,3 @@ class SinkFullAttentionManager(FullAttentionManager):
                 f"SinkFullAttentionSpec.sink_len={sink_len} needs {sink_len // block_size} "
                 f"blocks, the pool has {free}")
         self.sink_blocks = block_pool.reserve(sink_len // block_size)
-
-
-MANAGER_REGISTRY: dict[type[KVCacheSpec], type[GroupManager]] = {
-    FullAttentionSpec: FullAttentionManager,
-}
-"""Kept for callers of the full-attention slice; coordinators now choose by
-manager kind (``coordinator.MANAGER_FOR_KIND``)."""

@@ -12,12 +12,12 @@ from __future__ import annotations
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 
-from .single_type import GroupManager
+from .single_type import SingleTypeManager
 
 __all__ = ["SlidingWindowManager", "ChunkedLocalAttentionManager", "reachable_block_mask"]
 
 
-class SlidingWindowManager(GroupManager):
+class SlidingWindowManager(SingleTypeManager):
     """Sliding window of ``w`` tokens: the next token reads the ``w - 1``
     tokens before it. A hit of ``L`` tokens needs the ``n = cdiv(w - 1, b)``
     blocks before ``L`` cached (all of them when ``L`` is shorter); blocks
@@ -53,7 +53,7 @@ class SlidingWindowManager(GroupManager):
             shift, self.retention_interval, prompt_tokens if isinstance(prompt_tokens, int) else None)
 
 
-class ChunkedLocalAttentionManager(GroupManager):
+class ChunkedLocalAttentionManager(SingleTypeManager):
     """Chunked local attention with chunks of ``c`` tokens: a token reads only
     the earlier tokens of its own chunk. A hit of ``L`` tokens needs the
     blocks from the start of ``L``'s chunk up to ``L`` cached; blocks before

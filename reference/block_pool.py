@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pagedkv.reference import rules
-from pagedkv.spec.errors import InvalidArgumentError, InvariantViolation, PoolExhaustedError, UnknownBlockError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError, InvariantViolation, PoolExhaustedError, UnknownBlockError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.snapshot import PoolSnapshot
 from pagedkv.spec.types import (
@@ -53,14 +53,21 @@ class BlockPool:
     """The pool of ``num_blocks`` blocks shared by every KV cache group.
 
     ``enable_caching`` turns the prefix cache on; ``enable_kv_cache_events``
-    records :mod:`pagedkv.spec.types` events for :meth:`take_events`.
+    records :mod:`pagedkv.spec.types` events for :meth:`take_events`;
+    cache keys carry a group id in ``[0, num_groups)`` (CACHE-3).
+
+    Raises:
+        InvalidConfigError: ``num_blocks`` or ``num_groups`` malformed.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool, *,
-                 enable_kv_cache_events: bool = False) -> None:
+                 enable_kv_cache_events: bool = False, num_groups: int = 1) -> None:
         if type(num_blocks) is not int or num_blocks < 1:
-            raise InvalidArgumentError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+            raise InvalidConfigError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        if type(num_groups) is not int or num_groups < 0:
+            raise InvalidConfigError(f"num_groups must be an int >= 0, got {num_groups!r}")
         self.num_blocks = num_blocks
+        self.num_groups = num_groups
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
@@ -123,9 +130,15 @@ class BlockPool:
         """Drop one reference on each block, in the given order; those that
         reach zero return to the free queue (:func:`rules.requeue`)."""
         blocks = [block for block in ordered_blocks if not block.is_null]
+        # Checked before any count moves, so a refused call changes nothing:
+        # a block named k times needs a ref count of at least k.
         for block in blocks:
-            if block.ref_cnt <= 0:
-                raise InvariantViolation(f"POOL-3: freeing block {block.block_id} with ref count {block.ref_cnt}")
+            times = sum(1 for other in blocks if other is block)
+            if block.ref_cnt < times:
+                raise InvariantViolation(
+                    f"POOL-3: freeing block {block.block_id} {times} time(s) but its ref count is "
+                    f"{block.ref_cnt}")
+        for block in blocks:
             block.ref_cnt -= 1
         released: list[KVCacheBlock] = []
         for block in blocks:
@@ -151,7 +164,7 @@ class BlockPool:
             found.append(blocks[0])
         return found
 
-    def cache_full_blocks(self, request: HashedRequest, blocks: Sequence[KVCacheBlock],
+    def cache_full_blocks(self, request: HashedRequest, blocks: Sequence[KVCacheBlock], *,
                           block_hashes: Sequence[BlockHash], num_cached_blocks: int,
                           num_full_blocks: int, block_size: int, group_id: int,
                           mask: Sequence[bool] | None = None) -> None:

@@ -1,5 +1,7 @@
 """Coordinators: every KV cache group's manager, driven together
-(spec/coordinators.md).
+(spec/coordinators.md). A coordinator owns the manager's state: it builds
+the block pool and one single-type manager per group, and tracks the known
+requests (as in ``pagedkv.optimized``).
 
 The hybrid coordinator's hit is the brute-force definition itself: the
 largest length ``L <= max_length``, a multiple of the alignment (the LCM of
@@ -21,10 +23,11 @@ from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWind
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 
-__all__ = ["Coordinator", "HybridCoordinator", "NoPrefixCacheCoordinator", "make_coordinator",
+__all__ = ["KVCacheCoordinator", "HybridCoordinator", "NoPrefixCacheCoordinator", "make_coordinator",
            "MANAGER_FOR_KIND", "group_view"]
 
 MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
@@ -48,28 +51,37 @@ def group_view(block_hashes: Sequence[BlockHash], hash_block_size: int, block_si
             for index in range(len(block_hashes) // scale)]
 
 
-class Coordinator:
-    """Holds one single-type manager per group and the set of known requests."""
+class KVCacheCoordinator:
+    """The block pool, one single-type manager per group, and the set of
+    known requests. The arguments are those of :func:`make_coordinator`."""
 
-    def __init__(self, config: KVCacheConfig, pool: BlockPool, enable_caching: bool,
-                 block_sizes: Sequence[int], hash_block_size: int, use_eagle: bool,
-                 retention_interval: int | None = None,
-                 admission_caps: Sequence[int | None] | None = None) -> None:
-        self.pool = pool
+    def __init__(self, kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[int],
+                 hash_block_size: int, enable_caching: bool, enable_kv_cache_events: bool,
+                 use_eagle: bool, retention_interval: int | None, max_model_len: int,
+                 max_num_batched_tokens: int) -> None:
+        groups = kv_cache_config.kv_cache_groups
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
+                                    enable_kv_cache_events=enable_kv_cache_events,
+                                    num_groups=len(groups))
         self.block_sizes = list(block_sizes)
         self.hash_block_size = hash_block_size
         self.alignment = rules.hit_alignment(self.block_sizes)
         self.managers: list[SingleTypeManager] = []
-        caps = list(admission_caps) if admission_caps is not None else [None] * len(block_sizes)
-        for group_id, (group, block_size) in enumerate(zip(config.kv_cache_groups, block_sizes)):
+        for group_id, (group, block_size) in enumerate(zip(groups, block_sizes)):
             kind = manager_kind_for(group.kv_cache_spec)
             manager_type = MANAGER_FOR_KIND.get(kind)
             if manager_type is None:
                 raise InvalidConfigError(
                     f"kv_cache_groups[{group_id}]: manager kind {kind!r} has no reference manager")
-            self.managers.append(manager_type(group.kv_cache_spec, pool, group_id, block_size,
-                                              enable_caching, self.alignment, use_eagle, retention_interval,
-                                              caps[group_id]))
+            spec = group.kv_cache_spec
+            # The per-request cap startup sizing counts (spec CFG-7, CFG-8).
+            cap = (spec.max_admission_blocks_per_request(max_num_batched_tokens, max_model_len)
+                   if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)) else None)
+            self.managers.append(manager_type(
+                spec, block_pool=self.block_pool, group_id=group_id, block_size=block_size,
+                enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
+                retention_interval=retention_interval, admission_cap=cap))
         self.known: set[str] = set()
 
     def view(self, manager: SingleTypeManager, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
@@ -84,12 +96,12 @@ class Coordinator:
     def _tokens_for(self, manager: SingleTypeManager, num_tokens: int, num_encoder_tokens: int) -> int:
         return num_encoder_tokens if isinstance(manager, CrossAttentionManager) else num_tokens
 
-    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int) -> None:
         """Release, in every group, blocks attention no longer reads."""
         for manager in self.managers:
             manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+    def get_num_blocks_to_allocate(self, *, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
                                    num_total_computed_tokens: int, num_main_tokens: int,
                                    num_encoder_tokens: int, num_external_computed_tokens: int) -> int:
@@ -100,7 +112,7 @@ class Coordinator:
             num_external_computed_tokens)
             for manager, hits in zip(self.managers, new_computed_blocks))
 
-    def full_sequence_demand(self, request_id: str, num_tokens: int,
+    def full_sequence_demand(self, *, request_id: str, num_tokens: int,
                              new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
                              num_encoder_tokens: int) -> int:
         """Free blocks the whole request needs beyond what it holds or hits,
@@ -113,7 +125,7 @@ class Coordinator:
                 demand += sum(1 for block in hits if block.ref_cnt == 0 and not block.is_null)
         return demand
 
-    def admit(self, request_id: str, new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+    def admit(self, *, request_id: str, new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
               num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
         """Make ``request_id`` known, holding its hit blocks in every group."""
         self.known.add(request_id)
@@ -139,14 +151,14 @@ class Coordinator:
                             "caches that position (evicted or reused since get_computed_blocks)")
         return None
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int,
+    def allocate_new_blocks(self, *, request_id: str, num_tokens: int, num_main_tokens: int,
                             num_encoder_tokens: int) -> tuple[list[KVCacheBlock], ...]:
         """Fresh blocks per group so the tokens have slots."""
         return tuple(manager.allocate_new_blocks(
             request_id, self._tokens_for(manager, num_tokens, num_encoder_tokens),
             self._tokens_for(manager, num_main_tokens, num_encoder_tokens)) for manager in self.managers)
 
-    def cache_blocks(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+    def cache_blocks(self, *, request: HashedRequest, request_id: str, num_tokens: int) -> None:
         """Cache the full blocks of every group."""
         for manager in self.managers:
             manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, num_tokens)
@@ -171,7 +183,7 @@ class Coordinator:
             manager.new_step_starts()
 
 
-class HybridCoordinator(Coordinator):
+class HybridCoordinator(KVCacheCoordinator):
     """Prefix caching over any number of groups of any attention types (one
     group: the unitary coordinator)."""
 
@@ -185,7 +197,7 @@ class HybridCoordinator(Coordinator):
         return tuple(manager.hit_blocks(view, length) for manager, view in zip(self.managers, views)), length
 
 
-class NoPrefixCacheCoordinator(Coordinator):
+class NoPrefixCacheCoordinator(KVCacheCoordinator):
     """No prefix cache: any number of groups, never a hit."""
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
@@ -193,12 +205,19 @@ class NoPrefixCacheCoordinator(Coordinator):
         return tuple([] for _ in self.managers), 0
 
 
-def make_coordinator(config: KVCacheConfig, pool: BlockPool, enable_caching: bool,
-                     block_sizes: Sequence[int], hash_block_size: int, use_eagle: bool,
-                     retention_interval: int | None = None,
-                     admission_caps: Sequence[int | None] | None = None) -> Coordinator:
+def make_coordinator(kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[int],
+                     hash_block_size: int, enable_caching: bool, enable_kv_cache_events: bool,
+                     use_eagle: bool, retention_interval: int | None, max_model_len: int,
+                     max_num_batched_tokens: int) -> KVCacheCoordinator:
     """The coordinator for a configuration: no prefix cache when caching is
-    off or there are no groups, else the hybrid coordinator."""
-    kind = HybridCoordinator if enable_caching and config.kv_cache_groups else NoPrefixCacheCoordinator
-    return kind(config, pool, enable_caching, block_sizes, hash_block_size, use_eagle, retention_interval,
-                admission_caps)
+    off or there are no groups, else the hybrid coordinator. It builds the
+    pool (``kv_cache_config.num_blocks`` blocks) and the managers: group
+    ``g`` gets ``block_sizes[g]``; requests are hashed at ``hash_block_size``;
+    ``max_model_len`` and ``max_num_batched_tokens`` give the windowed
+    groups' admission caps."""
+    kind = (HybridCoordinator if enable_caching and kv_cache_config.kv_cache_groups
+            else NoPrefixCacheCoordinator)
+    return kind(kv_cache_config, block_sizes=block_sizes, hash_block_size=hash_block_size,
+                enable_caching=enable_caching, enable_kv_cache_events=enable_kv_cache_events,
+                use_eagle=use_eagle, retention_interval=retention_interval,
+                max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)

@@ -34,11 +34,14 @@ class MambaManager(SingleTypeManager):
 
     uses_eagle_rule = False
 
-    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
-                 enable_caching: bool, alignment: int, use_eagle: bool,
+    def __init__(self, kv_cache_spec: KVCacheSpec, *, block_pool: BlockPool, group_id: int,
+                 block_size: int, enable_caching: bool, alignment: int, use_eagle: bool,
                  retention_interval: int | None = None, admission_cap: int | None = None) -> None:
-        super().__init__(spec, pool, group_id, block_size, enable_caching, alignment, use_eagle,
-                         retention_interval, admission_cap)
+        super().__init__(kv_cache_spec, block_pool=block_pool, group_id=group_id,
+                         block_size=block_size, enable_caching=enable_caching, alignment=alignment,
+                         use_eagle=use_eagle, retention_interval=retention_interval,
+                         admission_cap=admission_cap)
+        spec = kv_cache_spec
         assert isinstance(spec, MambaSpec)
         self.mode = spec.mamba_cache_mode
         self.num_speculative_blocks = spec.num_speculative_blocks
@@ -63,6 +66,11 @@ class MambaManager(SingleTypeManager):
         # Only the state after the last computed token is needed.
         return num_computed - 1
 
+    def released_tokens(self, num_total_computed_tokens: int) -> int:
+        # With async scheduling the count may include draft tokens that get
+        # rejected; assume they all are, so no state still needed is freed.
+        return self.skipped_tokens(max(0, num_total_computed_tokens - self.num_speculative_blocks))
+
     # -- allocation -----------------------------------------------------------------
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
@@ -70,7 +78,7 @@ class MambaManager(SingleTypeManager):
                                    num_main_tokens: int, num_external_computed_tokens: int = 0) -> int:
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
             # More than the pool holds: the allocation is refused this step.
-            return self.pool.num_blocks + 1
+            return self.block_pool.num_blocks + 1
         if self.mode != "align":
             with_drafts = num_tokens + self.block_size * self.num_speculative_blocks
             return super().get_num_blocks_to_allocate(request_id, with_drafts, new_computed_blocks,
@@ -113,31 +121,29 @@ class MambaManager(SingleTypeManager):
             # A hit: its last block holds the state to continue from.
             self.last_state_block[request_id] = previous_len - 1
         num_padded = required - spec_blocks - 1
-        blocks.extend([self.pool.null_block] * max(0, num_padded - previous_len))
+        blocks.extend([self.block_pool.null_block] * max(0, num_padded - previous_len))
         if given_before:
             # Move last step's speculative blocks past the padding so they are reused.
             for index in range(previous_len - spec_blocks, previous_len):
                 if index >= num_padded:
                     break
                 blocks.append(blocks[index])
-                blocks[index] = self.pool.null_block
-        blocks.extend(self.pool.get_new_blocks(max(0, required - len(blocks))))
+                blocks[index] = self.block_pool.null_block
+        blocks.extend(self.block_pool.get_new_blocks(max(0, required - len(blocks))))
         self.given_state.add(request_id)
         return blocks[previous_len:]
 
     def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
-        # With async scheduling the count may include draft tokens that get
-        # rejected; assume they all are, so no state still needed is freed.
-        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
-        super().remove_skipped_blocks(request_id, num_computed)
+        super().remove_skipped_blocks(request_id, num_total_computed_tokens)
         if self.mode != "align":
             return
+        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
         last = self.last_state_block.get(request_id)
         if last is not None and last < rules.cdiv(num_computed, self.block_size) - 1:
             blocks = self.req_to_blocks[request_id]
             if not blocks[last].is_null:
-                self.pool.free_blocks([blocks[last]])
-                blocks[last] = self.pool.null_block
+                self.block_pool.free_blocks([blocks[last]])
+                blocks[last] = self.block_pool.null_block
 
     def admission_blocks(self, num_tokens: int) -> int:
         """The running state and the draft states, however long the request."""

@@ -11,23 +11,13 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pagedkv.reference import rules
-from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference import rules, validation
+from pagedkv.reference.block_pool import BlockPool
 from pagedkv.reference.blocks import KVCacheBlocks
-from pagedkv.reference.coordinator import make_coordinator
-from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import (
-    ExceedsMaxModelLenError,
-    InvalidArgumentError,
-    InvalidConfigError,
-    InvalidTokenCountError,
-    UnknownRequestError,
-)
 from pagedkv.spec.hashing import normalize_hash_fn
-from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
-from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
@@ -35,18 +25,16 @@ from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 __all__ = ["KVCacheManager"]
 
 
-def _check_count(name: str, value: object, minimum: int) -> int:
-    if type(value) is not int or value < minimum:
-        raise InvalidTokenCountError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 class KVCacheManager:
     """Allocates, caches and frees the KV cache blocks of requests.
 
     ``kv_cache_config`` gives the pool size and the groups; ``max_model_len``
     bounds every request. ``hash_fn`` names the block hash
-    (spec/hashing.md); ``hash_block_size`` must divide every group's block size (``None`` picks it).
+    (spec/hashing.md); ``hash_block_size`` must divide every group's block
+    size (``None`` picks their GCD). The other arguments are those of
+    spec/operations.md, "KVCacheManager" (the optimized manager's docstring
+    describes each). The coordinator builds the pool and holds the state;
+    ``validation`` checks every argument.
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *,
@@ -56,56 +44,26 @@ class KVCacheManager:
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  hash_seed: str | None = None, retention_interval: int | None = None,
                  max_num_batched_tokens: int | None = None) -> None:
-        if type(max_model_len) is not int or max_model_len < 1:
-            raise InvalidConfigError(f"max_model_len must be a positive int, got {max_model_len!r}")
-        for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
-            if type(size) is not int or size < 1:
-                raise InvalidConfigError(f"{name} must be a positive int, got {size!r}")
-        groups = kv_cache_config.kv_cache_groups
-        if dcp_world_size * pcp_world_size > 1:
-            for group_id, group in enumerate(groups):
-                if manager_kind_for(group.kv_cache_spec) not in ("full_attention", "sink_full_attention"):
-                    raise InvalidConfigError(
-                        f"kv_cache_groups[{group_id}]: context parallelism supports full attention only, "
-                        f"got {type(group.kv_cache_spec).__name__}")
+        self.block_sizes, hash_block_size = validation.constructor_args(
+            kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
+            hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size, retention_interval=retention_interval,
+            max_num_batched_tokens=max_num_batched_tokens)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.log_stats = log_stats
         self.hash_fn = normalize_hash_fn(hash_fn)
-        self.block_sizes = [group.kv_cache_spec.block_size * dcp_world_size * pcp_world_size for group in groups]
-        if hash_block_size is None and self.block_sizes:
-            hash_block_size = rules.hash_block_size(self.block_sizes)
-        if hash_block_size is not None and (type(hash_block_size) is not int or hash_block_size < 1 or any(
-                size % hash_block_size for size in self.block_sizes)):
-            raise InvalidConfigError(
-                f"hash_block_size must be a positive int dividing every group's block size "
-                f"{self.block_sizes}, got {hash_block_size!r}")
-        alignment = rules.hit_alignment(self.block_sizes)
-        if retention_interval is not None and (type(retention_interval) is not int or retention_interval < 0
-                                               or retention_interval % alignment):
-            raise InvalidConfigError(
-                f"retention_interval must be None, 0 or a positive multiple of the hit alignment "
-                f"{alignment}, got {retention_interval!r}")
-        if max_num_batched_tokens is not None and (type(max_num_batched_tokens) is not int
-                                                   or max_num_batched_tokens < 1):
-            raise InvalidConfigError(
-                f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
-        # The same cap startup sizing counts per request (spec CFG-7, CFG-8).
         self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
-        admission_caps: list[int | None] = []
-        for group in groups:
-            spec = group.kv_cache_spec
-            admission_caps.append(spec.max_admission_blocks_per_request(self.max_num_batched_tokens, max_model_len)
-                                  if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)) else None)
         self.hash_block_size = hash_block_size
         self.hash_seed = hash_seed
-        self._pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
-                               enable_kv_cache_events=enable_kv_cache_events)
-        self.coordinator = make_coordinator(kv_cache_config, self._pool, enable_caching, self.block_sizes,
-                                            hash_block_size or 1, use_eagle, retention_interval,
-                                            admission_caps)
+        self.coordinator: KVCacheCoordinator = make_coordinator(
+            kv_cache_config, block_sizes=self.block_sizes, hash_block_size=hash_block_size or 1,
+            enable_caching=enable_caching, enable_kv_cache_events=enable_kv_cache_events,
+            use_eagle=use_eagle, retention_interval=retention_interval,
+            max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens)
+        self._pool = self.coordinator.block_pool
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
     # -- requests -------------------------------------------------------------
@@ -137,7 +95,7 @@ class KVCacheManager:
         empty = KVCacheBlocks([[] for _ in self.coordinator.managers])
         if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
             return empty, 0
-        max_length = rules.max_hit_tokens(_check_count("request.num_tokens", request.num_tokens, 1))
+        max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))
         hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens,
@@ -164,75 +122,52 @@ class KVCacheManager:
             InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
         """
         request_id = request.request_id
-        _check_count("num_new_tokens", num_new_tokens, 1)
-        for name, value in (("num_new_computed_tokens", num_new_computed_tokens),
-                            ("num_lookahead_tokens", num_lookahead_tokens),
-                            ("num_external_computed_tokens", num_external_computed_tokens),
-                            ("num_encoder_tokens", num_encoder_tokens),
-                            ("request.num_computed_tokens", request.num_computed_tokens)):
-            _check_count(name, value, 0)
-        num_groups = len(self.coordinator.managers)
-        hits: tuple[tuple[KVCacheBlock, ...], ...] = tuple(() for _ in range(num_groups))
-        if new_computed_blocks is not None:
-            if not isinstance(new_computed_blocks, KVCacheBlocks) or len(new_computed_blocks.blocks) != num_groups:
-                raise InvalidArgumentError(
-                    f"new_computed_blocks must be this manager's KVCacheBlocks with {num_groups} groups")
-            hits = new_computed_blocks.blocks
-        known = request_id in self.coordinator.known
-        if known and (num_new_computed_tokens or any(hits)):
-            raise InvalidArgumentError(
-                f"request {request_id!r} already holds blocks: it cannot take new prefix hits")
-        if not self.enable_caching and (num_new_computed_tokens or any(hits)):
-            raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
-        for manager, group_hits in zip(self.coordinator.managers, hits):
-            expected = 0 if isinstance(manager, CrossAttentionManager) else num_new_computed_tokens // manager.block_size
-            if num_new_computed_tokens % manager.block_size or len(group_hits) != expected:
-                raise InvalidArgumentError(
-                    f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
-                    f"{len(group_hits)} computed blocks of group {manager.group_id} "
-                    f"(block size {manager.block_size})")
-        if num_groups == 0 and num_new_computed_tokens:
-            raise InvalidArgumentError("a model without KV cache groups has no computed blocks")
-        if any(hits):
-            stale = self.coordinator.stale_hit(request.block_hashes, hits)
-            if stale is not None:
-                raise InvalidArgumentError(f"request {request_id!r}: stale new_computed_blocks: {stale}")
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        num_total_computed = num_local_computed + num_external_computed_tokens
-        num_main_tokens = num_total_computed + num_new_tokens
-        if num_main_tokens > self.max_model_len:
-            raise ExceedsMaxModelLenError(
-                f"request {request_id!r} would hold {num_main_tokens} tokens "
-                f"({num_total_computed} computed + {num_new_tokens} new), "
-                f"more than max_model_len={self.max_model_len}")
-        num_tokens_to_cache = min(num_main_tokens, request.num_tokens)
-        caching_now = self.enable_caching and not delay_cache_blocks
-        if caching_now and self.hash_block_size is not None and (
-                len(request.block_hashes) < num_tokens_to_cache // self.hash_block_size):
-            raise InvalidArgumentError(
-                f"request {request_id!r} has {len(request.block_hashes)} block hashes, needs "
-                f"{num_tokens_to_cache // self.hash_block_size} to cache its full blocks")
-        num_tokens_need_slot = min(num_main_tokens + num_lookahead_tokens, self.max_model_len)
-
-        # Blocks attention no longer reads are released even if the
-        # allocation is then refused: they are dead weight either way, and
-        # releasing them first spares cached blocks from eviction (D-API-6).
-        self.coordinator.remove_skipped_blocks(request_id, num_total_computed)
-        needed = self.coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, hits, num_total_computed, num_main_tokens, num_encoder_tokens,
-            num_external_computed_tokens)
+        coordinator = self.coordinator
+        known = request_id in coordinator.known
+        # 1. Validate (all before any change).
+        hits = validation.allocate_args(
+            coordinator=coordinator, request=request, known_request=known,
+            max_model_len=self.max_model_len, num_new_tokens=num_new_tokens,
+            num_new_computed_tokens=num_new_computed_tokens,
+            new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens)
+        # 2. Token counts.
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total = local + num_external_computed_tokens
+        main = total + num_new_tokens
+        need = min(main + num_lookahead_tokens, self.max_model_len)  # lookahead capped (D-API-3)
+        # 3. Remove skipped blocks: released even if the allocation is then
+        # refused; they are dead weight either way, and releasing them first
+        # spares cached blocks from eviction (D-API-6). A no-op for a new request.
+        coordinator.remove_skipped_blocks(request_id=request_id, num_total_computed_tokens=total)
+        # 4-5. Capacity (the Mamba step rule counts as a refusal here).
+        demand = coordinator.get_num_blocks_to_allocate(
+            request_id=request_id, num_tokens=need, new_computed_blocks=hits,
+            num_total_computed_tokens=total, num_main_tokens=main,
+            num_encoder_tokens=num_encoder_tokens,
+            num_external_computed_tokens=num_external_computed_tokens)
         if full_sequence_must_fit:
             whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
-            needed = max(needed, self.coordinator.full_sequence_demand(request_id, whole, hits,
-                                                                       num_encoder_tokens))
-        if needed > self._pool.get_num_free_blocks():
+            demand = max(demand, coordinator.full_sequence_demand(
+                request_id=request_id, num_tokens=whole, new_computed_blocks=hits,
+                num_encoder_tokens=num_encoder_tokens))
+        if demand > self._pool.get_num_free_blocks():
             return None
+        # 6. Admit computed blocks (a new request only).
         if not known:
-            self.coordinator.admit(request_id, hits, num_local_computed, num_external_computed_tokens)
-        new_blocks = self.coordinator.allocate_new_blocks(
-            request_id, num_tokens_need_slot, num_main_tokens, num_encoder_tokens)
-        if caching_now:
-            self.coordinator.cache_blocks(request, request_id, num_tokens_to_cache)
+            coordinator.admit(request_id=request_id, new_computed_blocks=hits,
+                              num_local_computed_tokens=local,
+                              num_external_computed_tokens=num_external_computed_tokens)
+        # 7. Allocate.
+        new_blocks = coordinator.allocate_new_blocks(
+            request_id=request_id, num_tokens=need, num_main_tokens=main,
+            num_encoder_tokens=num_encoder_tokens)
+        # 8. Cache (lookahead tokens never are).
+        if self.enable_caching and not delay_cache_blocks:
+            coordinator.cache_blocks(request=request, request_id=request_id,
+                                     num_tokens=min(main, request.num_tokens))
+        # 9. Return the blocks of step 7.
         return KVCacheBlocks(new_blocks)
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
@@ -242,10 +177,9 @@ class KVCacheManager:
             UnknownRequestError: the request holds no allocation (unless
                 ``missing_ok``, for engines aborting unadmitted requests).
         """
-        if request.request_id not in self.coordinator.known:
-            if missing_ok:
-                return
-            raise UnknownRequestError(f"request {request.request_id!r} holds no blocks (never allocated or already freed)")
+        if missing_ok and request.request_id not in self.coordinator.known:
+            return
+        validation.known(self.coordinator, request.request_id)
         self.coordinator.release(request.request_id)
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
@@ -253,19 +187,10 @@ class KVCacheManager:
         to the prefix cache (no-op with caching off)."""
         if not self.enable_caching:
             return
-        self._check_known(request.request_id)
-        _check_count("num_computed_tokens", num_computed_tokens, 0)
-        for manager in self.coordinator.managers:
-            if isinstance(manager, CrossAttentionManager):
-                continue
-            num_full = num_computed_tokens // manager.block_size
-            held = len(manager.req_to_blocks[request.request_id])
-            hashes = len(request.block_hashes) * (self.hash_block_size or 1) // manager.block_size
-            if num_full > held or num_full > hashes:
-                raise InvalidArgumentError(
-                    f"cannot cache {num_full} full blocks of request {request.request_id!r} in group "
-                    f"{manager.group_id}: it holds {held} blocks and hashes for {hashes}")
-        self.coordinator.cache_blocks(request, request.request_id, num_computed_tokens)
+        validation.cache_blocks_args(coordinator=self.coordinator, request=request,
+                                     num_computed_tokens=num_computed_tokens)
+        self.coordinator.cache_blocks(request=request, request_id=request.request_id,
+                                      num_tokens=num_computed_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the cache keys of the given blocks (spec: evict_blocks)."""
@@ -281,12 +206,12 @@ class KVCacheManager:
 
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, the leading blocks of ``request_id`` every known request holds."""
-        self._check_known(request_id)
+        validation.known(self.coordinator, request_id)
         return self.coordinator.get_num_common_prefix_blocks(request_id)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks per group."""
-        self._check_known(request_id)
+        validation.known(self.coordinator, request_id)
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
@@ -310,10 +235,6 @@ class KVCacheManager:
         self.coordinator.new_step_starts()
 
     # -- observation ------------------------------------------------------------
-
-    def _check_known(self, request_id: str) -> None:
-        if request_id not in self.coordinator.known:
-            raise UnknownRequestError(f"request {request_id!r} holds no blocks (never allocated or already freed)")
 
     def snapshot(self) -> ManagerSnapshot:
         """Observable state (spec/state.md)."""

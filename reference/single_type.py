@@ -35,12 +35,12 @@ class SingleTypeManager:
     uses_eagle_rule = True
     """Whether the EAGLE rule applies to this type's hits."""
 
-    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
-                 enable_caching: bool, alignment: int, use_eagle: bool,
+    def __init__(self, kv_cache_spec: KVCacheSpec, *, block_pool: BlockPool, group_id: int,
+                 block_size: int, enable_caching: bool, alignment: int, use_eagle: bool,
                  retention_interval: int | None = None, admission_cap: int | None = None) -> None:
         self.admission_cap = admission_cap
-        self.spec = spec
-        self.pool = pool
+        self.kv_cache_spec = kv_cache_spec
+        self.block_pool = block_pool
         self.group_id = group_id
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -56,6 +56,12 @@ class SingleTypeManager:
         """Leading tokens attention no longer reads once ``num_computed``
         tokens are computed (0: it reads them all)."""
         return 0
+
+    def released_tokens(self, num_total_computed_tokens: int) -> int:
+        """Leading tokens whose blocks ``remove_skipped_blocks`` releases once
+        ``num_total_computed_tokens`` are computed: ``skipped_tokens`` of that
+        count (Mamba discounts draft tokens first)."""
+        return self.skipped_tokens(num_total_computed_tokens)
 
     def hit_span(self, length: int) -> tuple[int, int]:
         """``(first, end)``: a hit of ``length`` tokens serves cached blocks
@@ -83,7 +89,7 @@ class SingleTypeManager:
         """The blocks a hit of ``length`` tokens hands to the request."""
         first, end = self.hit_span(length)
         found = [self._lookup(block_hashes[index]) for index in range(first, end)]
-        return [self.pool.null_block] * first + [block for block in found if block is not None]
+        return [self.block_pool.null_block] * first + [block for block in found if block is not None]
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> list[KVCacheBlock]:
         """This group alone: the blocks of the longest hit within ``max_length``."""
@@ -93,7 +99,7 @@ class SingleTypeManager:
         return self.hit_blocks(block_hashes, length)
 
     def _lookup(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        found = self.pool.get_cached_block(block_hash, [self.group_id])
+        found = self.block_pool.get_cached_block(block_hash, [self.group_id])
         return None if found is None else found[0]
 
     # -- allocation ---------------------------------------------------------------
@@ -121,8 +127,8 @@ class SingleTypeManager:
         num_skipped_blocks = self.skipped_tokens(num_total) // self.block_size
         kept_hits = list(new_computed_blocks[num_skipped_blocks:])
         if self.enable_caching:
-            self.pool.touch(kept_hits)
-        blocks = [self.pool.null_block] * num_skipped_blocks + kept_hits
+            self.block_pool.touch(kept_hits)
+        blocks = [self.block_pool.null_block] * num_skipped_blocks + kept_hits
         self.req_to_blocks[request_id] = blocks
         self.num_cached_blocks[request_id] = len(blocks)
 
@@ -133,12 +139,12 @@ class SingleTypeManager:
         if num_external_computed_tokens > 0:
             blocks = self.req_to_blocks[request_id]
             missing = rules.num_new_blocks_needed(num_total_computed_tokens, self.block_size, len(blocks))
-            blocks.extend(self.pool.get_new_blocks(missing))
+            blocks.extend(self.block_pool.get_new_blocks(missing))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int) -> list[KVCacheBlock]:
         """Append fresh blocks until ``num_tokens`` tokens have a slot."""
         blocks = self.req_to_blocks[request_id]
-        new_blocks = self.pool.get_new_blocks(rules.num_new_blocks_needed(num_tokens, self.block_size, len(blocks)))
+        new_blocks = self.block_pool.get_new_blocks(rules.num_new_blocks_needed(num_tokens, self.block_size, len(blocks)))
         blocks.extend(new_blocks)
         return new_blocks
 
@@ -146,7 +152,7 @@ class SingleTypeManager:
         """Replace blocks attention no longer reads by the null block and
         release them, last first (uncached ones become the next to reuse)."""
         blocks = self.req_to_blocks.get(request_id)
-        skipped = self.skipped_tokens(num_total_computed_tokens)
+        skipped = self.released_tokens(num_total_computed_tokens)
         if blocks is None or skipped <= 0:
             return
         released: list[KVCacheBlock] = []
@@ -154,8 +160,8 @@ class SingleTypeManager:
             if blocks[index].is_null:
                 break  # everything before was nulled by an earlier call
             released.append(blocks[index])
-            blocks[index] = self.pool.null_block
-        self.pool.free_blocks(released)
+            blocks[index] = self.block_pool.null_block
+        self.block_pool.free_blocks(released)
 
     def admission_blocks(self, num_tokens: int) -> int:
         """Real blocks this group needs at once to hold a whole request of
@@ -183,16 +189,17 @@ class SingleTypeManager:
         num_cached = self.num_cached_blocks[request_id]
         if num_cached >= num_full:
             return
-        self.pool.cache_full_blocks(request, self.req_to_blocks[request_id], block_hashes, num_cached,
-                                    num_full, self.block_size, self.group_id,
-                                    self.cache_mask(request, num_cached, num_full))
+        self.block_pool.cache_full_blocks(
+            request, self.req_to_blocks[request_id], block_hashes=block_hashes,
+            num_cached_blocks=num_cached, num_full_blocks=num_full, block_size=self.block_size,
+            group_id=self.group_id, mask=self.cache_mask(request, num_cached, num_full))
         self.num_cached_blocks[request_id] = num_full
 
     def release(self, request_id: str) -> None:
         """Release the request's blocks, tail first, so the tail is evicted first."""
         blocks = self.req_to_blocks.pop(request_id)
         del self.num_cached_blocks[request_id]
-        self.pool.free_blocks(reversed(blocks))
+        self.block_pool.free_blocks(reversed(blocks))
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         """Leading blocks of ``request_id`` held by every known request
@@ -217,11 +224,14 @@ class SinkFullAttentionManager(FullAttentionManager):
     are taken when the manager is built and held for good (SINK-1); requests
     behave as under full attention."""
 
-    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int, block_size: int,
-                 enable_caching: bool, alignment: int, use_eagle: bool,
+    def __init__(self, kv_cache_spec: KVCacheSpec, *, block_pool: BlockPool, group_id: int,
+                 block_size: int, enable_caching: bool, alignment: int, use_eagle: bool,
                  retention_interval: int | None = None, admission_cap: int | None = None) -> None:
-        super().__init__(spec, pool, group_id, block_size, enable_caching, alignment, use_eagle,
-                         retention_interval, admission_cap)
+        super().__init__(kv_cache_spec, block_pool=block_pool, group_id=group_id,
+                         block_size=block_size, enable_caching=enable_caching, alignment=alignment,
+                         use_eagle=use_eagle, retention_interval=retention_interval,
+                         admission_cap=admission_cap)
+        spec, pool = kv_cache_spec, block_pool
         assert isinstance(spec, SinkFullAttentionSpec)
         if spec.sink_len is None or spec.sink_len <= 0 or spec.sink_len % block_size:
             raise InvalidConfigError(

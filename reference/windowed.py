@@ -29,8 +29,8 @@ class SlidingWindowManager(_WindowedManager):
 
     @property
     def window(self) -> int:
-        assert isinstance(self.spec, SlidingWindowSpec)
-        return self.spec.sliding_window
+        assert isinstance(self.kv_cache_spec, SlidingWindowSpec)
+        return self.kv_cache_spec.sliding_window
 
     @property
     def contiguous_blocks(self) -> int:
@@ -64,8 +64,8 @@ class ChunkedLocalAttentionManager(_WindowedManager):
 
     @property
     def chunk_size(self) -> int:
-        assert isinstance(self.spec, ChunkedLocalAttentionSpec)
-        return self.spec.attention_chunk_size
+        assert isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec)
+        return self.kv_cache_spec.attention_chunk_size
 
     def skipped_tokens(self, num_computed: int) -> int:
         return rules.chunked_local_skipped_tokens(num_computed, self.chunk_size)

@@ -127,12 +127,21 @@ def make_request(tokens: list[int], block_size: int = 4, **extra: Any) -> Reques
     return Request("r", tokens, block_hasher=make_block_hasher("sha256", block_size), **extra)
 
 
+def cache(pool: BlockPool, request: Request, blocks: list[int], num_full: int, *,
+          block_size: int = 4, group_id: int = 0, view: list[Any] | None = None,
+          mask: list[bool] | None = None) -> None:
+    """Cache blocks ``[0, num_full)`` under ``view`` (default: the request's hashes)."""
+    pool.cache_full_blocks(request, blocks, block_hashes=request.block_hashes if view is None else view,
+                           num_cached_blocks=0, num_full_blocks=num_full, block_size=block_size,
+                           group_id=group_id, mask=mask)
+
+
 def test_pool_allocates_from_front_and_requeues_by_hash() -> None:
-    pool = BlockPool(8, True, hash_block_size=4)
+    pool = BlockPool(8, True)
     blocks = pool.get_new_blocks(3)
     assert blocks == [1, 2, 3] and pool.get_num_free_blocks() == 4
     request = make_request(list(range(8)))
-    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    cache(pool, request, blocks, 2)
     # tail first: 3 (unhashed) goes to the front, 2 and 1 (hashed) to the back
     pool.free_blocks(reversed(blocks))
     assert pool.free_queue_ids() == [3, 4, 5, 6, 7, 2, 1]
@@ -140,10 +149,10 @@ def test_pool_allocates_from_front_and_requeues_by_hash() -> None:
 
 
 def test_pool_touch_removes_from_middle_and_hit_survives() -> None:
-    pool = BlockPool(8, True, hash_block_size=4)
+    pool = BlockPool(8, True)
     request = make_request(list(range(8)))
     blocks = pool.get_new_blocks(2)
-    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    cache(pool, request, blocks, 2)
     pool.free_blocks(blocks[::-1])
     hit = pool.get_cached_block(request.block_hashes[0], [0])
     assert hit == [1]
@@ -153,10 +162,10 @@ def test_pool_touch_removes_from_middle_and_hit_survives() -> None:
 
 
 def test_pool_allocation_evicts_lazily_with_events() -> None:
-    pool = BlockPool(3, True, hash_block_size=4, enable_kv_cache_events=True)
+    pool = BlockPool(3, True, enable_kv_cache_events=True)
     request = make_request(list(range(8)))
     blocks = pool.get_new_blocks(2)
-    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    cache(pool, request, blocks, 2)
     stored = pool.take_events()
     assert len(stored) == 1 and isinstance(stored[0], BlockStored)
     assert stored[0].block_hashes == tuple(request.block_hashes)
@@ -168,7 +177,7 @@ def test_pool_allocation_evicts_lazily_with_events() -> None:
 
 
 def test_pool_errors_change_nothing() -> None:
-    pool = BlockPool(4, True, hash_block_size=4)
+    pool = BlockPool(4, True)
     before = pool.snapshot()
     with pytest.raises(PoolExhaustedError):
         pool.get_new_blocks(4)
@@ -187,7 +196,7 @@ def test_pool_errors_change_nothing() -> None:
 
 
 def test_pool_null_block_counters_never_move() -> None:
-    pool = BlockPool(4, True, hash_block_size=4)
+    pool = BlockPool(4, True)
     pool.touch([0, 0])
     pool.free_blocks([0])
     assert pool.ref_count(0) == 0 and 0 not in pool.free_queue_ids()
@@ -195,7 +204,7 @@ def test_pool_null_block_counters_never_move() -> None:
 
 
 def test_pool_reset_and_usage() -> None:
-    pool = BlockPool(5, True, hash_block_size=4, enable_kv_cache_events=True)
+    pool = BlockPool(5, True, enable_kv_cache_events=True)
     assert pool.get_usage() == 0.0
     blocks = pool.get_new_blocks(2)
     assert pool.get_usage() == 0.5
@@ -203,16 +212,16 @@ def test_pool_reset_and_usage() -> None:
     pool.free_blocks(blocks)
     assert pool.reset_prefix_cache() is True
     assert len(pool.take_events()) == 1
-    assert BlockPool(1, True, hash_block_size=4).get_usage() == 0.0
+    assert BlockPool(1, True).get_usage() == 0.0
 
 
 def test_pool_duplicate_blocks_share_a_key_first_wins() -> None:
-    pool = BlockPool(6, True, hash_block_size=4)
+    pool = BlockPool(6, True)
     request = make_request(list(range(4)))
     first = pool.get_new_blocks(1)
     second = pool.get_new_blocks(1)
-    pool.cache_full_blocks(request, first, 0, 1, 4, 0)
-    pool.cache_full_blocks(request, second, 0, 1, 4, 0)
+    cache(pool, request, first, 1)
+    cache(pool, request, second, 1)
     assert pool.get_cached_block(request.block_hashes[0], [0]) == first
     pool.evict_blocks(first)
     assert pool.get_cached_block(request.block_hashes[0], [0]) == second
@@ -220,10 +229,10 @@ def test_pool_duplicate_blocks_share_a_key_first_wins() -> None:
 
 
 def test_pool_caching_disabled_never_hashes() -> None:
-    pool = BlockPool(4, False, hash_block_size=4)
+    pool = BlockPool(4, False)
     request = make_request(list(range(8)))
     blocks = pool.get_new_blocks(2)
-    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    cache(pool, request, blocks, 2)
     assert pool.snapshot().block_hashes == (None,) * 4
     pool.check_invariants()
 
@@ -293,16 +302,19 @@ def test_decode_fast_path_returns_shared_empty_and_changes_nothing() -> None:
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("seed", range(4))
 def test_known_single_group_step_equals_the_general_path(caching: bool, seed: int) -> None:
-    """decode.allocate_known_single (the facade's path for a known request
-    that fills or needs blocks, one full-attention group) against the
-    general path on a twin manager: same result, state, events and errors,
-    through eviction (a small pool), refusals and malformed steps."""
-    from pagedkv.optimized.decode import allocate_known_single
+    """The coordinator's decode step (one full-attention group) against the
+    general path on a twin manager whose fast path is switched off: same
+    result, state, events and errors, through eviction (a small pool),
+    refusals and malformed steps."""
+    from pagedkv.optimized.coordinator import Route
 
     rng = random.Random(seed)
     twins = [KVCacheManager(config(num_blocks=12), 40, enable_caching=caching, log_stats=True,
                             enable_kv_cache_events=True) for _ in range(2)]
     fast, general = twins
+    decode_step = fast.coordinator.decode_step
+    assert decode_step is not None
+    general.coordinator.decode_step = None
     live: dict[str, list[Request]] = {}
     shortcut_steps = 0
     for step in range(300):
@@ -337,10 +349,11 @@ def test_known_single_group_step_equals_the_general_path(caching: bool, seed: in
         for manager, r in zip(twins, pair):
             try:
                 if manager is fast:
-                    blocks = manager.coordinator.managers[0].req_to_blocks[request_id]
-                    result = allocate_known_single(manager, r, blocks, num_new, delay)
+                    step_result = decode_step(r, num_new, delay)
+                    result = (manager.allocate_slots(r, num_new, delay_cache_blocks=delay)
+                              if step_result is Route.GENERAL else step_result)
                 else:
-                    result = manager._allocate_slots(r, num_new, 0, None, 0, 0, delay, 0)
+                    result = manager.allocate_slots(r, num_new, delay_cache_blocks=delay)
                 outcomes.append(None if result is None else result.get_block_ids())
             except Exception as error:  # the same typed error from both
                 outcomes.append(type(error))
@@ -435,7 +448,7 @@ def test_kv_cache_blocks_value_semantics() -> None:
 
 
 def test_check_invariants_names_the_broken_invariant() -> None:
-    pool = BlockPool(4, True, hash_block_size=4)
+    pool = BlockPool(4, True)
     pool.check_invariants()
     pool.ref_counts[2] = 1  # in the free queue yet referenced
     with pytest.raises(InvariantViolation, match="^POOL-2"):
@@ -466,11 +479,11 @@ def test_stale_hit_is_refused_before_any_change() -> None:
 # ------------------------------------------------------------------- hybrid
 
 def test_pool_events_one_per_contiguous_run_under_a_view() -> None:
-    pool = BlockPool(8, True, hash_block_size=2, enable_kv_cache_events=True)
+    pool = BlockPool(8, True, enable_kv_cache_events=True)
     request = Request("r", list(range(16)), block_hasher=make_block_hasher("sha256", 2))
     view = group_view(request.block_hashes, 2)
     blocks = pool.get_new_blocks(4)
-    pool.cache_full_blocks(request, blocks, 0, 4, 4, 0, view, [True, False, True, True])
+    cache(pool, request, blocks, 4, view=view, mask=[True, False, True, True])
     events = pool.take_events()
     assert [(e.block_hashes, e.parent_block_hash) for e in events if isinstance(e, BlockStored)] == [
         ((view[0],), None), ((view[2], view[3]), view[1])]
@@ -479,7 +492,7 @@ def test_pool_events_one_per_contiguous_run_under_a_view() -> None:
 
 
 def test_reserved_blocks_do_not_block_a_reset() -> None:
-    pool = BlockPool(6, True, hash_block_size=4)
+    pool = BlockPool(6, True)
     assert pool.reserve(2) == [1, 2]
     assert pool.reset_prefix_cache() is True
     blocks = pool.get_new_blocks(1)
@@ -544,10 +557,10 @@ def test_hybrid_search_equals_the_brute_force(data: st.DataObject) -> None:
 
 
 def test_free_batches_front_and_back_in_release_order() -> None:
-    pool = BlockPool(10, True, hash_block_size=1)
+    pool = BlockPool(10, True)
     request = Request("r", list(range(6)), block_hasher=make_block_hasher("sha256", 1))
     blocks = pool.get_new_blocks(6)
-    pool.cache_full_blocks(request, blocks, 0, 6, 1, 0, None, [True, False, True, False, True, False])
+    cache(pool, request, blocks, 6, block_size=1, mask=[True, False, True, False, True, False])
     pool.free_blocks(reversed(blocks))
     # unhashed 6, 4, 2 to the front as one batch; hashed 5, 3, 1 to the back
     assert pool.free_queue_ids() == [6, 4, 2, 7, 8, 9, 5, 3, 1]
@@ -585,12 +598,12 @@ def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...],
     """Whenever decode.is_noop_decode says a step changes nothing, the
     general path run on the same state changes nothing and returns the empty
     result; and the fast path does take most decode steps."""
-    from pagedkv.optimized.decode import is_noop_decode
+    from pagedkv.optimized.decode import decode_probes, is_noop_decode
 
     rng = random.Random(repr((kinds, caching)))
     manager = KVCacheManager(_hybrid_config(kinds), 256, enable_caching=caching)
-    probes = manager._decode_probes
-    assert probes is not None
+    probes = decode_probes(manager.coordinator.managers)
+    assert probes is not None and manager.coordinator.decode_step is not None
     request = manager.make_request("a", [rng.randrange(50) for _ in range(5)])
     assert manager.allocate_slots(request, 5) is not None
     request.num_computed_tokens = 5
@@ -603,7 +616,9 @@ def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...],
         if is_noop_decode(probes, "a", computed, computed + 1, cache_tokens):
             taken += 1
             before = manager.snapshot()
-            result = manager._allocate_slots(request, 1, 0, None, 0, 0, delay, 0)
+            decode_step, manager.coordinator.decode_step = manager.coordinator.decode_step, None
+            result = manager.allocate_slots(request, 1, delay_cache_blocks=delay)  # the general path
+            manager.coordinator.decode_step = decode_step
             assert result is not None and not any(result.get_block_ids()), (step, kinds)
             assert manager.snapshot() == before, (step, kinds)
         assert manager.allocate_slots(request, 1, delay_cache_blocks=delay) is not None
@@ -613,16 +628,19 @@ def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...],
 
 
 def test_decode_probes_leave_uncovered_types_to_the_general_path() -> None:
+    from pagedkv.optimized.decode import decode_probes
+
     manager = KVCacheManager(_hybrid_config(("full", "mamba-align")), 256)
-    assert manager._decode_probes is None
+    assert decode_probes(manager.coordinator.managers) is None
+    assert manager.coordinator.decode_step is None
 
 
 def test_group_id_is_minus_one_exactly_when_unhashed() -> None:
-    pool = BlockPool(8, True, hash_block_size=4, num_groups=2)
+    pool = BlockPool(8, True, num_groups=2)
     request = make_request(list(range(12)))
     blocks = pool.get_new_blocks(3)
     assert pool.block_group_ids[1:4] == [-1, -1, -1]
-    pool.cache_full_blocks(request, blocks, 0, 2, 4, 1)
+    cache(pool, request, blocks, 2, group_id=1)
     assert pool.block_group_ids[1:4] == [1, 1, -1]
     pool.evict_blocks([blocks[0]])
     assert pool.block_group_ids[1:4] == [-1, 1, -1]
@@ -631,3 +649,31 @@ def test_group_id_is_minus_one_exactly_when_unhashed() -> None:
     assert pool.free_queue_ids()[:2] == [blocks[0], blocks[2]] and pool.free_queue_ids()[-1] == blocks[1]
     assert pool.reset_prefix_cache() and pool.block_group_ids == [-1] * 8
     pool.check_invariants()
+
+
+@pytest.mark.parametrize("implementation", ["reference", "optimized"])
+def test_both_pools_share_a_constructor_and_its_errors(implementation: str) -> None:
+    """Both pools: ``BlockPool(num_blocks, enable_caching, *,
+    enable_kv_cache_events=False, num_groups=1)``, InvalidConfigError for a
+    malformed size (spec/operations.md, "Construction"), InvalidArgumentError
+    for a malformed ``get_new_blocks`` count, and a double release of a block
+    referenced once refused with no change (POOL-3)."""
+    import importlib
+
+    pool_class: Any = importlib.import_module(f"pagedkv.{implementation}.block_pool").BlockPool
+    for num_blocks in (0, 2.0, "3"):
+        with pytest.raises(InvalidConfigError, match="num_blocks"):
+            pool_class(num_blocks, True)
+    with pytest.raises(InvalidConfigError, match="num_groups"):
+        pool_class(4, True, num_groups=-1)
+    pool = pool_class(4, True, enable_kv_cache_events=True, num_groups=2)
+    for count in (-1, 1.0, "1"):
+        with pytest.raises(InvalidArgumentError, match="num_blocks"):
+            pool.get_new_blocks(count)
+    blocks = pool.get_new_blocks(1)
+    before = pool.snapshot()
+    with pytest.raises(InvariantViolation, match="^POOL-3"):
+        pool.free_blocks(blocks + blocks)
+    assert pool.snapshot() == before
+    pool.free_blocks(blocks)
+    assert pool.snapshot().ref_counts == (0, 0, 0, 0)

@@ -1,8 +1,11 @@
-"""Argument validation of the manager facade, kept apart from the work.
+"""Argument validation of the manager facade: the one place the optimized
+implementation checks an operation's arguments (``pagedkv.reference`` has
+its twin, ``reference/validation.py``, with the same functions).
 
 Each function raises a typed error from ``pagedkv.spec.errors`` or returns
 what the caller needs; none changes state, so every public operation
-validates completely before it mutates anything ("Error behaviour").
+validates completely before it mutates anything ("Error behaviour"). The
+functions read the coordinator's public tables; they never see the facade.
 """
 
 from __future__ import annotations
@@ -24,12 +27,11 @@ from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import RequestView
 
 from .blocks import KVCacheBlocks
-from .coordinator import KVCacheCoordinator
 
 if TYPE_CHECKING:
-    from .manager import KVCacheManager
+    from .coordinator import KVCacheCoordinator
 
-__all__ = ["constructor_args", "allocate_args", "known"]
+__all__ = ["constructor_args", "allocate_args", "cache_blocks_args", "known"]
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -38,18 +40,18 @@ def _positive_int(name: str, value: object) -> None:
 
 
 def constructor_args(
-    kv_cache_config: KVCacheConfig, max_model_len: object, enable_caching: bool,
-    hash_fn: str, hash_block_size: object, dcp_world_size: object, pcp_world_size: object,
-    retention_interval: object = None,
+    *, kv_cache_config: KVCacheConfig, max_model_len: object, hash_fn: str,
+    hash_block_size: object, dcp_world_size: object, pcp_world_size: object,
+    retention_interval: object, max_num_batched_tokens: object,
 ) -> tuple[tuple[int, ...], int | None]:
     """Check the manager's arguments; return the block size of each group
     and the hash block size (``None`` with zero groups: no hashing; by
     default the GCD of the block sizes, D-HASH-5).
 
     Raises:
-        InvalidConfigError: max_model_len, world sizes, hash_block_size or
-            retention_interval malformed; context parallelism with a group
-            other than full attention.
+        InvalidConfigError: max_model_len, world sizes, hash_block_size,
+            retention_interval or max_num_batched_tokens malformed; context
+            parallelism with a group other than full attention.
         InvalidArgumentError: unknown hash_fn.
     """
     _positive_int("max_model_len", max_model_len)
@@ -83,6 +85,10 @@ def constructor_args(
         raise InvalidConfigError(
             f"retention_interval must be None, 0 or a positive multiple of the hit alignment "
             f"{alignment}, got {retention_interval!r}")
+    if max_num_batched_tokens is not None and (type(max_num_batched_tokens) is not int
+                                               or max_num_batched_tokens < 1):
+        raise InvalidConfigError(
+            f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
     assert hash_block_size is None or type(hash_block_size) is int
     return block_sizes, hash_block_size
 
@@ -108,45 +114,16 @@ def _block_lists(blocks: Any) -> tuple[list[int], ...]:
     return tuple(list(group) for group in get_block_ids())
 
 
-def _check_hit_is_fresh(manager: KVCacheManager, request: RequestView,
-                        computed: tuple[list[int], ...]) -> None:
-    """A hit handed back must still cache the request's positions: block
-    ``i`` of group ``g`` (null blocks aside) carries group ``g``'s view of
-    ``block_hashes`` at ``i``. A block evicted or reallocated since
-    ``get_computed_blocks`` would hand the request another prefix's KV.
-
-    Cost: O(hit blocks) (plus the views of groups hashed at a larger size).
-
-    Raises:
-        InvalidArgumentError: a hit block no longer caches its position.
-    """
-    pool = manager.block_pool
-    hashes, group_ids = pool.block_hashes, pool.block_group_ids
-    coordinator = manager.coordinator
-    views = coordinator.views(request.block_hashes)
-    for group_id, group in enumerate(computed):
-        if not group:
-            continue
-        view = views.at(coordinator.block_sizes[group_id])
-        for index, block in enumerate(group):
-            if not block:
-                continue
-            if (index >= len(view) or hashes[block] != view[index]
-                    or group_ids[block] != group_id):
-                raise InvalidArgumentError(
-                    f"request {request.request_id!r}: stale new_computed_blocks: group "
-                    f"{group_id} position {index}: block {block} no longer caches that "
-                    f"position (evicted or reused since get_computed_blocks)")
-
-
 def allocate_args(
-    manager: KVCacheManager, request: RequestView, known_request: bool, num_new_tokens: int,
-    num_new_computed_tokens: int, new_computed_blocks: Any, num_lookahead_tokens: int,
-    num_external_computed_tokens: int, delay_cache_blocks: bool, num_encoder_tokens: int,
+    *, coordinator: KVCacheCoordinator, request: RequestView, known_request: bool,
+    max_model_len: int, num_new_tokens: int, num_new_computed_tokens: int,
+    new_computed_blocks: Any, num_lookahead_tokens: int, num_external_computed_tokens: int,
+    delay_cache_blocks: bool, num_encoder_tokens: int,
 ) -> tuple[list[int], ...] | None:
-    """Check ``allocate_slots``'s arguments, in the reference's order (so
-    both raise the same error first); return the prefix-hit block lists per
-    group (``None`` when no hit was passed).
+    """Step 1 of ``allocate_slots`` (spec/operations.md): check the
+    arguments in the spec's order (1a to 1k, the order both implementations
+    raise in); return the prefix-hit block lists per group (``None`` when no
+    hit was passed).
 
     Cost: O(groups + hit blocks).
 
@@ -154,6 +131,7 @@ def allocate_args(
         InvalidTokenCountError, InvalidArgumentError, UnknownBlockError,
         ExceedsMaxModelLenError: see ``KVCacheManager.allocate_slots``.
     """
+    # 1a-1b. counts.
     if type(num_new_tokens) is not int or num_new_tokens < 1:
         raise InvalidTokenCountError(f"num_new_tokens must be an int >= 1, got {num_new_tokens!r}")
     for name, value in (("num_new_computed_tokens", num_new_computed_tokens),
@@ -164,7 +142,9 @@ def allocate_args(
         if type(value) is not int or value < 0:
             raise InvalidTokenCountError(f"{name} must be an int >= 0, got {value!r}")
     request_id = request.request_id
-    num_groups = manager.num_kv_cache_groups
+    num_groups = len(coordinator.managers)
+    enable_caching = coordinator.enable_caching
+    # 1c. the hit's shape.
     computed: tuple[list[int], ...] | None = None
     has_hits = False
     if new_computed_blocks is not None:
@@ -173,44 +153,84 @@ def allocate_args(
             raise InvalidArgumentError(
                 f"new_computed_blocks has {len(computed)} groups, the manager has {num_groups}")
         has_hits = any(computed)
+    # 1d. a known request takes no hit.
     if known_request and (num_new_computed_tokens or has_hits):
         raise InvalidArgumentError(
             f"request {request_id!r} already holds blocks: it cannot take new prefix hits")
-    if not manager.enable_caching and (num_new_computed_tokens or has_hits):
+    # 1e. no hit without caching.
+    if not enable_caching and (num_new_computed_tokens or has_hits):
         raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
-    encoder = manager.coordinator.encoder_groups
-    for group_id, block_size in enumerate(manager.block_sizes):
+    # 1f. the hit's size matches num_new_computed_tokens in every group.
+    encoder = coordinator.encoder_groups
+    for group_id, block_size in enumerate(coordinator.block_sizes):
         held = len(computed[group_id]) if computed is not None else 0
         expected = 0 if encoder[group_id] else num_new_computed_tokens // block_size
         if num_new_computed_tokens % block_size or held != expected:
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
                 f"{held} computed blocks of group {group_id} (block size {block_size})")
+    # 1g. zero groups: no computed tokens.
     if num_groups == 0 and num_new_computed_tokens:
         raise InvalidArgumentError("a model without KV cache groups has no computed blocks")
     if has_hits:
         assert computed is not None
-        num_blocks = manager.block_pool.num_blocks
+        # 1h. hit ids inside the pool.
+        num_blocks = coordinator.block_pool.num_blocks
         for group in computed:
             for block in group:
                 if type(block) is not int or not 0 <= block < num_blocks:
                     raise UnknownBlockError(
                         f"new_computed_blocks: block id must be an int in "
                         f"[0, {num_blocks}), got {block!r}")
-        _check_hit_is_fresh(manager, request, computed)
+        # 1i. the hit is still cached (D-API-8).
+        stale = coordinator.stale_hit(request.block_hashes, computed)
+        if stale is not None:
+            raise InvalidArgumentError(f"request {request_id!r}: stale new_computed_blocks: {stale}")
+    # 1j. max_model_len.
     total = (request.num_computed_tokens + num_new_computed_tokens
              + num_external_computed_tokens + num_new_tokens)
-    if total > manager.max_model_len:
+    if total > max_model_len:
         raise ExceedsMaxModelLenError(
             f"request {request_id!r} would hold {total} tokens, max_model_len is "
-            f"{manager.max_model_len}")
-    hash_block_size = manager.hash_block_size
-    if manager.enable_caching and not delay_cache_blocks and hash_block_size is not None:
-        # cache_blocks runs after the allocation; check its precondition now
-        # so that no error can follow a state change.
+            f"{max_model_len}")
+    # 1k. step 8 (cache) will find the hashes it needs: checked now so
+    # that no error can follow a state change.
+    if enable_caching and not delay_cache_blocks and num_groups:
+        hash_block_size = coordinator.hash_block_size
         num_full = min(total, request.num_tokens) // hash_block_size
         if num_full > len(request.block_hashes):
             raise InvalidArgumentError(
                 f"request {request_id!r}: {num_full} full blocks to cache but only "
                 f"{len(request.block_hashes)} block hashes")
     return computed
+
+
+def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
+                      num_computed_tokens: int) -> None:
+    """Check the public ``cache_blocks``'s arguments: a known request, a
+    count, and in every group (cross-attention aside) the blocks and hashes
+    ``num_computed_tokens`` fill. Cost: O(groups).
+
+    Raises:
+        UnknownRequestError: the request holds no allocation.
+        InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0.
+        InvalidArgumentError: a group holds fewer blocks or hashes.
+    """
+    request_id = request.request_id
+    known(coordinator, request_id)
+    if type(num_computed_tokens) is not int or num_computed_tokens < 0:
+        raise InvalidTokenCountError(
+            f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
+    hash_block_size = coordinator.hash_block_size
+    for group_id, manager in enumerate(coordinator.managers):
+        if coordinator.encoder_groups[group_id]:
+            continue  # cross-attention blocks are never cached
+        block_size = manager.block_size
+        blocks = manager.req_to_blocks[request_id]
+        num_full = num_computed_tokens // block_size
+        num_hashes = len(request.block_hashes) * hash_block_size // block_size
+        if num_full > len(blocks) or num_full > num_hashes:
+            raise InvalidArgumentError(
+                f"request {request_id!r}: {num_computed_tokens} tokens fill {num_full} "
+                f"blocks of group {group_id} but it holds {len(blocks)} blocks and "
+                f"hashes for {num_hashes}")
