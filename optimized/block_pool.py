@@ -25,8 +25,9 @@ Representation (everything indexed by block id, plain lists for speed):
   the hot loops below, bound to locals).
 
 Public methods validate their arguments and raise typed errors before any
-change. The ``touch_held`` / ``free_held`` variants skip validation; the managers
-call them with ids they hold, which are valid by construction (REQ-1).
+change. The ``touch_held`` / ``free_held`` / ``cache_full_blocks_unchecked``
+variants skip validation; the managers and the coordinator's decode fast
+path call them with ids they hold, valid by construction (REQ-1).
 """
 
 from __future__ import annotations
@@ -368,9 +369,9 @@ class BlockPool(PoolView):
                 f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}): the request "
                 f"holds {len(blocks)} blocks and {len(block_hashes)} block hashes")
         self.cache_full_blocks_unchecked(request, blocks, block_hashes=block_hashes,
-                                num_cached_blocks=num_cached_blocks,
-                                num_full_blocks=num_full_blocks, block_size=block_size,
-                                group_id=group_id, mask=mask)
+                                         num_cached_blocks=num_cached_blocks,
+                                         num_full_blocks=num_full_blocks,
+                                         block_size=block_size, group_id=group_id, mask=mask)
 
     def cache_full_blocks_unchecked(
         self,
@@ -384,11 +385,9 @@ class BlockPool(PoolView):
         group_id: int,
         mask: Sequence[bool] | None,
     ) -> None:
-        """:meth:`cache_full_blocks` without validation or the default view:
-        caching on, ``group_id`` in range, ``0 <= num_cached_blocks <
-        num_full_blocks <= min(len(blocks), len(block_hashes))``, and
-        ``block_hashes`` the group's view (the request's own at the hash
-        block size). Cost: O(num_full_blocks - num_cached_blocks)."""
+        """:meth:`cache_full_blocks` without validation: caching on,
+        ``group_id`` in range, ``0 <= num_cached_blocks < num_full_blocks <=
+        min(len(blocks), len(block_hashes))``. Cost: O(num_full_blocks - num_cached_blocks)."""
         hashes = self._hash
         gids = self._gid
         table = self.cached_by_group[group_id]

@@ -22,7 +22,6 @@ facade validates first (``validation.py``).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from math import lcm
 
@@ -49,7 +48,7 @@ __all__ = [
     "UnitaryCoordinator",
     "HybridCoordinator",
     "MANAGER_FOR_KIND",
-    "Route",
+    "TAKE_GENERAL_PATH",
     "make_coordinator",
 ]
 
@@ -64,16 +63,15 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
 """The optimized manager for each manager kind of :mod:`pagedkv.spec.registry`."""
 
 
-class Route(enum.Enum):
-    """What :meth:`KVCacheCoordinator.decode_step` answers when it does not
-    decide a step itself."""
+TAKE_GENERAL_PATH = KVCacheBlocks((), [])
+"""What :meth:`KVCacheCoordinator.decode_step` answers when it does not
+settle a step itself: take the general path (the spec's steps), which
+validates and raises. A distinct object compared by identity, never handed
+out (an enum member costs a class-attribute lookup on the hottest path)."""
 
-    GENERAL = 0
-    """Take the general path (the spec's steps), which validates and raises."""
-
-
-DecodeStep = Callable[[RequestView, int, bool], "KVCacheBlocks | None | Route"]
-"""``decode_step(request, num_new_tokens, delay_cache_blocks)``."""
+DecodeStep = Callable[[RequestView, int, bool], "KVCacheBlocks | None"]
+"""``decode_step(request, num_new_tokens, delay_cache_blocks)``: the result,
+or :data:`TAKE_GENERAL_PATH`."""
 
 
 class KVCacheCoordinator:
@@ -151,7 +149,7 @@ class KVCacheCoordinator:
     # ------------------------------------------------------- decode fast path
 
     def _decode_single(self, request: RequestView, num_new_tokens: int,
-                       delay_cache_blocks: bool) -> KVCacheBlocks | None | Route:
+                       delay_cache_blocks: bool) -> KVCacheBlocks | None:
         """``allocate_slots(request, num_new_tokens, delay_cache_blocks=...)``
         with no other argument (``num_new_tokens``: an int >= 1, checked by
         the caller), one full-attention group hashed at its block size.
@@ -167,42 +165,52 @@ class KVCacheCoordinator:
         blocks from the queue's front, cache the blocks the step fills,
         return the new blocks. An unknown request, or anything the general
         path would reject (a malformed ``num_computed_tokens``,
-        max_model_len exceeded, too few block hashes): ``Route.GENERAL``.
+        max_model_len exceeded, too few block hashes): :data:`TAKE_GENERAL_PATH`.
 
         Cost: O(1), or O(new blocks + blocks newly cached).
         """
         blocks = self._blocks0.get(request.request_id)
         num_computed = request.num_computed_tokens
         if blocks is None or type(num_computed) is not int:
-            return Route.GENERAL
+            return TAKE_GENERAL_PATH
         total = num_computed + num_new_tokens
+        block_size = self._block_size0
         # total >= num_new_tokens: a negative num_computed_tokens goes to
         # the general path, which raises.
+        if num_new_tokens <= total <= len(blocks) * block_size and total <= self.max_model_len:
+            # No new block. The blocks filled are min(total, num_tokens) // b:
+            # none is new when total alone fills none, so num_tokens (a
+            # property call) is left to the filling path.
+            if (not self.enable_caching or delay_cache_blocks
+                    or total // block_size <= self._cached0[request.request_id]):
+                return self.empty_blocks
+        return self._decode_single_fill(request, blocks, num_new_tokens, delay_cache_blocks)
+
+    def _decode_single_fill(self, request: RequestView, blocks: list[int], num_new_tokens: int,
+                            delay_cache_blocks: bool) -> KVCacheBlocks | None:
+        """:meth:`_decode_single` for a step that fills a block or needs new
+        ones. Cost: O(new blocks + blocks newly cached)."""
+        num_computed = request.num_computed_tokens
+        total = num_computed + num_new_tokens
         if not num_new_tokens <= total <= self.max_model_len:
-            return Route.GENERAL
+            return TAKE_GENERAL_PATH
         block_size = self._block_size0
         cache = self.enable_caching and not delay_cache_blocks
-        missing = -(-total // block_size) - len(blocks)
         num_full = 0
         if cache:
-            # The blocks filled are min(total, num_tokens) // b: none is new
-            # when total alone fills none, so num_tokens (a property call)
-            # is read only when one may be.
-            if total // block_size > self._cached0[request.request_id]:
-                num_tokens = request.num_tokens
-                num_full = (total if total < num_tokens else num_tokens) // block_size
-                if num_full > len(request.block_hashes):
-                    return Route.GENERAL
-        if missing <= 0 and not num_full:
-            return self.empty_blocks
+            num_tokens = request.num_tokens
+            num_full = (total if total < num_tokens else num_tokens) // block_size
+            if num_full > len(request.block_hashes):
+                return TAKE_GENERAL_PATH
         pool = self.block_pool
+        missing = -(-total // block_size) - len(blocks)
         new_blocks: list[int] | None = None
         if missing > 0:
-            if missing > pool.free_queue.size:
+            if missing > pool.get_num_free_blocks():
                 return None
             new_blocks = pool.get_new_blocks(missing)
             blocks.extend(new_blocks)
-        if num_full:
+        if cache:
             cached = self._cached0
             request_id = request.request_id
             num_cached = cached[request_id]
@@ -220,17 +228,17 @@ class KVCacheCoordinator:
         return KVCacheBlocks((new_blocks,), pool.block_hashes)
 
     def _decode_probed(self, request: RequestView, num_new_tokens: int,
-                       delay_cache_blocks: bool) -> KVCacheBlocks | None | Route:
+                       delay_cache_blocks: bool) -> KVCacheBlocks | None:
         """The same step for every other covered configuration, decided per
         group by :func:`decode.is_noop_decode`: the empty result when no
         group needs a block, fills one or releases one; else
-        ``Route.GENERAL``. Cost: O(groups)."""
+        :data:`TAKE_GENERAL_PATH`. Cost: O(groups)."""
         num_computed = request.num_computed_tokens
         if type(num_computed) is not int:
-            return Route.GENERAL
+            return TAKE_GENERAL_PATH
         total = num_computed + num_new_tokens
         if not num_new_tokens <= total <= self.max_model_len:
-            return Route.GENERAL
+            return TAKE_GENERAL_PATH
         cache_tokens = -1  # the step caches nothing
         if self.enable_caching and not delay_cache_blocks:
             num_tokens = request.num_tokens
@@ -240,7 +248,7 @@ class KVCacheCoordinator:
         if cache_tokens // self.hash_block_size <= len(request.block_hashes) and is_noop_decode(
                 self._probes, request.request_id, num_computed, total, cache_tokens):
             return self.empty_blocks
-        return Route.GENERAL
+        return TAKE_GENERAL_PATH
 
     # ------------------------------------------------------------- the steps
 
@@ -282,23 +290,19 @@ class KVCacheCoordinator:
                             "that position (evicted or reused since get_computed_blocks)")
         return None
 
-    def _group_tokens(self, group_id: int, num_tokens: int, num_encoder_tokens: int) -> int:
-        # Cross-attention groups are sized by the encoder tokens.
-        return num_encoder_tokens if self.encoder_groups[group_id] else num_tokens
-
     def get_num_blocks_to_allocate(self, *, request_id: str, num_tokens: int,
                                    new_computed_blocks: tuple[list[int], ...] | None,
                                    num_total_computed_tokens: int, num_main_tokens: int,
                                    num_encoder_tokens: int, num_external_computed_tokens: int) -> int:
         """Free blocks all groups take from the free queue. Cost: O(groups + hit blocks)."""
         total = 0
-        for group_id, manager in enumerate(self.managers):
+        for group_id, (manager, encoder) in enumerate(zip(self.managers, self.encoder_groups)):
             computed: Sequence[int] = (
                 () if new_computed_blocks is None else new_computed_blocks[group_id])
+            # Cross-attention groups are sized by the encoder tokens.
             total += manager.get_num_blocks_to_allocate(
-                request_id, self._group_tokens(group_id, num_tokens, num_encoder_tokens),
-                computed, num_total_computed_tokens,
-                self._group_tokens(group_id, num_main_tokens, num_encoder_tokens),
+                request_id, num_encoder_tokens if encoder else num_tokens, computed,
+                num_total_computed_tokens, num_encoder_tokens if encoder else num_main_tokens,
                 num_external_computed_tokens)
         return total
 
@@ -335,10 +339,9 @@ class KVCacheCoordinator:
         """New blocks per group so the tokens have slots.
         Cost: O(groups + new blocks)."""
         return tuple([
-            manager.allocate_new_blocks(
-                request_id, self._group_tokens(group_id, num_tokens, num_encoder_tokens),
-                self._group_tokens(group_id, num_main_tokens, num_encoder_tokens))
-            for group_id, manager in enumerate(self.managers)])
+            manager.allocate_new_blocks(request_id, num_encoder_tokens, num_encoder_tokens)
+            if encoder else manager.allocate_new_blocks(request_id, num_tokens, num_main_tokens)
+            for manager, encoder in zip(self.managers, self.encoder_groups)])
 
     def cache_blocks(self, *, request: HashedRequest, request_id: str, num_tokens: int) -> None:
         """Cache the blocks ``num_tokens`` fill, in every group, each under

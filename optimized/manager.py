@@ -30,7 +30,7 @@ from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 from . import validation
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
-from .coordinator import KVCacheCoordinator, Route, make_coordinator
+from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator, make_coordinator
 from .hasher import make_block_hasher
 from .pool_invariants import check_request_invariants
 
@@ -212,7 +212,7 @@ class KVCacheManager:
                          or num_external_computed_tokens or num_encoder_tokens)
                 and type(num_new_tokens) is int and num_new_tokens >= 1):
             result = decode_step(request, num_new_tokens, delay_cache_blocks)
-            if result is not Route.GENERAL:
+            if result is not TAKE_GENERAL_PATH:
                 return result
         coordinator = self._coordinator
         request_id = request.request_id

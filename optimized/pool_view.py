@@ -122,12 +122,15 @@ class PoolView:
 
         assert isinstance(self, BlockPool)
         check_pool_invariants(self)
-        # The representation's own rule (the hot loops test the group id,
-        # not the hash): group id -1 exactly where no key.
+        # A block's key ``hash[b]`` is stored as two lists, and the hot loops
+        # test the group id, not the hash: group id -1 exactly where no key.
+        # A disagreement means the key the pool acts on differs from the one
+        # it reports, so it is reported as a hash/map disagreement (CACHE-1).
         for block, (block_hash, group_id) in enumerate(zip(self._hash, self._gid)):
             if (block_hash is None) != (group_id == -1):
                 raise InvariantViolation(
-                    f"CACHE-3: block {block} has hash {block_hash!r} and group id {group_id}"
+                    f"CACHE-1: block {block}: stored hash {block_hash!r} and group id "
+                    f"{group_id} disagree (group id -1 exactly where no key)"
                     f"\nstate: {self.snapshot()!r}")
 
     def _check_ids(self, ids: Iterable[object]) -> None:

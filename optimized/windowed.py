@@ -34,7 +34,8 @@ class SlidingWindowManager(SingleTypeManager):
 
     def skipped_tokens(self, num_computed: int) -> int:
         """``max(0, n - w + 1)``. Cost: O(1)."""
-        return max(0, num_computed - self.window + 1)
+        skipped = num_computed - self.window + 1
+        return skipped if skipped > 0 else 0  # no max(): the decode fast path calls this per group
 
     def first_hit_block(self, length: int) -> int:
         """``max(0, L / b - n)``. Cost: O(1)."""

@@ -1,9 +1,11 @@
 """Observable state, as plain values, for comparing implementations.
 
 Two implementations agree when, after the same calls, their snapshots are
-equal. A snapshot holds everything spec/state.md calls observable and
-nothing an implementation may choose freely (object identities, internal
-indexes).
+equal. A snapshot holds the pool, each known request's block ids and cached
+counts per group, and the stats; nothing an implementation may choose
+freely (object identities, internal indexes). The per-type auxiliary state
+of spec/state.md (Mamba's bookkeeping, for one) is not in it: it shows only
+through later results, which the differential tests compare.
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def test_known_single_group_step_equals_the_general_path(caching: bool, seed: in
     general path on a twin manager whose fast path is switched off: same
     result, state, events and errors, through eviction (a small pool),
     refusals and malformed steps."""
-    from pagedkv.optimized.coordinator import Route
+    from pagedkv.optimized.coordinator import TAKE_GENERAL_PATH
 
     rng = random.Random(seed)
     twins = [KVCacheManager(config(num_blocks=12), 40, enable_caching=caching, log_stats=True,
@@ -351,7 +351,7 @@ def test_known_single_group_step_equals_the_general_path(caching: bool, seed: in
                 if manager is fast:
                     step_result = decode_step(r, num_new, delay)
                     result = (manager.allocate_slots(r, num_new, delay_cache_blocks=delay)
-                              if step_result is Route.GENERAL else step_result)
+                              if step_result is TAKE_GENERAL_PATH else step_result)
                 else:
                     result = manager.allocate_slots(r, num_new, delay_cache_blocks=delay)
                 outcomes.append(None if result is None else result.get_block_ids())
