@@ -40,7 +40,6 @@ from pagedkv.spec.errors import (
     InvalidConfigError,
     InvariantViolation,
     PoolExhaustedError,
-    UnknownBlockError,
 )
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import (
@@ -53,7 +52,7 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
-from .pool_view import NULL_BLOCK, PoolView, group_suffix
+from .pool_view import NULL_BLOCK, PoolView
 
 __all__ = ["BlockPool", "NULL_BLOCK"]
 

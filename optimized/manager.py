@@ -6,8 +6,9 @@ from its first successful ``allocate_slots`` until ``free``) a block list
 per group plus a count of cached blocks. Requests are read, never owned:
 any object with the attributes of :class:`pagedkv.spec.RequestView` works.
 
-Every public method validates first (``validation.py``) and raises a typed
-error from ``pagedkv.spec.errors`` before changing anything. The state and
+Every public method validates first (the constructor with the shared
+``pagedkv.spec.manager_args``, the others with ``validation.py``) and raises
+a typed error from ``pagedkv.spec.errors`` before changing anything. The state and
 the work live in the coordinator (``coordinator.py``), which builds the
 pool and the per-group managers. ``allocate_slots`` reads as the spec's
 numbered steps; before them, a decode step of a known request (no hit,
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.spec.config import KVCacheConfig
+from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
@@ -88,7 +90,7 @@ class KVCacheManager:
         retention_interval: int | None = None,
         max_num_batched_tokens: int | None = None,
     ) -> None:
-        block_sizes, hbs = validation.constructor_args(
+        block_sizes, hbs = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size, retention_interval=retention_interval,

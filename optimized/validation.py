@@ -1,6 +1,8 @@
 """Argument validation of the manager facade: the one place the optimized
 implementation checks an operation's arguments (``pagedkv.reference`` has
-its twin, ``reference/validation.py``, with the same functions).
+its twin, ``reference/validation.py``, with the same functions). The
+constructor's arguments are checked by the shared
+:func:`pagedkv.spec.manager_args.check_manager_args`.
 
 Each function raises a typed error from ``pagedkv.spec.errors`` or returns
 what the caller needs; none changes state, so every public operation
@@ -10,20 +12,15 @@ functions read the coordinator's public tables; they never see the facade.
 
 from __future__ import annotations
 
-from math import gcd, lcm
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import (
     ExceedsMaxModelLenError,
     InvalidArgumentError,
-    InvalidConfigError,
     InvalidTokenCountError,
     UnknownBlockError,
     UnknownRequestError,
 )
-from pagedkv.spec.hashing import normalize_hash_fn
-from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import RequestView
 
 from .blocks import KVCacheBlocks
@@ -31,66 +28,7 @@ from .blocks import KVCacheBlocks
 if TYPE_CHECKING:
     from .coordinator import KVCacheCoordinator
 
-__all__ = ["constructor_args", "allocate_args", "cache_blocks_args", "known"]
-
-
-def _positive_int(name: str, value: object) -> None:
-    if type(value) is not int or value < 1:
-        raise InvalidConfigError(f"{name} must be a positive int, got {value!r}")
-
-
-def constructor_args(
-    *, kv_cache_config: KVCacheConfig, max_model_len: object, hash_fn: str,
-    hash_block_size: object, dcp_world_size: object, pcp_world_size: object,
-    retention_interval: object, max_num_batched_tokens: object,
-) -> tuple[tuple[int, ...], int | None]:
-    """Check the manager's arguments; return the block size of each group
-    and the hash block size (``None`` with zero groups: no hashing; by
-    default the GCD of the block sizes, D-HASH-5).
-
-    Raises:
-        InvalidConfigError: max_model_len, world sizes, hash_block_size,
-            retention_interval or max_num_batched_tokens malformed; context
-            parallelism with a group other than full attention.
-        InvalidArgumentError: unknown hash_fn.
-    """
-    _positive_int("max_model_len", max_model_len)
-    _positive_int("dcp_world_size", dcp_world_size)
-    _positive_int("pcp_world_size", pcp_world_size)
-    if not isinstance(kv_cache_config, KVCacheConfig):
-        raise InvalidConfigError(
-            f"kv_cache_config must be a KVCacheConfig, got {type(kv_cache_config).__name__}")
-    assert type(dcp_world_size) is int and type(pcp_world_size) is int
-    scale = dcp_world_size * pcp_world_size
-    groups = kv_cache_config.kv_cache_groups
-    if scale > 1:
-        for group_id, group in enumerate(groups):
-            if manager_kind_for(group.kv_cache_spec) not in ("full_attention", "sink_full_attention"):
-                raise InvalidConfigError(
-                    f"kv_cache_groups[{group_id}]: context parallelism supports full attention "
-                    f"only, got {type(group.kv_cache_spec).__name__}")
-    normalize_hash_fn(hash_fn)
-    block_sizes = tuple(group.kv_cache_spec.block_size * scale for group in groups)
-    if hash_block_size is None and block_sizes:
-        hash_block_size = gcd(*block_sizes)
-    if hash_block_size is not None and (type(hash_block_size) is not int or hash_block_size < 1 or any(
-            size % hash_block_size for size in block_sizes)):
-        raise InvalidConfigError(
-            f"hash_block_size must be a positive int dividing every group's block size "
-            f"{list(block_sizes)}, got {hash_block_size!r}")
-    alignment = lcm(*block_sizes) if block_sizes else 1
-    if retention_interval is not None and (type(retention_interval) is not int
-                                           or retention_interval < 0
-                                           or retention_interval % alignment):
-        raise InvalidConfigError(
-            f"retention_interval must be None, 0 or a positive multiple of the hit alignment "
-            f"{alignment}, got {retention_interval!r}")
-    if max_num_batched_tokens is not None and (type(max_num_batched_tokens) is not int
-                                               or max_num_batched_tokens < 1):
-        raise InvalidConfigError(
-            f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
-    assert hash_block_size is None or type(hash_block_size) is int
-    return block_sizes, hash_block_size
+__all__ = ["allocate_args", "cache_blocks_args", "known"]
 
 
 def known(coordinator: KVCacheCoordinator, request_id: str) -> None:

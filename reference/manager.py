@@ -17,6 +17,7 @@ from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
+from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.hashing import normalize_hash_fn
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
@@ -34,7 +35,8 @@ class KVCacheManager:
     size (``None`` picks their GCD). The other arguments are those of
     spec/operations.md, "KVCacheManager" (the optimized manager's docstring
     describes each). The coordinator builds the pool and holds the state;
-    ``validation`` checks every argument.
+    ``pagedkv.spec.manager_args`` checks the constructor's arguments and
+    ``validation`` those of every other call.
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *,
@@ -44,7 +46,7 @@ class KVCacheManager:
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  hash_seed: str | None = None, retention_interval: int | None = None,
                  max_num_batched_tokens: int | None = None) -> None:
-        self.block_sizes, hash_block_size = validation.constructor_args(
+        self.block_sizes, hash_block_size = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size, retention_interval=retention_interval,

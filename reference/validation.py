@@ -1,6 +1,8 @@
 """Argument validation of the reference manager: the one place this
 implementation checks an operation's arguments (the twin of
-``optimized/validation.py``, same functions, same order of checks).
+``optimized/validation.py``, same functions, same order of checks). The
+constructor's arguments are checked by the shared
+:func:`pagedkv.spec.manager_args.check_manager_args`.
 
 Each function raises a typed error from ``pagedkv.spec.errors`` or returns
 what the caller needs; none changes state, so a refused operation changes
@@ -11,26 +13,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pagedkv.reference import rules
 from pagedkv.reference.block_pool import KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.cross_attention import CrossAttentionManager
-from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import (
     ExceedsMaxModelLenError,
     InvalidArgumentError,
-    InvalidConfigError,
     InvalidTokenCountError,
     UnknownRequestError,
 )
-from pagedkv.spec.hashing import normalize_hash_fn
-from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import RequestView
 
 if TYPE_CHECKING:
     from pagedkv.reference.coordinator import KVCacheCoordinator
 
-__all__ = ["count", "constructor_args", "allocate_args", "cache_blocks_args", "known"]
+__all__ = ["count", "allocate_args", "cache_blocks_args", "known"]
 
 
 def count(name: str, value: object, minimum: int) -> int:
@@ -42,58 +39,6 @@ def count(name: str, value: object, minimum: int) -> int:
     if type(value) is not int or value < minimum:
         raise InvalidTokenCountError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
-
-
-def constructor_args(*, kv_cache_config: KVCacheConfig, max_model_len: object, hash_fn: str,
-                     hash_block_size: object, dcp_world_size: object, pcp_world_size: object,
-                     retention_interval: object,
-                     max_num_batched_tokens: object) -> tuple[list[int], int | None]:
-    """Check the manager's arguments; return each group's block size and the
-    hash block size (default: the GCD of the block sizes, D-HASH-5; ``None``
-    with zero groups).
-
-    Raises:
-        InvalidConfigError: a malformed size or count, context parallelism
-            with a group other than full attention.
-        InvalidArgumentError: unknown ``hash_fn``.
-    """
-    if type(max_model_len) is not int or max_model_len < 1:
-        raise InvalidConfigError(f"max_model_len must be a positive int, got {max_model_len!r}")
-    for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
-        if type(size) is not int or size < 1:
-            raise InvalidConfigError(f"{name} must be a positive int, got {size!r}")
-    if not isinstance(kv_cache_config, KVCacheConfig):
-        raise InvalidConfigError(
-            f"kv_cache_config must be a KVCacheConfig, got {type(kv_cache_config).__name__}")
-    assert type(dcp_world_size) is int and type(pcp_world_size) is int
-    groups = kv_cache_config.kv_cache_groups
-    if dcp_world_size * pcp_world_size > 1:
-        for group_id, group in enumerate(groups):
-            if manager_kind_for(group.kv_cache_spec) not in ("full_attention", "sink_full_attention"):
-                raise InvalidConfigError(
-                    f"kv_cache_groups[{group_id}]: context parallelism supports full attention only, "
-                    f"got {type(group.kv_cache_spec).__name__}")
-    normalize_hash_fn(hash_fn)
-    block_sizes = [group.kv_cache_spec.block_size * dcp_world_size * pcp_world_size for group in groups]
-    if hash_block_size is None and block_sizes:
-        hash_block_size = rules.hash_block_size(block_sizes)
-    if hash_block_size is not None and (type(hash_block_size) is not int or hash_block_size < 1 or any(
-            size % hash_block_size for size in block_sizes)):
-        raise InvalidConfigError(
-            f"hash_block_size must be a positive int dividing every group's block size "
-            f"{block_sizes}, got {hash_block_size!r}")
-    alignment = rules.hit_alignment(block_sizes)
-    if retention_interval is not None and (type(retention_interval) is not int or retention_interval < 0
-                                           or retention_interval % alignment):
-        raise InvalidConfigError(
-            f"retention_interval must be None, 0 or a positive multiple of the hit alignment "
-            f"{alignment}, got {retention_interval!r}")
-    if max_num_batched_tokens is not None and (type(max_num_batched_tokens) is not int
-                                               or max_num_batched_tokens < 1):
-        raise InvalidConfigError(
-            f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
-    assert hash_block_size is None or type(hash_block_size) is int
-    return block_sizes, hash_block_size
 
 
 def known(coordinator: KVCacheCoordinator, request_id: str) -> None:

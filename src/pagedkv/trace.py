@@ -1,4 +1,4 @@
-"""The standard chat trace (../shared/anchors.md) and a driver that replays it.
+"""The standard chat trace (bench/README.md) and a driver that replays it.
 
 Semantic model: a trace is a deterministic sequence of *steps*, each one thing
 an engine does to its KV cache manager (or to a request). The standard chat
@@ -20,7 +20,8 @@ trace is::
 
 With one group of block size 16 that is 33,040 ``allocate_slots`` calls, 256
 ``get_computed_blocks`` (96-block prompt, 64-block hit) and 256 ``free`` (104
-blocks each) -- the figures vLLM's anchors were measured on.
+blocks each) -- the trace vLLM 0.33's reference figures in bench/README.md
+were measured on.
 
 The steps do not depend on the manager: the generator models the prefix hits
 it expects (a system prompt seen before hits in full, nothing else hits) and
@@ -99,7 +100,7 @@ class TraceConfig:
 
 
 STANDARD: Final[TraceConfig] = TraceConfig()
-"""The standard chat trace of ../shared/anchors.md."""
+"""The standard chat trace (module docstring)."""
 
 
 # --- steps -------------------------------------------------------------------------
