@@ -1,8 +1,8 @@
 """Coordinators: drive the per-group managers over one shared block pool.
 
-A coordinator owns all the manager's state: the pool (built here, as in
-``pagedkv.reference``), one single-type manager per KV cache group and the
-set of known requests. It answers for all groups at once: how many blocks
+A coordinator holds the manager's state: the pool (built by the facade, as
+in ``pagedkv.reference``, and handed in), one single-type manager per KV
+cache group and the set of known requests. It answers for all groups at once: how many blocks
 an allocation takes in total, admit a request (every group takes its hit
 before any group allocates, D-API-9), allocate in every group, cache,
 release group by group, and find a prefix hit common to the groups. It also
@@ -78,11 +78,11 @@ class KVCacheCoordinator:
     """The pool, the managers of every group, and the known requests.
 
     Args:
-        kv_cache_config: groups and number of blocks.
+        kv_cache_config: the groups.
+        block_pool: the shared pool (built by the facade).
         block_sizes: tokens per block of each group (spec size * dcp * pcp).
         hash_block_size: tokens per request block hash (divides every block size).
         enable_caching: prefix caching on.
-        enable_kv_cache_events: the pool collects events.
         use_eagle: hits keep the next block cached (EAGLE rule).
         retention_interval: sliding-window cache thinning (``windowed``).
         max_model_len: most tokens one request may hold.
@@ -94,8 +94,8 @@ class KVCacheCoordinator:
             or a sink group the pool cannot hold.
     """
 
-    def __init__(self, kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[int],
-                 hash_block_size: int, enable_caching: bool, enable_kv_cache_events: bool,
+    def __init__(self, kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
+                 block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
                  use_eagle: bool, retention_interval: int | None, max_model_len: int,
                  max_num_batched_tokens: int) -> None:
         groups = kv_cache_config.kv_cache_groups
@@ -104,9 +104,7 @@ class KVCacheCoordinator:
         self.block_sizes = tuple(block_sizes)
         self.max_model_len = max_model_len
         self.alignment = lcm(*self.block_sizes) if self.block_sizes else 1
-        self.block_pool = BlockPool(
-            kv_cache_config.num_blocks, enable_caching,
-            enable_kv_cache_events=enable_kv_cache_events, num_groups=len(groups))
+        self.block_pool = block_pool
         managers: list[SingleTypeManager] = []
         for group_id, group in enumerate(groups):
             kind = manager_kind_for(group.kv_cache_spec)
@@ -429,14 +427,14 @@ class HybridCoordinator(KVCacheCoordinator):
                       for manager in managers]), length
 
 
-def make_coordinator(kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[int],
-                     hash_block_size: int, enable_caching: bool, enable_kv_cache_events: bool,
+def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
+                     block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
                      use_eagle: bool, retention_interval: int | None, max_model_len: int,
                      max_num_batched_tokens: int) -> KVCacheCoordinator:
     """The coordinator kind for this configuration (arguments as
-    :class:`KVCacheCoordinator`'s), which builds the pool.
+    :class:`KVCacheCoordinator`'s).
 
-    Cost: O(num_blocks) (the pool).
+    Cost: O(groups) (sink groups: plus their blocks).
 
     Raises:
         InvalidConfigError: a spec type without a manager.
@@ -451,7 +449,6 @@ def make_coordinator(kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[in
         kind = UnitaryCoordinator
     else:
         kind = HybridCoordinator
-    return kind(kv_cache_config, block_sizes=block_sizes, hash_block_size=hash_block_size,
-                enable_caching=enable_caching, enable_kv_cache_events=enable_kv_cache_events,
-                use_eagle=use_eagle, retention_interval=retention_interval,
+    return kind(kv_cache_config, block_pool=block_pool, block_sizes=block_sizes,
+                hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle, retention_interval=retention_interval,
                 max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)

@@ -8,9 +8,10 @@ any object with the attributes of :class:`pagedkv.spec.RequestView` works.
 
 Every public method validates first (the constructor with the shared
 ``pagedkv.spec.manager_args``, the others with ``validation.py``) and raises
-a typed error from ``pagedkv.spec.errors`` before changing anything. The state and
-the work live in the coordinator (``coordinator.py``), which builds the
-pool and the per-group managers. ``allocate_slots`` reads as the spec's
+a typed error from ``pagedkv.spec.errors`` before changing anything. The facade
+builds the pool (spec/operations.md, construction); the state and the work
+live in the coordinator (``coordinator.py``), which builds the per-group
+managers over that pool. ``allocate_slots`` reads as the spec's
 numbered steps; before them, a decode step of a known request (no hit,
 lookahead, external or encoder tokens) is offered to the coordinator's fast
 path (``KVCacheCoordinator.decode_step``), which settles the common cases
@@ -104,13 +105,14 @@ class KVCacheManager:
         self.num_kv_cache_groups = len(block_sizes)
         self.block_sizes: tuple[int, ...] = block_sizes
         self.hash_block_size = hbs
+        self._pool = BlockPool(kv_cache_config.num_blocks, self.enable_caching,
+                               enable_kv_cache_events=bool(enable_kv_cache_events),
+                               num_groups=len(block_sizes))
         self._coordinator: KVCacheCoordinator = make_coordinator(
-            kv_cache_config, block_sizes=block_sizes,
+            kv_cache_config, block_pool=self._pool, block_sizes=block_sizes,
             hash_block_size=hbs if hbs is not None else 1, enable_caching=self.enable_caching,
-            enable_kv_cache_events=bool(enable_kv_cache_events), use_eagle=self.use_eagle,
-            retention_interval=retention_interval, max_model_len=max_model_len,
-            max_num_batched_tokens=self.max_num_batched_tokens)
-        self._pool: BlockPool = self._coordinator.block_pool
+            use_eagle=self.use_eagle, retention_interval=retention_interval,
+            max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens)
         self._hasher = (None if hbs is None else make_block_hasher(hash_fn, hbs, hash_seed))
         self.prefix_cache_stats: PrefixCacheStats | None = (
             PrefixCacheStats() if self.log_stats else None)

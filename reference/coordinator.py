@@ -1,7 +1,7 @@
 """Coordinators: every KV cache group's manager, driven together
-(spec/coordinators.md). A coordinator owns the manager's state: it builds
-the block pool and one single-type manager per group, and tracks the known
-requests (as in ``pagedkv.optimized``).
+(spec/coordinators.md). A coordinator holds the manager's state: the block
+pool (built by the facade and handed in, as in ``pagedkv.optimized``), one
+single-type manager per group, and the known requests.
 
 The hybrid coordinator's hit is the brute-force definition itself: the
 largest length ``L <= max_length``, a multiple of the alignment (the LCM of
@@ -55,15 +55,13 @@ class KVCacheCoordinator:
     """The block pool, one single-type manager per group, and the set of
     known requests. The arguments are those of :func:`make_coordinator`."""
 
-    def __init__(self, kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[int],
-                 hash_block_size: int, enable_caching: bool, enable_kv_cache_events: bool,
+    def __init__(self, kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
+                 block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
                  use_eagle: bool, retention_interval: int | None, max_model_len: int,
                  max_num_batched_tokens: int) -> None:
         groups = kv_cache_config.kv_cache_groups
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
-                                    enable_kv_cache_events=enable_kv_cache_events,
-                                    num_groups=len(groups))
+        self.block_pool = block_pool
         self.block_sizes = list(block_sizes)
         self.hash_block_size = hash_block_size
         self.alignment = rules.hit_alignment(self.block_sizes)
@@ -205,19 +203,17 @@ class NoPrefixCacheCoordinator(KVCacheCoordinator):
         return tuple([] for _ in self.managers), 0
 
 
-def make_coordinator(kv_cache_config: KVCacheConfig, *, block_sizes: Sequence[int],
-                     hash_block_size: int, enable_caching: bool, enable_kv_cache_events: bool,
+def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
+                     block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
                      use_eagle: bool, retention_interval: int | None, max_model_len: int,
                      max_num_batched_tokens: int) -> KVCacheCoordinator:
     """The coordinator for a configuration: no prefix cache when caching is
     off or there are no groups, else the hybrid coordinator. It builds the
-    pool (``kv_cache_config.num_blocks`` blocks) and the managers: group
-    ``g`` gets ``block_sizes[g]``; requests are hashed at ``hash_block_size``;
+    managers over ``block_pool``: group ``g`` gets ``block_sizes[g]``; requests are hashed at ``hash_block_size``;
     ``max_model_len`` and ``max_num_batched_tokens`` give the windowed
     groups' admission caps."""
     kind = (HybridCoordinator if enable_caching and kv_cache_config.kv_cache_groups
             else NoPrefixCacheCoordinator)
-    return kind(kv_cache_config, block_sizes=block_sizes, hash_block_size=hash_block_size,
-                enable_caching=enable_caching, enable_kv_cache_events=enable_kv_cache_events,
-                use_eagle=use_eagle, retention_interval=retention_interval,
+    return kind(kv_cache_config, block_pool=block_pool, block_sizes=block_sizes,
+                hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle, retention_interval=retention_interval,
                 max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)

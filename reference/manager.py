@@ -34,7 +34,8 @@ class KVCacheManager:
     (spec/hashing.md); ``hash_block_size`` must divide every group's block
     size (``None`` picks their GCD). The other arguments are those of
     spec/operations.md, "KVCacheManager" (the optimized manager's docstring
-    describes each). The coordinator builds the pool and holds the state;
+    describes each). The facade builds the pool; the coordinator builds the
+    per-group managers over it and holds the state;
     ``pagedkv.spec.manager_args`` checks the constructor's arguments and
     ``validation`` those of every other call.
     """
@@ -60,12 +61,14 @@ class KVCacheManager:
         self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
         self.hash_block_size = hash_block_size
         self.hash_seed = hash_seed
+        self._pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
+                               enable_kv_cache_events=enable_kv_cache_events,
+                               num_groups=len(self.block_sizes))
         self.coordinator: KVCacheCoordinator = make_coordinator(
-            kv_cache_config, block_sizes=self.block_sizes, hash_block_size=hash_block_size or 1,
-            enable_caching=enable_caching, enable_kv_cache_events=enable_kv_cache_events,
+            kv_cache_config, block_pool=self._pool, block_sizes=self.block_sizes,
+            hash_block_size=hash_block_size or 1, enable_caching=enable_caching,
             use_eagle=use_eagle, retention_interval=retention_interval,
             max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens)
-        self._pool = self.coordinator.block_pool
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
     # -- requests -------------------------------------------------------------
