@@ -21,8 +21,10 @@ groups). Modules, one concept each:
 - ``admission``: full-sequence admission (``full_sequence_must_fit``).
 - ``decode``: the per-group test of the decode fast path.
 - ``coordinator``: no-prefix-cache, unitary and hybrid coordinators; each
-  builds the pool and the per-group managers, and holds the decode fast path.
-- ``validation``: argument checks of every public operation.
+  builds the per-group managers over the pool the facade built, and holds
+  the decode fast path.
+- ``validation``: argument checks of every public operation but the
+  constructor's (``pagedkv.spec.manager_args``, shared).
 - ``manager``: the :class:`KVCacheManager` facade.
 - ``pool_view``, ``pool_invariants``: the pool's read-only side and the
   invariant checks of ``check_invariants()``.
