@@ -131,63 +131,77 @@ class KVCacheCoordinator:
             tuple([] for _ in self.managers), self.block_pool.block_hashes)
         self.decode_step: DecodeStep | None = None
         """The decode fast path for this configuration, or ``None``."""
-        self._probes: tuple[DecodeProbe, ...] | None = None
         if (len(managers) == 1 and block_sizes[0] == hash_block_size
                 and isinstance(managers[0], FullAttentionManager)):
             # One full-attention group hashed at its size: the common case.
             self._blocks0 = managers[0].req_to_blocks
             self._cached0 = managers[0].num_cached_blocks
             self._block_size0 = block_sizes[0]
-            self.decode_step = self._decode_single
+            self.decode_step = self._single_decode_step()
         elif managers:
-            self._probes = decode_probes(self.managers)
-            if self._probes is not None:
-                self.decode_step = self._decode_probed
+            probes = decode_probes(self.managers)
+            if probes is not None:
+                self.decode_step = self._probed_decode_step(probes)
 
     # ------------------------------------------------------- decode fast path
 
-    def _decode_single(self, request: RequestView, num_new_tokens: int,
-                       delay_cache_blocks: bool) -> KVCacheBlocks | None:
-        """``allocate_slots(request, num_new_tokens, delay_cache_blocks=...)``
-        with no other argument (``num_new_tokens``: an int >= 1, checked by
-        the caller), one full-attention group hashed at its block size.
+    def _single_decode_step(self) -> DecodeStep:
+        """The decode step for one full-attention group hashed at its block
+        size: a closure over the tables it reads (a cell load is cheaper
+        than an attribute load, and this runs on most ``allocate_slots``
+        calls). The step:
 
-        A known request whose new tokens fit the blocks it holds and fill
-        no new block: nothing to do, O(1), no object created. A known
-        request whose step fills a block or needs new ones (two decode
-        steps in every block's worth at block size 16, and later prefill
-        chunks): what the general path does in that case, in the same
-        order, minus the validation and per-group dispatch that cannot
-        apply: nothing to release (full attention skips no token), refuse
-        (``None``) when the free queue is too short, append the missing
-        blocks from the queue's front, cache the blocks the step fills,
-        return the new blocks. An unknown request, or anything the general
-        path would reject (a malformed ``num_computed_tokens``,
-        max_model_len exceeded, too few block hashes): :data:`TAKE_GENERAL_PATH`.
+        ``step(request, num_new_tokens, delay_cache_blocks)`` is
+        ``allocate_slots(request, num_new_tokens, delay_cache_blocks=...)``
+        with no other argument (``num_new_tokens``: an int >= 1, checked by
+        the caller). A known request whose new tokens fit the blocks it
+        holds and fill no new block: nothing to do, O(1), no object
+        created. A known request whose step fills a block or needs new ones
+        (two decode steps in every block's worth at block size 16, and
+        later prefill chunks): :meth:`_decode_single_fill`. An unknown
+        request, or anything the general path would reject (a malformed
+        ``num_computed_tokens``, max_model_len exceeded, too few block
+        hashes): :data:`TAKE_GENERAL_PATH`.
 
         Cost: O(1), or O(new blocks + blocks newly cached).
         """
-        blocks = self._blocks0.get(request.request_id)
-        num_computed = request.num_computed_tokens
-        if blocks is None or type(num_computed) is not int:
-            return TAKE_GENERAL_PATH
-        total = num_computed + num_new_tokens
+        get_blocks = self._blocks0.get
+        cached = self._cached0
         block_size = self._block_size0
-        # total >= num_new_tokens: a negative num_computed_tokens goes to
-        # the general path, which raises.
-        if num_new_tokens <= total <= len(blocks) * block_size and total <= self.max_model_len:
-            # No new block. The blocks filled are min(total, num_tokens) // b:
-            # none is new when total alone fills none, so num_tokens (a
-            # property call) is left to the filling path.
-            if (not self.enable_caching or delay_cache_blocks
-                    or total // block_size <= self._cached0[request.request_id]):
-                return self.empty_blocks
-        return self._decode_single_fill(request, blocks, num_new_tokens, delay_cache_blocks)
+        max_model_len = self.max_model_len
+        caching = self.enable_caching
+        empty = self.empty_blocks
+        fill = self._decode_single_fill
+
+        def step(request: RequestView, num_new_tokens: int,
+                 delay_cache_blocks: bool) -> KVCacheBlocks | None:
+            blocks = get_blocks(request.request_id)
+            num_computed = request.num_computed_tokens
+            if blocks is None or type(num_computed) is not int:
+                return TAKE_GENERAL_PATH
+            total = num_computed + num_new_tokens
+            # total >= num_new_tokens: a negative num_computed_tokens goes
+            # to the general path, which raises.
+            if num_new_tokens <= total <= len(blocks) * block_size and total <= max_model_len:
+                # No new block. The blocks filled are min(total, num_tokens)
+                # // b: none is new when total alone fills none, so
+                # num_tokens (a property call) is left to the filling path.
+                if (not caching or delay_cache_blocks
+                        or total // block_size <= cached[request.request_id]):
+                    return empty
+            return fill(request, blocks, num_new_tokens, delay_cache_blocks)
+
+        return step
 
     def _decode_single_fill(self, request: RequestView, blocks: list[int], num_new_tokens: int,
                             delay_cache_blocks: bool) -> KVCacheBlocks | None:
-        """:meth:`_decode_single` for a step that fills a block or needs new
-        ones. Cost: O(new blocks + blocks newly cached)."""
+        """The single-group decode step (:meth:`_single_decode_step`) for a
+        step that fills a block or needs new ones: what the general path
+        does in that case, in the same order, minus the validation and
+        per-group dispatch that cannot apply: nothing to release (full
+        attention skips no token), refuse (``None``) when the free queue is
+        too short, append the missing blocks from the queue's front, cache
+        the blocks the step fills, return the new blocks. Cost: O(new blocks + blocks newly cached)."""
         num_computed = request.num_computed_tokens
         total = num_computed + num_new_tokens
         if not num_new_tokens <= total <= self.max_model_len:
@@ -225,28 +239,36 @@ class KVCacheCoordinator:
             return self.empty_blocks
         return KVCacheBlocks((new_blocks,), pool.block_hashes)
 
-    def _decode_probed(self, request: RequestView, num_new_tokens: int,
-                       delay_cache_blocks: bool) -> KVCacheBlocks | None:
-        """The same step for every other covered configuration, decided per
-        group by :func:`decode.is_noop_decode`: the empty result when no
-        group needs a block, fills one or releases one; else
-        :data:`TAKE_GENERAL_PATH`. Cost: O(groups)."""
-        num_computed = request.num_computed_tokens
-        if type(num_computed) is not int:
+    def _probed_decode_step(self, probes: tuple[DecodeProbe, ...]) -> DecodeStep:
+        """The decode step for every other covered configuration (a closure,
+        as :meth:`_single_decode_step`), decided per group by
+        :func:`decode.is_noop_decode`: the empty result when no group needs
+        a block, fills one or releases one; else :data:`TAKE_GENERAL_PATH`.
+        Cost: O(groups)."""
+        max_model_len = self.max_model_len
+        caching = self.enable_caching
+        hash_block_size = self.hash_block_size
+        empty = self.empty_blocks
+
+        def step(request: RequestView, num_new_tokens: int,
+                 delay_cache_blocks: bool) -> KVCacheBlocks | None:
+            num_computed = request.num_computed_tokens
+            if type(num_computed) is not int:
+                return TAKE_GENERAL_PATH
+            total = num_computed + num_new_tokens
+            if not num_new_tokens <= total <= max_model_len:
+                return TAKE_GENERAL_PATH
+            cache_tokens = -1  # the step caches nothing
+            if caching and not delay_cache_blocks:
+                num_tokens = request.num_tokens
+                cache_tokens = total if total < num_tokens else num_tokens
+            # Hashes falling short of the blocks to cache: the general path raises.
+            if cache_tokens // hash_block_size <= len(request.block_hashes) and is_noop_decode(
+                    probes, request.request_id, num_computed, total, cache_tokens):
+                return empty
             return TAKE_GENERAL_PATH
-        total = num_computed + num_new_tokens
-        if not num_new_tokens <= total <= self.max_model_len:
-            return TAKE_GENERAL_PATH
-        cache_tokens = -1  # the step caches nothing
-        if self.enable_caching and not delay_cache_blocks:
-            num_tokens = request.num_tokens
-            cache_tokens = total if total < num_tokens else num_tokens
-        # Hashes falling short of the blocks to cache: the general path raises.
-        assert self._probes is not None
-        if cache_tokens // self.hash_block_size <= len(request.block_hashes) and is_noop_decode(
-                self._probes, request.request_id, num_computed, total, cache_tokens):
-            return self.empty_blocks
-        return TAKE_GENERAL_PATH
+
+        return step
 
     # ------------------------------------------------------------- the steps
 
