@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pagedkv.spec.errors import InvariantViolation
+from pagedkv.spec.types import BlockHash
 
 if TYPE_CHECKING:
     from .block_pool import BlockPool
@@ -158,7 +159,7 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
             fail("REQ-1", f"block {block}: ref {pool.ref_counts[block]}, held {holders[block]}")
 
 
-def _check_states_cached_this_step(pool: BlockPool, group_id: int, cached_this_step: set[bytes],
+def _check_states_cached_this_step(pool: BlockPool, group_id: int, cached_this_step: set[BlockHash],
                                    fail: Callable[[str, str], None]) -> None:
     """MAMBA-2 in this representation: the set holds raw hashes of the
     group's own view, the group id being implied by the manager. A key of

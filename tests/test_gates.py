@@ -35,7 +35,7 @@ from pagedkv.spec.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
-from pagedkv.spec.types import BlockRemoved, get_block_hash, make_block_hash_with_group_id
+from pagedkv.spec.types import BlockHash, BlockRemoved, get_block_hash, make_block_hash_with_group_id
 from tests import postconditions
 from tests.implementations import IMPLEMENTATIONS
 
@@ -233,7 +233,7 @@ STATE_CORRUPTIONS: dict[str, tuple[dict[str, bool], Callable[[Surgery], None]]] 
     "CACHE-1": ({}, lambda s: s.pool.cached.clear() if s.is_reference else s.pool.cached_by_group[FULL].clear()),
     "CACHE-2": ({"enable_caching": False}, lambda s: s.set_key(s.ids(FULL)[0], b"\5" * 32, FULL)),
     "CACHE-3": ({}, _free_block_keyed_for_missing_group),
-    "EVT-1": ({}, lambda s: s.events().append(BlockRemoved((b"\6" * 32,)))),
+    "EVT-1": ({}, lambda s: s.events().append(BlockRemoved((BlockHash(b"\6" * 32),)))),
     "REQ-1": ({}, lambda s: s.add_ref(s.ids(FULL)[0], 1)),
     "REQ-2": ({}, lambda s: s.num_cached(FULL).__setitem__("a", 99)),
     "REQ-3": ({}, _move_key_to_other_group),
