@@ -28,7 +28,7 @@ from pagedkv.spec.mamba_spec import MambaSpec
 __all__ = [
     "ALPHABET", "LOOKAHEAD", "DELAY_CACHING", "WHOLE_SEQUENCE", "OUTPUT_TOKENS", "EVICT_IDS",
     "BAD_TOKEN_COUNTS", "Setup", "manager_options", "group_spec", "hybrid_groups",
-    "full_attention_setups", "hybrid_setups", "request_extras",
+    "full_attention_setups", "hybrid_setups", "request_extras", "prompts", "workloads",
 ]
 
 ALPHABET = st.integers(0, 2)
@@ -50,6 +50,21 @@ BAD_TOKEN_COUNTS = st.integers(-2, 0)
 """``num_new_tokens`` values every implementation must refuse."""
 TAILS = st.lists(ALPHABET, max_size=12)
 """A new request's tokens after the shared prefix it starts with."""
+
+
+@st.composite
+def prompts(draw: st.DrawFn, prefixes: list[list[int]], max_model_len: int) -> list[int]:
+    """A request's tokens: a cut of one shared prefix, then its own tail."""
+    prefix = draw(st.sampled_from(prefixes), label="prefix")
+    cut = draw(st.integers(0, len(prefix)), label="prefix tokens kept")
+    return (prefix[:cut] + draw(TAILS, label="tail"))[: max_model_len - 1] or [0]
+
+
+@st.composite
+def workloads(draw: st.DrawFn, prefixes: list[list[int]], max_model_len: int) -> list[tuple[list[int], dict[str, Any]]]:
+    """1-3 requests waiting at the start."""
+    tokens = draw(st.lists(prompts(prefixes, max_model_len), min_size=1, max_size=3))
+    return [(prompt, draw(request_extras(len(prompt)))) for prompt in tokens]
 
 
 @st.composite
@@ -81,6 +96,10 @@ class Setup:
     """Keyword arguments of ``KVCacheManager`` (see :func:`manager_options`)."""
     prefixes: list[list[int]]
     """Shared prompt prefixes new requests start from."""
+    workload: list[tuple[list[int], dict[str, Any]]]
+    """Requests waiting when the machine starts (tokens, ``make_request``
+    extras): whichever rules Hypothesis' swarm testing turns off for a run,
+    there is work to admit."""
     encoder_tokens: int = 0
     """``num_encoder_tokens`` of every admission (cross-attention models)."""
 
@@ -113,11 +132,14 @@ def full_attention_setups(draw: st.DrawFn) -> Setup:
     num_groups = 1 if enable_caching else draw(st.integers(0, 2))
     groups = tuple(KVCacheGroupSpec((f"layer.{g}",), FullAttentionSpec(block_size, 1, 8, "float16"))
                    for g in range(num_groups))
+    max_model_len = draw(st.integers(8, 64))
+    prefixes = draw(st.lists(st.lists(ALPHABET, min_size=1, max_size=24), min_size=1, max_size=3))
     return Setup(
         config=KVCacheConfig(draw(st.integers(1, 40)), (), groups),
-        max_model_len=draw(st.integers(8, 64)),
+        max_model_len=max_model_len,
         options=draw(manager_options(alignment=block_size if groups else 1, enable_caching=enable_caching)),
-        prefixes=draw(st.lists(st.lists(ALPHABET, min_size=1, max_size=24), min_size=1, max_size=3)),
+        prefixes=prefixes,
+        workload=draw(workloads(prefixes, max_model_len)),
     )
 
 
@@ -169,10 +191,13 @@ def hybrid_setups(draw: st.DrawFn) -> Setup:
     enable_caching = draw(st.integers(0, 5).map(bool))
     options = draw(manager_options(alignment=math.lcm(*(spec.block_size for spec in specs)),
                                    enable_caching=enable_caching, hash_fns=("sha256", "xxh3_128")))
+    max_model_len = draw(st.integers(16, 48))
+    prefixes = draw(st.lists(st.lists(ALPHABET, min_size=8, max_size=32), min_size=1, max_size=2))
     return Setup(
         config=KVCacheConfig(draw(st.integers(16, 160)) + sinks, (), groups),
-        max_model_len=draw(st.integers(16, 48)),
+        max_model_len=max_model_len,
         options=options,
-        prefixes=draw(st.lists(st.lists(ALPHABET, min_size=8, max_size=32), min_size=1, max_size=2)),
+        prefixes=prefixes,
+        workload=draw(workloads(prefixes, max_model_len)),
         encoder_tokens=draw(st.integers(1, 10)) if encoder else 0,
     )

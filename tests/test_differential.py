@@ -10,6 +10,8 @@ statistics, pool exhaustion, full-sequence admission, and misuse.
 One ``@rule`` per operation, gated by ``@precondition``; arguments that do
 not depend on the state are rule arguments (drawn by ``tests/strategies.py``,
 shown in a failure report), the others are drawn from ``data`` with a label.
+The configuration and a starting workload of waiting requests are drawn once
+(``@initialize``); request ids live in the ``request_ids`` bundle.
 After every call all implementations must have returned the same thing (or
 raised the same typed error, leaving their state unchanged); after every step
 they expose equal snapshots and each one's ``check_invariants()`` holds, with
@@ -29,7 +31,16 @@ from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    MultipleResults,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
 from pagedkv.spec import PagedKVError
 from pagedkv.spec.mamba_spec import MambaSpec
@@ -42,10 +53,10 @@ from tests.strategies import (
     EVICT_IDS,
     LOOKAHEAD,
     OUTPUT_TOKENS,
-    TAILS,
     WHOLE_SEQUENCE,
     Setup,
     full_attention_setups,
+    prompts,
     request_extras,
 )
 
@@ -103,13 +114,15 @@ class Lockstep(RuleBasedStateMachine):
         self.tracked: dict[str, Tracked] = {}
         self.next_id = 0
 
-    def build(self, setup: Setup) -> None:
-        """Every implementation's manager on the same configuration."""
+    def build(self, setup: Setup) -> MultipleResults[str]:
+        """Every implementation's manager on the same configuration, and the
+        starting workload (for the ``request_ids`` bundle)."""
         self.setup = setup
         self.managers = [implementation.KVCacheManager(setup.config, setup.max_model_len, **setup.options)
                          for implementation in self.implementations.values()]
         self.max_model_len = setup.max_model_len
         self.has_mamba = any(isinstance(group.kv_cache_spec, MambaSpec) for group in setup.config.kv_cache_groups)
+        return multiple(*(self.add_request(tokens, extra) for tokens, extra in setup.workload))
 
     # -- the comparison core ---------------------------------------------------
 
@@ -193,19 +206,20 @@ class Lockstep(RuleBasedStateMachine):
 
     # -- the engine's work -----------------------------------------------------------
 
-    @rule(target=request_ids, data=st.data(), tail=TAILS)
-    def new_request(self, data: st.DataObject, tail: list[int]) -> str:
-        """A request arrives: a cut of a shared prefix, then its own tail."""
-        prefix = data.draw(st.sampled_from(self.setup.prefixes), label="prefix")
-        cut = data.draw(st.integers(0, len(prefix)), label="prefix tokens kept")
-        tokens = (prefix[:cut] + tail)[: self.max_model_len - 1] or [0]
-        extra = data.draw(request_extras(len(tokens)), label="extras")
+    def add_request(self, tokens: list[int], extra: dict[str, Any]) -> str:
+        """A waiting request, made by every implementation."""
         request_id = f"r{self.next_id}"
         self.next_id += 1
         pair = Tracked([manager.make_request(request_id, tokens, **extra) for manager in self.managers])
         self.check_hashes(pair)
         self.tracked[request_id] = pair
         return request_id
+
+    @rule(target=request_ids, data=st.data())
+    def new_request(self, data: st.DataObject) -> str:
+        """A request arrives: a cut of a shared prefix, then its own tail."""
+        tokens = data.draw(prompts(self.setup.prefixes, self.max_model_len), label="prompt")
+        return self.add_request(tokens, data.draw(request_extras(len(tokens)), label="extras"))
 
     @precondition(lambda self: bool(self.waiting()))
     @rule(data=st.data(), lookahead=LOOKAHEAD, delay=DELAY_CACHING, whole=WHOLE_SEQUENCE)
@@ -281,8 +295,11 @@ class Lockstep(RuleBasedStateMachine):
     def evict_blocks(self, block_ids: list[int]) -> None:
         self.each(lambda i, m: m.evict_blocks(list(block_ids)))
 
+    @precondition(lambda self: bool(self.managers[0].snapshot().pool.cached))
     @rule()
     def reset_prefix_cache(self) -> None:
+        """Only with something cached: an engine resets a cache rarely, and
+        a reset of an empty cache would mostly keep the next hits away."""
         self.each(lambda i, m: m.reset_prefix_cache())
 
     # The per-step calls: an engine makes them only where they do something
@@ -357,15 +374,15 @@ def weight_rules(machine: type[RuleBasedStateMachine], **weights: int) -> None:
             setattr(machine, f"_{name}_weight_{copy}", getattr(machine, name))
 
 
-weight_rules(Lockstep, new_request=2, admit=4, step=5, sample=4, free=3)
+weight_rules(Lockstep, new_request=3, admit=6, step=8, sample=6, free=4, cache_blocks=2)
 
 
 class LockstepMachine(Lockstep):
     """Full attention: one group with prefix caching, or any number without."""
 
-    @initialize(setup=full_attention_setups())
-    def configure(self, setup: Setup) -> None:
-        self.build(setup)
+    @initialize(target=Lockstep.request_ids, setup=full_attention_setups())
+    def configure(self, setup: Setup) -> MultipleResults[str]:
+        return self.build(setup)
 
 
 def _diff(first_name: str, first: Any, name: str, other: Any) -> str:

@@ -13,7 +13,7 @@ step.
 
 from __future__ import annotations
 
-from hypothesis.stateful import initialize
+from hypothesis.stateful import MultipleResults, initialize
 
 from tests.strategies import Setup, hybrid_setups
 from tests.test_differential import LOCKSTEP_SETTINGS, Lockstep
@@ -22,9 +22,9 @@ from tests.test_differential import LOCKSTEP_SETTINGS, Lockstep
 class HybridLockstepMachine(Lockstep):
     """Hybrid configurations, prefix caching on (and sometimes off)."""
 
-    @initialize(setup=hybrid_setups())
-    def configure(self, setup: Setup) -> None:
-        self.build(setup)
+    @initialize(target=Lockstep.request_ids, setup=hybrid_setups())
+    def configure(self, setup: Setup) -> MultipleResults[str]:
+        return self.build(setup)
 
 
 HybridLockstepMachine.TestCase.settings = LOCKSTEP_SETTINGS
