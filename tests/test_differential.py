@@ -18,9 +18,12 @@ they expose equal snapshots and each one's ``check_invariants()`` holds, with
 the post-conditions of ``tests/postconditions.py`` (REQ-7, HASH-1, HYB-1,
 SKIP-1 (b), MAMBA-1, SWA-1, CHUNK-1) asserted on each.
 
-Adding an operation: a rule below calling ``self.each(...)``, its argument
-strategies in ``tests/strategies.py``, a precondition if it needs a request
-in some state.
+Adding an operation: a rule below calling ``self.each(lambda i, m: ...)``
+(``i`` indexes the implementation, e.g. ``pair.requests[i]``), its argument
+strategies in ``tests/strategies.py``, a ``@precondition`` if it needs a
+request in some state, a post-condition in ``tests/postconditions.py`` if the
+spec states one, and a share in :func:`weight_rules` if an engine calls it
+often. A new manager option is drawn in ``strategies.manager_options``.
 """
 
 from __future__ import annotations
@@ -401,8 +404,8 @@ def _diff(first_name: str, first: Any, name: str, other: Any) -> str:
     return "\n".join(lines)
 
 
-LOCKSTEP_SETTINGS = settings(settings(), stateful_step_count=60, max_examples=settings().max_examples * 14)
-"""Both machines: long runs (60 steps), 14 times the profile's examples (a
+LOCKSTEP_SETTINGS = settings(settings(), stateful_step_count=60, max_examples=settings().max_examples * 12)
+"""Both machines: long runs (60 steps), 12 times the profile's examples (a
 run costs less than under the former dispatching machine: this keeps the
 CI time of the two machines where it was, about 3.5 minutes on 2 cores)."""
 
