@@ -125,13 +125,13 @@ def _skipped(spec: KVCacheSpec, num_computed: int) -> int | None:
 
 
 def check_allocation(manager: Any, request_id: str, num_total_computed: int, num_new_tokens: int,
-                     num_lookahead_tokens: int, within_budget: bool = True) -> None:
+                     num_lookahead_tokens: int) -> None:
     """After ``allocate_slots`` returned (blocks or ``None``) for a request
     that is now known: SKIP-1 (b) and MAMBA-1 (modes ``none``/``all``) —
     the positions attention no longer reads hold the null block — and SWA-1 /
     CHUNK-1 — a windowed group holds no more real blocks than its admission
-    cap when this call (and, ``within_budget``, every earlier one) asked for
-    at most ``max_num_batched_tokens`` tokens."""
+    cap when the call asked for at most ``max_num_batched_tokens`` tokens
+    (lookahead included)."""
     lists = manager.get_block_ids(request_id)
     budget = manager.max_num_batched_tokens
     for group_id, (spec, blocks) in enumerate(zip(_specs(manager), lists)):
@@ -147,7 +147,7 @@ def check_allocation(manager: Any, request_id: str, num_total_computed: int, num
             if any(block != NULL for block in blocks[:max(0, dead)]):
                 raise _fail("MAMBA-1", f"request {request_id!r} group {group_id} holds old states "
                             f"{blocks[:dead]} after {num_total_computed} computed tokens")
-        if within_budget and num_new_tokens + num_lookahead_tokens <= budget and isinstance(
+        if num_new_tokens + num_lookahead_tokens <= budget and isinstance(
                 spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
             cap = spec.max_admission_blocks_per_request(budget, manager.max_model_len)
             held = sum(1 for block in blocks if block != NULL)

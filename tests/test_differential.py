@@ -85,8 +85,6 @@ class Tracked:
     requests: list[Request]
     known: bool = False
     finished: bool = False
-    within_budget: bool = True
-    """Every allocation so far asked for at most ``max_num_batched_tokens`` (SWA-1)."""
 
     @property
     def num_tokens(self) -> int:
@@ -201,11 +199,9 @@ class Lockstep(RuleBasedStateMachine):
                                                   options.get("hash_seed"))
 
     def check_allocation(self, pair: Tracked, total_computed: int, num_new_tokens: int, lookahead: int) -> None:
-        if num_new_tokens + lookahead > self.managers[0].max_num_batched_tokens:
-            pair.within_budget = False
         for index, manager in enumerate(self.managers):
             postconditions.check_allocation(manager, pair.requests[index].request_id, total_computed,
-                                            num_new_tokens, lookahead, pair.within_budget)
+                                            num_new_tokens, lookahead)
 
     # -- the engine's work -----------------------------------------------------------
 
@@ -245,7 +241,7 @@ class Lockstep(RuleBasedStateMachine):
             num_external_computed_tokens=external, delay_cache_blocks=delay,
             num_encoder_tokens=encoder_tokens, full_sequence_must_fit=whole))
         if out[0] is not None:
-            pair.known, pair.within_budget = True, True
+            pair.known = True
             self.check_allocation(pair, hit_tokens + external, chunk, lookahead)
             pair.set_computed(hit_tokens + external + chunk)
 
