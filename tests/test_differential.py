@@ -403,7 +403,7 @@ def _diff(first_name: str, first: Any, name: str, other: Any) -> str:
 LOCKSTEP_SETTINGS = settings(settings(), stateful_step_count=60, max_examples=settings().max_examples * 12)
 """Both machines: long runs (60 steps), 12 times the profile's examples (a
 run costs less than under the former dispatching machine: this keeps the
-CI time of the two machines where it was, about 3.5 minutes on 2 cores)."""
+two machines' CI time where it was, about 3 minutes on the shared 2 cores)."""
 
 LockstepMachine.TestCase.settings = LOCKSTEP_SETTINGS
 test_lockstep = LockstepMachine.TestCase
