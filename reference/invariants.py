@@ -132,7 +132,8 @@ def check_manager(manager: KVCacheManager) -> None:
         # SINK-1: sink blocks are held for good, unhashed, by the pool alone.
         if isinstance(group, SinkFullAttentionManager):
             sink_blocks.extend(group.sink_blocks)
-            sink_len = getattr(group.spec, "sink_len", None) or 0
+            spec = manager.kv_cache_config.kv_cache_groups[group.group_id].kv_cache_spec
+            sink_len = getattr(spec, "sink_len", None) or 0
             if len(group.sink_blocks) != sink_len // group.block_size or len({
                     block.block_id for block in group.sink_blocks}) != len(group.sink_blocks) or any(
                     block.ref_cnt != 1 or block.block_hash is not None or block.is_null

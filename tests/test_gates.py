@@ -161,7 +161,9 @@ class Surgery:
             self.pool.free_queue.remove(block_id)
 
     def num_cached(self, group: int) -> dict[str, int]:
-        table = self.groups[group].num_cached_blocks if self.is_reference else self.groups[group].cached_count
+        manager = self.groups[group]
+        # ``cached_count`` is the optimized name until the vocabulary is one (issue 9).
+        table = manager.num_cached_blocks if hasattr(manager, "num_cached_blocks") else manager.cached_count
         return table  # type: ignore[no-any-return]
 
     def known(self) -> set[str]:
