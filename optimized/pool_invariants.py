@@ -1,7 +1,12 @@
-"""Structural invariants of the optimized block pool (spec/state.md IDs).
+"""The optimized implementation's ``check_invariants()``: every invariant of
+spec/state.md that the state alone decides, by ID (the reference's
+``reference/invariants.py`` checks the same IDs over its own representation).
 
-Kept apart from ``block_pool.py`` so the hot module stays small; the pool's
-``check_invariants()`` calls :func:`check_pool_invariants`.
+Kept apart from ``block_pool.py`` so the hot modules stay small; the pool's
+``check_invariants()`` calls :func:`check_pool_invariants`, the manager's
+calls both. When everything works these are expensive no-ops; on failure they
+raise :class:`~pagedkv.spec.errors.InvariantViolation` whose message starts
+with the broken invariant's ID.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pagedkv.spec.errors import InvariantViolation
+from pagedkv.spec.types import BlockHash
 
 if TYPE_CHECKING:
     from .block_pool import BlockPool
@@ -34,8 +40,10 @@ def check_pool_invariants(pool: BlockPool) -> None:
     except AssertionError as exc:
         fail("POOL-2", f"free queue links broken: {exc}")
     queue = pool.free_queue.to_list()
-    if pool.ref_counts[0] != 0 or pool.block_hashes[0] is not None or 0 in queue:
-        fail("POOL-1", "null block queued, referenced or hashed")
+    if len(pool.ref_counts) != n or len(pool.block_hashes) != n or len(pool.block_group_ids) != n:
+        fail("POOL-1", f"per-block tables do not cover exactly the ids 0..{n - 1}")
+    if pool.ref_counts[0] != 0 or pool.block_hashes[0] is not None or 0 in queue or 0 in pool.reserved:
+        fail("POOL-1", "null block queued, referenced, hashed or reserved")
     queued = set(queue)
     if any(not 0 < b < n for b in queue):
         fail("POOL-2", "free queue holds an id outside [1, num_blocks)")
@@ -44,8 +52,10 @@ def check_pool_invariants(pool: BlockPool) -> None:
             fail("POOL-3", f"block {b} has ref count {pool.ref_counts[b]}")
         if (b in queued) != (pool.ref_counts[b] == 0):
             fail("POOL-2", f"block {b}: queued={b in queued} ref={pool.ref_counts[b]}")
-    if pool.free_queue.size != len(queue):
-        fail("POOL-4", f"free count {pool.free_queue.size} != queue length {len(queue)}")
+    usage = 0.0 if n == 1 else 1 - len(queue) / (n - 1)
+    if pool.get_num_free_blocks() != len(queue) or pool.get_usage() != usage:
+        fail("POOL-4", f"free count {pool.get_num_free_blocks()} or usage {pool.get_usage()} "
+                       f"disagrees with the queue's {len(queue)} blocks")
     seen: set[int] = set()
     for group_id, table in enumerate(pool.cached_by_group):
         for block_hash, ids in table.items():
@@ -56,10 +66,12 @@ def check_pool_invariants(pool: BlockPool) -> None:
                     fail("CACHE-1", f"block {b} in map under another key")
                 seen.add(b)
     for b in range(n):
-        if pool.block_hashes[b] is not None and b not in seen:
-            fail("CACHE-1", f"block {b} hashed but not in the map")
         if pool.block_hashes[b] is not None and not 0 <= pool.block_group_ids[b] < pool.num_groups:
             fail("CACHE-3", f"block {b} has group id {pool.block_group_ids[b]}")
+        if pool.block_hashes[b] is not None and b not in seen:
+            fail("CACHE-1", f"block {b} hashed but not in the map")
+        if pool.block_hashes[b] is None and pool.block_group_ids[b] != -1:
+            fail("CACHE-1", f"block {b} carries no hash but group id {pool.block_group_ids[b]}")
     if not pool.enable_caching and seen:
         fail("CACHE-2", "caching disabled but blocks carry hashes")
     if not pool.enable_kv_cache_events and pool.pending_events:
@@ -68,42 +80,93 @@ def check_pool_invariants(pool: BlockPool) -> None:
 
 def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
                              snapshot: Callable[[], object]) -> None:
-    """Check REQ-1..5 over the coordinator's request table (the manager's
-    ``check_invariants()`` calls it after the pool's). Cost: O(num_blocks +
-    blocks held).
+    """Check the request table's invariants over the coordinator (the
+    manager's ``check_invariants()`` calls it after the pool's): REQ-1..6,
+    SKIP-1 (a), XATTN-1, SINK-1 and MAMBA-2. Cost:
+    O(num_blocks + blocks held + states cached this step).
 
     Raises:
         InvariantViolation: the message starts with the invariant's ID.
     """
-    from .single_type import FullAttentionManager  # imported late: it imports the pool
+    # Imported late: these modules import the pool, which imports this one.
+    from .cross_attention import CrossAttentionManager
+    from .mamba import MambaManager
+    from .single_type import FullAttentionManager, SinkFullAttentionManager
+    from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
     holders = [0] * pool.num_blocks
+    reserved = set(pool.reserved)
+    managers = coordinator.managers
 
     def fail(inv: str, what: str) -> None:
         raise InvariantViolation(f"{inv}: {what}\nstate: {snapshot()!r}")
 
+    # REQ-5 first: the loops below (and the manager's snapshot) read every
+    # known request's lists, so its report shows the pool alone.
+    for manager in managers:
+        if set(manager.req_to_blocks) != coordinator.requests:
+            raise InvariantViolation(
+                f"REQ-5: group {manager.group_id} tracks {sorted(manager.req_to_blocks)}, known requests "
+                f"are {sorted(coordinator.requests)}\nstate: {pool.snapshot()!r}")
     for request_id in coordinator.requests:
-        for manager in coordinator.managers:
-            if request_id not in manager.req_to_blocks:
-                fail("REQ-5", f"request {request_id!r} has no list in group {manager.group_id}")
-        for group_id, blocks in enumerate(coordinator.get_blocks(request_id)):
-            cached = coordinator.get_num_cached_blocks(request_id)[group_id]
+        lists = coordinator.get_blocks(request_id)
+        cached_counts = coordinator.get_num_cached_blocks(request_id)
+        if len(lists) != len(managers) or len(cached_counts) != len(managers):
+            fail("REQ-5", f"request {request_id!r} has {len(lists)} lists for {len(managers)} groups")
+        everywhere: list[int] = []
+        for group_id, (manager, blocks) in enumerate(zip(managers, lists)):
+            cached = cached_counts[group_id]
             if not 0 <= cached <= len(blocks):
-                fail("REQ-2", f"request {request_id!r}: {cached} cached of {len(blocks)}")
+                fail("REQ-2", f"request {request_id!r} group {group_id}: {cached} cached of {len(blocks)}")
             held = [block for block in blocks if block]
-            full = isinstance(coordinator.managers[group_id], FullAttentionManager)
-            if (full and len(held) != len(blocks)) or len(set(held)) != len(held):
+            if isinstance(manager, FullAttentionManager) and (
+                    len(held) != len(blocks) or len(set(held)) != len(held)):
                 fail("REQ-4", f"request {request_id!r} group {group_id}: {blocks}")
+            if isinstance(manager, (SlidingWindowManager, ChunkedLocalAttentionManager)) and (
+                    list(blocks[len(blocks) - len(held):]) != held or len(set(held)) != len(held)):
+                fail("SKIP-1", f"request {request_id!r} group {group_id} holds {blocks}: "
+                               "not a null prefix then distinct real blocks")
             for block in held:
                 holders[block] += 1
                 key = pool.cache_key(block)
-                if key is not None and int.from_bytes(key[-4:], "big") != group_id:
+                if key is None:
+                    continue
+                if isinstance(manager, CrossAttentionManager):
+                    fail("XATTN-1", f"request {request_id!r} holds hashed cross-attention block {block}")
+                if int.from_bytes(key[-4:], "big") != group_id:
                     fail("REQ-3", f"block {block} held in group {group_id} keyed {key.hex()}")
-    for manager in coordinator.managers:
-        if set(manager.req_to_blocks) != coordinator.requests:
-            fail("REQ-5", f"group {manager.group_id} tracks other requests")
+            everywhere.extend(held)
+        if len(set(everywhere)) != len(everywhere) or reserved.intersection(everywhere):
+            fail("REQ-6", f"request {request_id!r} holds a block twice or a sink block: {everywhere}")
+    sink_blocks: list[int] = []
+    for manager in managers:
+        if isinstance(manager, SinkFullAttentionManager):
+            sinks = list(manager.sink_blocks)
+            sink_len = getattr(manager.kv_cache_spec, "sink_len", None) or 0
+            sink_blocks.extend(sinks)
+            if len(sinks) != sink_len // manager.block_size or len(set(sinks)) != len(sinks) or any(
+                    pool.ref_counts[block] != 1 or pool.block_hashes[block] is not None
+                    or not 0 < block < pool.num_blocks for block in sinks):
+                fail("SINK-1", f"group {manager.group_id}'s sink blocks {sinks} are not held as reserved")
+        if isinstance(manager, MambaManager):
+            _check_states_cached_this_step(pool, manager.group_id, manager.cached_this_step, fail)
+    if sorted(sink_blocks) != sorted(pool.reserved):
+        fail("SINK-1", f"reserved blocks {sorted(pool.reserved)} != sink blocks {sorted(sink_blocks)}")
     for block in pool.reserved:
         holders[block] += 1  # sink blocks: held by the manager itself (SINK-1)
     for block in range(1, pool.num_blocks):
         if pool.ref_counts[block] != holders[block]:
             fail("REQ-1", f"block {block}: ref {pool.ref_counts[block]}, held {holders[block]}")
+
+
+def _check_states_cached_this_step(pool: BlockPool, group_id: int, cached_this_step: set[BlockHash],
+                                   fail: Callable[[str, str], None]) -> None:
+    """MAMBA-2 in this representation: the set holds raw hashes of the
+    group's own view, the group id being implied by the manager. A key of
+    the group (or of another one: raw hash plus group id) differs in length
+    from every hash the group's blocks carry."""
+    lengths = {len(block_hash) for block_hash in cached_this_step}
+    lengths.update(len(block_hash) for block_hash in pool.cached_by_group[group_id])
+    if len(lengths) > 1 or any(type(block_hash) is not bytes for block_hash in cached_this_step):
+        fail("MAMBA-2", f"group {group_id} remembers a state that is not a hash of its view: "
+                        f"{sorted(block_hash.hex() for block_hash in cached_this_step)}")

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from pagedkv.reference import rules
-from pagedkv.reference.block_pool import BlockPool
+from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.single_type import FullAttentionManager, SinkFullAttentionManager
@@ -75,8 +75,8 @@ def check_pool(pool: BlockPool, num_groups: int) -> None:
 
 
 def check_manager(manager: KVCacheManager) -> None:
-    """Every invariant: the pool's, then the request table's (REQ-*, SKIP-1,
-    XATTN-1, SINK-1, MAMBA-2)."""
+    """Every invariant the state alone decides: the pool's, then the request
+    table's (REQ-1..6, SKIP-1 (a), XATTN-1, SINK-1, MAMBA-2)."""
     pool = manager.block_pool
     managers = manager.coordinator.managers
     check_pool(pool, len(managers))
@@ -127,13 +127,21 @@ def check_manager(manager: KVCacheManager) -> None:
                if not block.is_null]
         if len(set(ids)) != len(ids) or reserved & set(ids):
             raise _fail("REQ-6", f"request {request_id!r} holds a block twice or a sink block: {ids}", state)
+    sink_blocks: list[KVCacheBlock] = []
     for group in managers:
         # SINK-1: sink blocks are held for good, unhashed, by the pool alone.
-        if isinstance(group, SinkFullAttentionManager) and any(
-                block.ref_cnt != 1 or block.block_hash is not None or block not in pool.reserved
-                for block in group.sink_blocks):
-            raise _fail("SINK-1", f"group {group.group_id}'s sink blocks are not held as reserved", state)
+        if isinstance(group, SinkFullAttentionManager):
+            sink_blocks.extend(group.sink_blocks)
+            spec = manager.kv_cache_config.kv_cache_groups[group.group_id].kv_cache_spec
+            sink_len = getattr(spec, "sink_len", None) or 0
+            if len(group.sink_blocks) != sink_len // group.block_size or len({
+                    block.block_id for block in group.sink_blocks}) != len(group.sink_blocks) or any(
+                    block.ref_cnt != 1 or block.block_hash is not None or block.is_null
+                    for block in group.sink_blocks):
+                raise _fail("SINK-1", f"group {group.group_id}'s sink blocks are not held as reserved", state)
         # MAMBA-2: states cached this step are keys of this group.
         if isinstance(group, MambaManager) and any(get_group_id(key) != group.group_id
                                                    for key in group.cached_this_step):
             raise _fail("MAMBA-2", f"group {group.group_id} remembers another group's key", state)
+    if sorted(block.block_id for block in sink_blocks) != sorted(reserved):
+        raise _fail("SINK-1", "the reserved blocks are not exactly the sink groups' blocks", state)

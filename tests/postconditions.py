@@ -1,0 +1,157 @@
+"""Post-conditions the lockstep machines assert after a call ("sm" in
+spec/state.md): the invariants that need what ``check_invariants()`` does not
+see — the ``Request`` objects, the call's arguments, its result.
+
+Every check reads only public API (``kv_cache_config``, ``block_sizes``,
+``hash_block_size``, ``max_model_len``, ``max_num_batched_tokens``,
+``get_block_ids``, ``snapshot``), so it runs on any implementation, and on
+failure raises :class:`~pagedkv.spec.errors.InvariantViolation` whose message
+starts with the invariant's ID, as ``check_invariants()`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pagedkv.spec.errors import InvariantViolation
+from pagedkv.spec.hashing import block_extra_keys, hash_block_tokens, normalize_hash_fn, seed_hash
+from pagedkv.spec.kv_cache_spec import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+from pagedkv.spec.mamba_spec import MambaSpec
+from pagedkv.spec.request import Request
+from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
+
+__all__ = ["check_block_hashes", "check_position_keys", "check_hit", "check_allocation", "group_view"]
+
+NULL = 0
+
+
+def _fail(invariant: str, message: str) -> InvariantViolation:
+    return InvariantViolation(f"{invariant}: {message}")
+
+
+def _specs(manager: Any) -> list[KVCacheSpec]:
+    return [group.kv_cache_spec for group in manager.kv_cache_config.kv_cache_groups]
+
+
+def group_view(block_hashes: Sequence[BlockHash], hash_block_size: int, block_size: int) -> list[bytes]:
+    """A request's hashes at a group's block size (spec/hashing.md §4): a
+    group block's hash joins the hashes of the hash blocks it spans."""
+    scale = block_size // hash_block_size
+    return [b"".join(block_hashes[index * scale:(index + 1) * scale])
+            for index in range(len(block_hashes) // scale)]
+
+
+def check_block_hashes(request: Request, hash_fn: str, hash_block_size: int, hash_seed: str | None) -> None:
+    """HASH-1: the request's block hashes are the chain spec/hashing.md
+    defines, recomputed here from scratch."""
+    fn = normalize_hash_fn(hash_fn)
+    tokens = request.all_token_ids
+    parent: bytes = seed_hash(fn, hash_seed)
+    expected: list[bytes] = []
+    mm_index = 0
+    for index in range(request.num_tokens // hash_block_size):
+        start, end = index * hash_block_size, (index + 1) * hash_block_size
+        extra_keys, mm_index = block_extra_keys(request, start, end, mm_index)
+        parent = hash_block_tokens(fn, parent, tokens[start:end], extra_keys)
+        expected.append(parent)
+    if list(request.block_hashes) != expected:
+        raise _fail("HASH-1", f"request {request.request_id!r} carries {len(request.block_hashes)} block "
+                    f"hashes that are not the {len(expected)} its tokens define")
+
+
+def check_position_keys(manager: Any, requests: Iterable[Request]) -> None:
+    """REQ-7: a hashed block a known request holds carries its own
+    position's key. Mamba groups are exempt (state blocks move)."""
+    snapshot = manager.snapshot()
+    keys = snapshot.pool.block_hashes
+    hash_block_size = manager.hash_block_size
+    for request in requests:
+        lists = manager.get_block_ids(request.request_id)
+        for group_id, (spec, blocks) in enumerate(zip(_specs(manager), lists)):
+            if isinstance(spec, MambaSpec):
+                continue
+            view = group_view(request.block_hashes, hash_block_size, manager.block_sizes[group_id])
+            for index, block in enumerate(blocks):
+                key = keys[block]
+                if key is None:
+                    continue
+                if index >= len(view) or key != make_block_hash_with_group_id(BlockHash(view[index]), group_id):
+                    raise _fail("REQ-7", f"request {request.request_id!r} group {group_id} holds block {block} "
+                                f"at position {index} under another position's key {key.hex()}")
+
+
+def check_hit(manager: Any, request: Request, block_ids: Sequence[Sequence[int]], length: int) -> None:
+    """HYB-1 (but maximality, which the machine checks by comparing every
+    implementation with the reference's brute-force search) and XATTN-1's
+    second half: a prefix hit is aligned, leaves a token to compute, covers
+    ``length`` tokens in every group with blocks carrying their positions'
+    keys, and takes no cross-attention block."""
+    specs = _specs(manager)
+    block_sizes = manager.block_sizes
+    alignment = math.lcm(*block_sizes) if block_sizes else 1
+    if length % alignment or not 0 <= length <= max(0, request.num_tokens - 1) or len(block_ids) != len(specs):
+        raise _fail("HYB-1", f"hit of {length} tokens for request {request.request_id!r} "
+                    f"({request.num_tokens} tokens, alignment {alignment}, {len(block_ids)} lists)")
+    keys = manager.snapshot().pool.block_hashes
+    for group_id, (spec, blocks) in enumerate(zip(specs, block_ids)):
+        if isinstance(spec, CrossAttentionSpec):
+            if blocks:
+                raise _fail("XATTN-1", f"group {group_id} contributes {list(blocks)} to a prefix hit")
+            continue
+        if len(blocks) * block_sizes[group_id] != length:
+            raise _fail("HYB-1", f"group {group_id} hit {len(blocks)} blocks of {block_sizes[group_id]} "
+                        f"tokens for a hit of {length}")
+        view = group_view(request.block_hashes, manager.hash_block_size, block_sizes[group_id])
+        for index, block in enumerate(blocks):
+            if block != NULL and keys[block] != make_block_hash_with_group_id(BlockHash(view[index]), group_id):
+                raise _fail("HYB-1", f"group {group_id} hit block {block} at position {index} does not carry "
+                            "its position's key")
+
+
+def _skipped(spec: KVCacheSpec, num_computed: int) -> int | None:
+    """Leading tokens no longer read (spec/managers.md); None: the type skips none."""
+    if isinstance(spec, SlidingWindowSpec):
+        return max(0, num_computed - spec.sliding_window + 1)
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return num_computed // spec.attention_chunk_size * spec.attention_chunk_size
+    return None
+
+
+def check_allocation(manager: Any, request_id: str, num_total_computed: int, num_new_tokens: int,
+                     num_lookahead_tokens: int) -> None:
+    """After ``allocate_slots`` returned (blocks or ``None``) for a request
+    that is now known: SKIP-1 (b) and MAMBA-1 (modes ``none``/``all``) —
+    the positions attention no longer reads hold the null block — and SWA-1 /
+    CHUNK-1 — a windowed group holds no more real blocks than its admission
+    cap when the call asked for at most ``max_num_batched_tokens`` tokens
+    (lookahead included)."""
+    lists = manager.get_block_ids(request_id)
+    budget = manager.max_num_batched_tokens
+    for group_id, (spec, blocks) in enumerate(zip(_specs(manager), lists)):
+        block_size = manager.block_sizes[group_id]
+        skipped = _skipped(spec, num_total_computed)
+        if skipped is not None:
+            dead = min(len(blocks), skipped // block_size)
+            if any(block != NULL for block in blocks[:dead]):
+                raise _fail("SKIP-1", f"request {request_id!r} group {group_id} still holds {blocks[:dead]} "
+                            f"in the {dead} blocks {num_total_computed} computed tokens skip")
+        if isinstance(spec, MambaSpec) and spec.mamba_cache_mode in ("none", "all"):
+            dead = min(len(blocks), (max(0, num_total_computed - spec.num_speculative_blocks) - 1) // block_size)
+            if any(block != NULL for block in blocks[:max(0, dead)]):
+                raise _fail("MAMBA-1", f"request {request_id!r} group {group_id} holds old states "
+                            f"{blocks[:dead]} after {num_total_computed} computed tokens")
+        if num_new_tokens + num_lookahead_tokens <= budget and isinstance(
+                spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+            cap = spec.max_admission_blocks_per_request(budget, manager.max_model_len)
+            held = sum(1 for block in blocks if block != NULL)
+            if held > cap:
+                invariant = "SWA-1" if isinstance(spec, SlidingWindowSpec) else "CHUNK-1"
+                raise _fail(invariant, f"request {request_id!r} group {group_id} holds {held} blocks, "
+                            f"over its admission cap {cap}")
