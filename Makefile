@@ -8,7 +8,12 @@ STAMP := $(VENV)/.installed
 MODULES := $(shell find src spec reference optimized -name '*.py' 2>/dev/null | sort)
 MODULE_LIST := $(VENV)/.modules
 
-.PHONY: install typecheck test crosshair verify verify-thorough bench demo clean
+.PHONY: install lint typecheck test test-quick crosshair verify verify-thorough bench demo clean
+
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+# What `make verify` (and so CI) runs, cheapest first so a slip fails fast.
+# A new gate: add a target below and append its name here.
+VERIFY_STEPS := lint typecheck test crosshair
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,19 +33,26 @@ FORCE:
 
 install: $(MODULE_LIST)
 
+lint: install
+	$(PY) -m ruff check --no-cache .
+
 typecheck: install
 	$(PY) -m mypy --strict -p pagedkv -p tests -p bench
 
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PYTEST)
+
+# The edit loop: the `quick` Hypothesis profile (tests/conftest.py), stop at the first failure.
+test-quick: install
+	HYPOTHESIS_PROFILE=quick $(PYTEST) -x $(TEST_ARGS)
 
 crosshair: install
 	$(PY) tests/crosshair_gate.py
 
-verify: typecheck test crosshair
+verify: $(VERIFY_STEPS)
 
 verify-thorough: install
-	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -p no:cacheprovider
+	HYPOTHESIS_PROFILE=thorough $(PYTEST)
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
@@ -49,4 +61,4 @@ demo: install
 	$(PY) -m pagedkv.cli demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .mypy_cache .hypothesis .ruff_cache
