@@ -7,7 +7,7 @@ groups are two different cache keys (spec/hashing.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NewType, TypeAlias
 
 __all__ = [

@@ -12,8 +12,9 @@ must expose equal snapshots; the reference's ``check_invariants()`` holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import hypothesis.strategies as st
 from hypothesis import settings
@@ -21,8 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import pagedkv.optimized as optimized
 import pagedkv.reference as reference
-from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MMFeature, PagedKVError
 from pagedkv.reference.mamba import MambaManager
+from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MMFeature, PagedKVError
 from pagedkv.spec.request import Request
 from pagedkv.spec.types import make_block_hash_with_group_id
 
@@ -269,10 +270,11 @@ class Lockstep(RuleBasedStateMachine):
     MISUSE = ("misuse_token_count", "misuse_too_long", "misuse_free_unknown")
 
     def _run(self, data: st.DataObject, name: str) -> None:
-        needs: dict[str, Callable[[], list[str]]] = {"admit": self.waiting, "step": self.running, "sample": self.running,
-                 "cache_blocks": self.running, "free": self.running, "inspect": lambda: list(self.pairs),
-                 "misuse_token_count": lambda: list(self.pairs), "misuse_too_long": lambda: list(self.pairs),
-                 "misuse_free_unknown": lambda: [r for r, p in self.pairs.items() if not p.known]}
+        needs: dict[str, Callable[[], list[str]]] = {
+            "admit": self.waiting, "step": self.running, "sample": self.running,
+            "cache_blocks": self.running, "free": self.running, "inspect": lambda: list(self.pairs),
+            "misuse_token_count": lambda: list(self.pairs), "misuse_too_long": lambda: list(self.pairs),
+            "misuse_free_unknown": lambda: [r for r, p in self.pairs.items() if not p.known]}
         if name in needs and not needs[name]():
             name = "new_request"
         getattr(self, name)(data)
@@ -331,7 +333,8 @@ def _diff(ref_state: Any, opt_state: Any) -> str:
         if name == "pool":
             for part in ("ref_counts", "block_hashes", "free_queue", "cached", "pending_events"):
                 if getattr(mine, part) != getattr(theirs, part):
-                    lines.append(f"  pool.{part}:\n    reference {getattr(mine, part)}\n    optimized {getattr(theirs, part)}")
+                    lines.append(f"  pool.{part}:\n    reference {getattr(mine, part)}\n"
+                                 f"    optimized {getattr(theirs, part)}")
         else:
             lines.append(f"  {name}:\n    reference {mine}\n    optimized {theirs}")
     return "\n".join(lines)
