@@ -38,7 +38,6 @@ from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvariantViolation,
     PoolExhaustedError,
-    UnknownBlockError,
 )
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import (
@@ -51,7 +50,7 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
-from .pool_view import NULL_BLOCK, PoolView, group_suffix
+from .pool_view import NULL_BLOCK, PoolView
 
 __all__ = ["BlockPool", "NULL_BLOCK"]
 

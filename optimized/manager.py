@@ -27,20 +27,19 @@ from typing import Any
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import (
     InvalidConfigError,
-    InvariantViolation,
 )
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 from . import _validation as check
+from .admission import admission_caps, full_sequence_demand
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .coordinator import KVCacheCoordinator, make_coordinator
-from .admission import admission_caps, full_sequence_demand
-from .pool_invariants import check_request_invariants
 from .decode import allocate_known_single, decode_probes, is_noop_decode
 from .hasher import make_block_hasher
+from .pool_invariants import check_request_invariants
 from .single_type import FullAttentionManager
 
 __all__ = ["KVCacheManager"]

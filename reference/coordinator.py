@@ -134,7 +134,8 @@ class Coordinator:
             for index, block in enumerate(hits):
                 if block.is_null:
                     continue
-                if index >= len(view) or block.block_hash != make_block_hash_with_group_id(view[index], manager.group_id):
+                if index >= len(view) or block.block_hash != make_block_hash_with_group_id(
+                        view[index], manager.group_id):
                     return (f"group {manager.group_id} position {index}: block {block.block_id} no longer "
                             "caches that position (evicted or reused since get_computed_blocks)")
         return None

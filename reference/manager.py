@@ -185,7 +185,8 @@ class KVCacheManager:
         if not self.enable_caching and (num_new_computed_tokens or any(hits)):
             raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
         for manager, group_hits in zip(self.coordinator.managers, hits):
-            expected = 0 if isinstance(manager, CrossAttentionManager) else num_new_computed_tokens // manager.block_size
+            expected = (0 if isinstance(manager, CrossAttentionManager)
+                        else num_new_computed_tokens // manager.block_size)
             if num_new_computed_tokens % manager.block_size or len(group_hits) != expected:
                 raise InvalidArgumentError(
                     f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
@@ -245,7 +246,8 @@ class KVCacheManager:
         if request.request_id not in self.coordinator.known:
             if missing_ok:
                 return
-            raise UnknownRequestError(f"request {request.request_id!r} holds no blocks (never allocated or already freed)")
+            raise UnknownRequestError(
+                f"request {request.request_id!r} holds no blocks (never allocated or already freed)")
         self.coordinator.release(request.request_id)
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec, SinkFullAttentionSpec
-from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["SingleTypeManager", "FullAttentionManager", "SinkFullAttentionManager"]
