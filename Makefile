@@ -42,9 +42,10 @@ typecheck: install
 test: install
 	$(PYTEST)
 
-# The edit loop: the `quick` Hypothesis profile (tests/conftest.py), stop at the first failure.
+# The edit loop: the `quick` Hypothesis profile (tests/conftest.py); last run's failures first
+# (pytest's cache), stop at the first failure. TEST_ARGS narrows it, e.g. TEST_ARGS="-k free".
 test-quick: install
-	HYPOTHESIS_PROFILE=quick $(PYTEST) -x $(TEST_ARGS)
+	HYPOTHESIS_PROFILE=quick $(PY) -m pytest -q --failed-first -x $(TEST_ARGS)
 
 crosshair: install
 	$(PY) tests/crosshair_gate.py
