@@ -8,9 +8,8 @@ STAMP := $(VENV)/.installed
 MODULES := $(shell find src spec reference optimized -name '*.py' 2>/dev/null | sort)
 MODULE_LIST := $(VENV)/.modules
 
-.PHONY: install lint typecheck test test-quick crosshair verify verify-thorough bench demo clean
+.PHONY: install typecheck test crosshair verify verify-thorough bench demo clean
 
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 # What `make verify` (and so CI) runs. The quick checks run first, in order, so a slip fails
 # fast; then the long gates, which are independent single-threaded processes, two at a time
 # (2 cores: test and crosshair side by side cut verify's wall time by a third to a half; each
@@ -36,6 +35,8 @@ FORCE:
 
 install: $(MODULE_LIST)
 
+.PHONY: lint test-quick
+
 lint: install
 	$(PY) -m ruff check --no-cache .
 
@@ -43,7 +44,7 @@ typecheck: install
 	$(PY) -m mypy --strict -p pagedkv -p tests -p bench
 
 test: install
-	$(PYTEST)
+	$(PY) -m pytest -q -p no:cacheprovider
 
 # The edit loop: the `quick` Hypothesis profile (tests/conftest.py); last run's failures first
 # (pytest's cache), stop at the first failure. TEST_ARGS narrows it, e.g. TEST_ARGS="-k free".
@@ -57,7 +58,7 @@ verify: $(VERIFY_CHECKS)
 	$(MAKE) --no-print-directory -j2 --output-sync=target $(VERIFY_GATES)
 
 verify-thorough: install
-	HYPOTHESIS_PROFILE=thorough $(PYTEST)
+	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -p no:cacheprovider
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
