@@ -94,7 +94,8 @@ def _summary(trace: dict[str, dict[str, Any]]) -> str:
     xxh_o, xxh_r = trace["xxh3_128"].get("optimized"), trace["xxh3_128"].get("reference")
     rows = []
     spec = [
-        ("manager total on the trace (ms)", "manager_total_ms", "manager_total_ms", "manager_total_ms", sha_o, sha_r, 1),
+        ("manager total on the trace (ms)", "manager_total_ms", "manager_total_ms", "manager_total_ms",
+         sha_o, sha_r, 1),
         ("allocate_slots (µs/call)", "allocate_slots", "allocate_slots", "allocate_slots", sha_o, sha_r, 2),
         ("get_computed_blocks (µs/call)", "get_computed_blocks", "get_computed_blocks",
          "get_computed_blocks", sha_o, sha_r, 2),
@@ -185,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     report: dict[str, Any] = {
         "command": command,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
                     "processor": platform.processor(), "cpus": os.cpu_count()},
         "trace_config": {"num_requests": config.num_requests, "num_blocks": 8192,

@@ -21,6 +21,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -112,8 +113,10 @@ def _cache(device: torch.device, block_bytes: int, num_blocks: int) -> KVCacheMe
     return KVCacheMemory(config, device)
 
 
-def _block_ops(device: torch.device, total_bytes: int, repeats: int,
-               timed: Callable[[Callable[[], None]], float]) -> dict[str, object]:
+def _bandwidths(device: torch.device, total_bytes: int, repeats: int,
+                timed: Callable[[Callable[[], None]], float]) -> tuple[float, float, float]:
+    """Bytes per second of one large copy: device to device, host to device,
+    device to host. A function of its own so the buffers are freed on return."""
     pinned = device.type == "cuda"
     src = torch.ones(total_bytes, dtype=torch.int8, device=device)
     dst = torch.empty_like(src)
@@ -131,7 +134,12 @@ def _block_ops(device: torch.device, total_bytes: int, repeats: int,
     copy_bw = total_bytes / _median(timed, copy_d2d, repeats)
     h2d_bw = total_bytes / _median(timed, copy_h2d, repeats)
     d2h_bw = total_bytes / _median(timed, copy_d2h, repeats)
-    del src, dst, host
+    return copy_bw, h2d_bw, d2h_bw
+
+
+def _block_ops(device: torch.device, total_bytes: int, repeats: int,
+               timed: Callable[[Callable[[], None]], float]) -> dict[str, object]:
+    copy_bw, h2d_bw, d2h_bw = _bandwidths(device, total_bytes, repeats, timed)
     rows: list[dict[str, float]] = []
     for block_bytes in BLOCK_BYTES:
         n = max(1, total_bytes // block_bytes)
@@ -142,9 +150,10 @@ def _block_ops(device: torch.device, total_bytes: int, repeats: int,
         out_pairs = [(1 + 2 * i, 1 + i) for i in range(n)]
         in_pairs = [(1 + i, 2 + 2 * i) for i in range(n)]
         moved = n * block_bytes
-        copy_s = _median(timed, lambda: copy_blocks(cache, copy_pairs), repeats)
-        out_s = _median(timed, lambda: swap_blocks(cache, mirror, out_pairs), repeats)
-        in_s = _median(timed, lambda: swap_blocks(mirror, cache, in_pairs), repeats)
+        # partial, not lambda: binds this iteration's cache and pairs explicitly.
+        copy_s = _median(timed, partial(copy_blocks, cache, copy_pairs), repeats)
+        out_s = _median(timed, partial(swap_blocks, cache, mirror, out_pairs), repeats)
+        in_s = _median(timed, partial(swap_blocks, mirror, cache, in_pairs), repeats)
         rows.append({
             "block_bytes": block_bytes, "pairs": n,
             "copy_GBps": moved / copy_s / 1e9, "copy_fraction": moved / copy_s / copy_bw,

@@ -45,11 +45,11 @@ from .coordinator import (
     UnitaryCoordinator,
     make_coordinator,
 )
+from .cross_attention import CrossAttentionManager
 from .free_queue import FreeBlockQueue
 from .hasher import make_block_hasher
-from .manager import KVCacheManager
-from .cross_attention import CrossAttentionManager
 from .mamba import MambaManager
+from .manager import KVCacheManager
 from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 

@@ -472,5 +472,6 @@ def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
     else:
         kind = HybridCoordinator
     return kind(kv_cache_config, block_pool=block_pool, block_sizes=block_sizes,
-                hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle, retention_interval=retention_interval,
+                hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle,
+                retention_interval=retention_interval,
                 max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)

@@ -14,7 +14,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pagedkv.reference import rules
-from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError, InvariantViolation, PoolExhaustedError, UnknownBlockError
+from pagedkv.spec.errors import (
+    InvalidArgumentError,
+    InvalidConfigError,
+    InvariantViolation,
+    PoolExhaustedError,
+    UnknownBlockError,
+)
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.snapshot import PoolSnapshot
 from pagedkv.spec.types import (

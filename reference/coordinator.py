@@ -144,7 +144,8 @@ class KVCacheCoordinator:
             for index, block in enumerate(hits):
                 if block.is_null:
                     continue
-                if index >= len(view) or block.block_hash != make_block_hash_with_group_id(view[index], manager.group_id):
+                if index >= len(view) or block.block_hash != make_block_hash_with_group_id(
+                        view[index], manager.group_id):
                     return (f"group {manager.group_id} position {index}: block {block.block_id} no longer "
                             "caches that position (evicted or reused since get_computed_blocks)")
         return None
@@ -215,5 +216,6 @@ def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
     kind = (HybridCoordinator if enable_caching and kv_cache_config.kv_cache_groups
             else NoPrefixCacheCoordinator)
     return kind(kv_cache_config, block_pool=block_pool, block_sizes=block_sizes,
-                hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle, retention_interval=retention_interval,
+                hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle,
+                retention_interval=retention_interval,
                 max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)

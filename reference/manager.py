@@ -17,8 +17,8 @@ from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.hashing import normalize_hash_fn
+from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestView
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec, SinkFullAttentionSpec
-from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["SingleTypeManager", "FullAttentionManager", "SinkFullAttentionManager"]
@@ -144,7 +144,8 @@ class SingleTypeManager:
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int) -> list[KVCacheBlock]:
         """Append fresh blocks until ``num_tokens`` tokens have a slot."""
         blocks = self.req_to_blocks[request_id]
-        new_blocks = self.block_pool.get_new_blocks(rules.num_new_blocks_needed(num_tokens, self.block_size, len(blocks)))
+        needed = rules.num_new_blocks_needed(num_tokens, self.block_size, len(blocks))
+        new_blocks = self.block_pool.get_new_blocks(needed)
         blocks.extend(new_blocks)
         return new_blocks
 

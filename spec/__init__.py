@@ -6,7 +6,14 @@ events, typed errors, the normative hash functions and the Protocols both
 specification lives beside this package in ``spec/*.md``.
 """
 
-from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from pagedkv.spec.capacity import (
+    check_enough_kv_cache_memory,
+    estimate_max_model_len,
+    get_max_concurrency_for_kv_cache_config,
+    kv_cache_size_tokens,
+    max_memory_usage_bytes,
+)
+from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, check_kv_cache_config
 from pagedkv.spec.errors import (
     ExceedsMaxModelLenError,
     IncompatibleSpecError,
@@ -21,14 +28,6 @@ from pagedkv.spec.errors import (
     UnknownRequestError,
 )
 from pagedkv.spec.hashing import HASH_FUNCTIONS, hash_block_tokens, seed_hash
-from pagedkv.spec.capacity import (
-    check_enough_kv_cache_memory,
-    estimate_max_model_len,
-    get_max_concurrency_for_kv_cache_config,
-    kv_cache_size_tokens,
-    max_memory_usage_bytes,
-)
-from pagedkv.spec.config import check_kv_cache_config
 from pagedkv.spec.kv_cache_spec import (
     DTYPE_SIZES,
     AttentionSpec,
@@ -42,6 +41,7 @@ from pagedkv.spec.kv_cache_spec import (
     dtype_size,
 )
 from pagedkv.spec.mamba_spec import MAMBA_CACHE_MODES, MambaSpec
+from pagedkv.spec.metrics import PrefixCachingMetrics
 from pagedkv.spec.planner import (
     get_kv_cache_config,
     get_kv_cache_groups,
@@ -49,12 +49,10 @@ from pagedkv.spec.planner import (
     unify_kv_cache_configs,
     unify_kv_cache_spec_page_size,
 )
-from pagedkv.spec.registry import BUILTIN_MANAGER_KINDS, manager_kind_for, register_kv_cache_spec
-from pagedkv.spec.setting import ModelSetting
-from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
-from pagedkv.spec.metrics import PrefixCachingMetrics
 from pagedkv.spec.protocols import BlockPoolLike, KVCacheBlocksLike, KVCacheManagerLike
+from pagedkv.spec.registry import BUILTIN_MANAGER_KINDS, manager_kind_for, register_kv_cache_spec
 from pagedkv.spec.request import MMFeature, Request, RequestView
+from pagedkv.spec.setting import ModelSetting
 from pagedkv.spec.snapshot import ManagerSnapshot, PoolSnapshot, RequestSnapshot
 from pagedkv.spec.types import (
     AllBlocksCleared,
@@ -65,6 +63,7 @@ from pagedkv.spec.types import (
     KVCacheEvent,
     PrefixCacheStats,
 )
+from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
 
 __all__ = [
     "BUILTIN_MANAGER_KINDS", "ChunkedLocalAttentionSpec", "CrossAttentionSpec", "DTYPE_SIZES",

@@ -1,6 +1,9 @@
 """Shared test configuration: Hypothesis profiles.
 
-- ``dev``: the default for local runs.
+- ``quick``: ``make test-quick``, the edit loop; a tenth of ``dev``'s examples
+  and shorter lockstep runs. It finds shallow breakage in a minute or two; it
+  is no substitute for ``make test``.
+- ``dev``: the default for local runs (``make test``).
 - ``ci``: selected when ``CI`` is set; derandomized, no example database,
   prints a reproduction blob on failure.
 - ``thorough``: ``make verify-thorough``; 20x the examples of ``ci``.
@@ -15,6 +18,9 @@ from hypothesis import HealthCheck, settings
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
+settings.register_profile(
+    "quick", max_examples=10, stateful_step_count=30, deadline=None, suppress_health_check=_SLOW_OK,
+)
 settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_SLOW_OK)
 settings.register_profile(
     "ci", max_examples=100, deadline=None, derandomize=True, database=None,

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 
 from pagedkv.optimized import BlockPool, FreeBlockQueue, HybridCoordinator, KVCacheBlocks, KVCacheManager
+from pagedkv.optimized.hasher import make_block_hasher
 from pagedkv.optimized.hybrid_search import group_view
 from pagedkv.optimized.windowed import reachable_block_mask
-from pagedkv.optimized.hasher import make_block_hasher
 from pagedkv.spec import (
     BlockRemoved,
     BlockStored,

@@ -15,7 +15,6 @@ import pytest
 
 pytest.importorskip("torch")
 import torch  # noqa: E402
-
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

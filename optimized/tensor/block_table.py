@@ -27,12 +27,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError
 from pagedkv.optimized.tensor.slot_mapping import (
     NULL_BLOCK_ID,
     slot_mapping_flat,
     slot_mapping_padded,
 )
+from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError
 
 __all__ = ["BlockTables"]
 

@@ -239,7 +239,7 @@ def _check_config(config: KVCacheConfig) -> tuple[dict[str, int], dict[str, KVCa
     missing = sorted(set(group_of) - set(tensor_of))
     if missing:
         raise InvalidConfigError(f"layers {missing} have no kv_cache_tensor")
-    for name, spec in spec_of.items():
+    for spec in spec_of.values():
         page_layout(spec)  # raises for a spec without a layout
     return tensor_of, spec_of
 

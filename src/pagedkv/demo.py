@@ -30,10 +30,10 @@ from typing import Any, TextIO
 
 from pagedkv.spec import HASH_FUNCTIONS, ManagerSnapshot, PoolSnapshot
 from pagedkv.trace import (
-    DEFAULT_NUM_BLOCKS,
-    MODELS,
     CALL_KINDS,
+    DEFAULT_NUM_BLOCKS,
     MANAGER_CALL_KINDS,
+    MODELS,
     STANDARD,
     AddRequest,
     AppendToken,

@@ -166,7 +166,7 @@ def parse_model(data: object, max_model_len: int, source: str = "<model>") -> Mo
             raise fail(where, str(exc)) from None
         except TypeError as exc:
             raise fail(where, f"bad fields for type {layer_type!r}: {exc}") from None
-        for k in range(count):
+        for _ in range(count):
             full_name = layer_name or f"layers.{len(specs)}"
             if full_name in specs:
                 raise fail(f"{where}.name", f"layer name {full_name!r} is used twice")
