@@ -17,7 +17,8 @@ moment. Routers:
   a replica from every block). A request's match on a replica is the
   longest prefix of its block hashes that replica holds; the replica with
   the least ``tokens to prefill + balance x (load - least load)`` wins
-  (load as for ``least-loaded``), fewest requests in flight breaking ties.
+  (load as for ``least-loaded``), fewest requests in flight breaking ties,
+  then a turn that rotates with each request.
   The events arrive after each step, so the router's view lags the caches
   by at most one step, as a real event stream does.
 """
@@ -70,11 +71,17 @@ class RoundRobinRouter:
 
 
 class LeastLoadedRouter:
-    """The replica with the least load (see the module docstring)."""
+    """The replica with the least load (see the module docstring); ties go
+    round-robin, so an idle fleet is not all sent to replica 0."""
+
+    def __init__(self) -> None:
+        self._turn = 0
 
     def choose(self, request: SimRequest, replicas: list[Replica], cache_mode: bool) -> int:
-        return min(range(len(replicas)),
-                   key=lambda i: (_load(replicas[i], cache_mode), replicas[i].outstanding, i))
+        turn, count = self._turn, len(replicas)
+        self._turn += 1
+        return min(range(count),
+                   key=lambda i: (_load(replicas[i], cache_mode), replicas[i].outstanding, (i - turn) % count))
 
     def observe(self, replica: int, events: list[KVCacheEvent]) -> None:
         return None
@@ -92,6 +99,7 @@ class PrefixAwareRouter:
         self.balance = balance
         self.holders: dict[bytes, int] = {}
         self.matched_tokens = 0
+        self._turn = 0
 
     def observe(self, replica: int, events: list[KVCacheEvent]) -> None:
         bit = 1 << replica
@@ -143,10 +151,12 @@ class PrefixAwareRouter:
         least = min(loads)
         n = request.num_prompt_tokens
         cap = (n - 1) // replicas[0].hash_block_size
+        turn, count = self._turn, len(replicas)
+        self._turn += 1
 
         def cost(i: int) -> tuple[float, int, int]:
             hit = min(matched[i], cap) * replicas[i].hash_block_size
-            return (n - hit + self.balance * (loads[i] - least), replicas[i].outstanding, i)
+            return (n - hit + self.balance * (loads[i] - least), replicas[i].outstanding, (i - turn) % count)
 
         chosen = min(range(len(replicas)), key=cost)
         self.matched_tokens += min(matched[chosen], cap) * replicas[chosen].hash_block_size

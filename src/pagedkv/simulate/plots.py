@@ -4,8 +4,9 @@ Three figures, from the dict :func:`pagedkv.simulate.report.report` builds:
 
 - ``hit_rate.png``: hit rate against capacity in tokens (log axis), the
   ideal as a line, the LRU reuse-distance curve dashed beside it;
-- ``occupancy.png``: blocks in use and blocks cached over time (engine) or
-  requests (cache), one line per capacity of the first replica;
+- ``occupancy.png``: blocks cached (and, in engine mode, in use) over time
+  (engine) or requests (cache), and the evictions so far, one line per
+  capacity, of the first replica;
 - ``reuse_cdf.png``: the reuse-distance CDF in tokens (log axis).
 """
 
@@ -38,7 +39,7 @@ def plot_report(doc: dict[str, Any], directory: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     os.makedirs(directory, exist_ok=True)
-    title = doc["workload"]["name"]
+    title = os.path.splitext(doc["workload"]["name"])[0]
     ideal = doc["ideal"]
     runs = doc["runs"]
     paths: list[str] = []
@@ -57,13 +58,14 @@ def plot_report(doc: dict[str, Any], directory: str) -> list[str]:
     axes.set_xscale("log")
     axes.set_xlabel("KV cache capacity (tokens)")
     axes.set_ylabel("prefix hit rate (share of prompt tokens)")
-    axes.set_title(f"{title}: hit rate vs capacity ({doc['settings']['mode']} mode)")
+    axes.set_title(f"{title}: hit rate vs capacity ({doc['settings']['mode']} mode)", fontsize=10)
     axes.set_ylim(0, max(0.05, ideal["hit_rate"] * 1.15))
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(loc="upper left", fontsize=8)
     paths.append(_save(figure, directory, "hit_rate.png"))
 
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    figure, (axes, lower) = plt.subplots(2, 1, figsize=(7.0, 6.0), sharex=True,
+                                         gridspec_kw={"height_ratios": [2, 1]})
     engine = doc["settings"]["mode"] == "engine"
     for run in runs:
         points = run["timeline"]
@@ -71,16 +73,20 @@ def plot_report(doc: dict[str, Any], directory: str) -> list[str]:
             continue
         x = [p[0] / 1000.0 if engine else p[0] for p in points]
         label = f"{run['capacity']}" + (f" ({run['router']})" if run["replicas"] > 1 else "")
-        line = axes.plot(x, [p[1] for p in points], label=f"{label} in use")[0]
         usable = max(1, run["num_blocks"] - 1)
-        axes.plot(x, [p[2] / usable for p in points], linestyle="--", color=line.get_color(),
-                  label=f"{label} cached")
-    axes.set_xlabel("simulated time (s)" if engine else "request")
+        line = axes.plot(x, [p[2] / usable for p in points], label=f"{label} cached")[0]
+        if engine:  # in cache mode nothing is in use between requests
+            axes.plot(x, [p[1] for p in points], linestyle="--", color=line.get_color(),
+                      label=f"{label} in use")
+        lower.plot(x, [p[3] for p in points], color=line.get_color())
     axes.set_ylabel("share of the pool (replica 0)")
-    axes.set_title(f"{title}: occupancy")
+    axes.set_title(f"{title}: occupancy and evictions")
     axes.set_ylim(0, 1.05)
     axes.grid(True, alpha=0.3)
-    axes.legend(loc="lower right", fontsize=7, ncol=2)
+    axes.legend(loc="best", fontsize=7, ncol=2)
+    lower.set_xlabel("simulated time (s)" if engine else "request")
+    lower.set_ylabel("blocks evicted so far")
+    lower.grid(True, alpha=0.3)
     paths.append(_save(figure, directory, "occupancy.png"))
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
