@@ -63,7 +63,7 @@ def test_jsonl_errors_name_line_and_field(tmp_path: Path, line: str, field: str 
     assert json.loads(capsys.readouterr().out)["error"] == "invalid_input"
 
 
-def test_bailian_sessions_and_seconds(tmp_path: Path) -> None:
+def test_bailian_sessions_and_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path, "bailian.jsonl", [
         '{"chat_id": 10, "parent_chat_id": -1, "timestamp": 1.5, "input_length": 40, "output_length": 3, '
         '"type": "text", "turn": 1, "hash_ids": [7, 8, 9]}',
@@ -76,6 +76,10 @@ def test_bailian_sessions_and_seconds(tmp_path: Path) -> None:
     assert workload.block_tokens == 16
     assert [r.arrival_ms for r in workload.requests] == [500.0, 1500.0, 2000.0]
     assert [r.session for r in workload.requests] == [12, 10, 10]
+    doc = _json(capsys, path, "--mode", "cache", "--capacity", "inf")
+    assert doc["workload"]["sessions"] == 2 and doc["ideal"]["block_size"] == 16
+    # The second turn hits its first turn's two full blocks (the third is partial there).
+    assert doc["runs"][0]["hit_tokens"] == 32 == doc["ideal"]["hit_rate"] * 116
     bad = _write(tmp_path, "bad.jsonl", ['{"chat_id": 1, "parent_chat_id": "x", "timestamp": 0, '
                                          '"input_length": 16, "output_length": 1, "hash_ids": [1]}'])
     with pytest.raises(TraceFormatError, match="bad.jsonl:1: field 'parent_chat_id'"):
@@ -209,3 +213,16 @@ def test_plot_without_matplotlib_fails_before_the_replay(monkeypatch: pytest.Mon
     monkeypatch.setattr(plots, "matplotlib_available", lambda: False)
     assert main([SYNTHETIC, "--plot", "out", "--no-progress"]) == 2
     assert "pagedkv[plot]" in capsys.readouterr().err
+
+
+def test_help_and_progress_without_tqdm(monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from pagedkv.simulate.fleet import _progress
+
+    assert main(["--help"]) == 0
+    assert "--replicas" in capsys.readouterr().out
+    requests = load_workload(SYNTHETIC).requests * 20
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` now raises ImportError
+    assert list(_progress(iter(requests), len(requests), "x", enabled=True)) == list(requests)

@@ -108,6 +108,7 @@ def report(workload: Workload, analysis: WorkloadAnalysis, runs: list[dict[str, 
             "prompt_tokens": analysis.prompt_tokens, "output_tokens": workload.output_tokens,
             "span_s": ((workload.requests[-1].arrival_ms - workload.requests[0].arrival_ms) / 1000.0
                        if workload.requests else 0.0),
+            "sessions": len({r.session for r in workload.requests if r.session is not None}) or None,
         },
         "settings": settings,
         "ideal": {
@@ -151,7 +152,8 @@ def print_table(doc: dict[str, Any], out: TextIO) -> None:
     settings = doc["settings"]
     print(f"pagedkv simulate: {work['name']}, {work['requests']:,} requests, "
           f"{work['prompt_tokens']:,} prompt tokens, {work['output_tokens']:,} output tokens, "
-          f"span {work['span_s']:.0f} s", file=out)
+          f"span {work['span_s']:.0f} s" + (f", {work['sessions']:,} sessions" if work["sessions"] else ""),
+          file=out)
     print(f"  mode {settings['mode']}, block size {ideal['block_size']}, hash {settings['hash_fn']}, "
           f"seed {settings['seed']}", file=out)
     print(f"  ideal (unbounded cache, one at a time): hit rate {ideal['hit_rate']:.4f} of prompt tokens, "
