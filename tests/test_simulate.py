@@ -176,3 +176,15 @@ def test_capacity_parsing() -> None:
     for bad in ("lots", "0x", "1e6tokens", ""):
         with pytest.raises(InvalidArgumentError, match="--capacity"):
             parse_capacities(bad, analysis, 512)
+
+
+def test_capacity_for_share_interpolates_on_a_log_axis() -> None:
+    from pagedkv.simulate.report import capacity_for_share
+
+    runs = [{"replicas": 1, "capacity": c, "capacity_tokens": t, "hit_rate": r}
+            for c, t, r in (("b", 10_000, 0.4), ("a", 100, 0.1), ("c", 1_000_000, 0.5))]
+    runs.append({"replicas": 4, "capacity": "x", "capacity_tokens": 10, "hit_rate": 0.9})
+    label, tokens, interpolated = capacity_for_share(runs, 0.25)
+    assert (label, interpolated) == ("b", True) and tokens == pytest.approx(1000.0)
+    assert capacity_for_share(runs, 0.05) == ("a", 100.0, False)
+    assert capacity_for_share(runs, 0.6) == (None, None, False)

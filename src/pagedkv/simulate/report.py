@@ -77,22 +77,24 @@ def run_summary(result: FleetResult, capacity: Capacity, analysis: WorkloadAnaly
     }
 
 
-def capacity_for_share(runs: Sequence[dict[str, Any]], target: float) -> tuple[str | None, float | None]:
-    """The smallest capacity of a sweep whose hit rate reaches ``target``, and
-    a log-linear interpolation of the tokens it takes (None when no run
-    reaches it). Only single-replica runs are read."""
+def capacity_for_share(runs: Sequence[dict[str, Any]],
+                       target: float) -> tuple[str | None, float | None, bool]:
+    """The smallest capacity of a sweep whose hit rate reaches ``target``;
+    the tokens it takes, log-linearly interpolated from the capacity below
+    when there is one; whether it was interpolated. (None, None, False) when
+    no run reaches it. Only single-replica runs are read."""
     points = sorted((r["capacity_tokens"], r["hit_rate"], r["capacity"]) for r in runs if r["replicas"] == 1)
     previous: tuple[int, float, str] | None = None
     for tokens, rate, label in points:
         if rate >= target - 1e-12:
             if previous is None or previous[1] >= rate or previous[0] <= 0:
-                return label, float(tokens)
+                return label, float(tokens), False
             low_tokens, low_rate, _ = previous
             fraction = (target - low_rate) / (rate - low_rate)
             estimate = math.exp(math.log(low_tokens) + fraction * (math.log(tokens) - math.log(low_tokens)))
-            return label, estimate
+            return label, estimate, True
         previous = (tokens, rate, label)
-    return None, None
+    return None, None, False
 
 
 def report(workload: Workload, analysis: WorkloadAnalysis, runs: list[dict[str, Any]],
@@ -100,7 +102,7 @@ def report(workload: Workload, analysis: WorkloadAnalysis, runs: list[dict[str, 
     """The whole result as one JSON-ready dict."""
     reuse = analysis.reuse_distances
     h = analysis.hash_block_size
-    label, estimate = capacity_for_share(runs, 0.9 * analysis.ideal_hit_rate)
+    label, estimate, interpolated = capacity_for_share(runs, 0.9 * analysis.ideal_hit_rate)
     grid = [10 ** (k / 4) for k in range(12, 38)]  # 1e3 .. 1e9 tokens
     return {
         "workload": {
@@ -117,7 +119,8 @@ def report(workload: Workload, analysis: WorkloadAnalysis, runs: list[dict[str, 
             "block_hit_rate": analysis.ideal_block_hit_rate,
             "working_set_tokens": analysis.working_set_tokens,
             "distinct_blocks": analysis.distinct_blocks,
-            "capacity_for_90pct_of_ideal": {"smallest_run": label, "tokens_interpolated": estimate},
+            "capacity_for_90pct_of_ideal": {"smallest_run": label, "tokens": estimate,
+                                             "interpolated": interpolated},
             "lru_model_tokens_for_90pct_of_reuse": analysis.lru_capacity_for(0.9),
         },
         "reuse_distance_tokens": {
@@ -161,8 +164,10 @@ def print_table(doc: dict[str, Any], out: TextIO) -> None:
           f"tokens ({ideal['distinct_blocks']:,} blocks)", file=out)
     need = ideal["capacity_for_90pct_of_ideal"]
     if need["smallest_run"] is not None:
+        how = ("log-interpolated from the capacity below" if need["interpolated"]
+               else "the smallest capacity run")
         print(f"  90% of ideal: first reached at capacity {need['smallest_run']} "
-              f"(~{_tokens(need['tokens_interpolated'])} tokens, log-interpolated)", file=out)
+              f"(~{_tokens(need['tokens'])} tokens, {how})", file=out)
     elif any(r["replicas"] == 1 for r in doc["runs"]):
         print("  90% of ideal: not reached by any capacity run", file=out)
     if reuse["accesses"]:
