@@ -36,9 +36,13 @@ class Capacity:
 
     label: str
     num_blocks: int
+    planned_tokens: int | None = None
 
     def tokens(self, block_size: int) -> int:
-        """Tokens the usable blocks hold."""
+        """Tokens the usable blocks hold (a planned pool: the planner's KV
+        cache size, which counts every group of a hybrid model)."""
+        if self.planned_tokens is not None:
+            return self.planned_tokens
         return (self.num_blocks - 1) * block_size
 
 
@@ -87,11 +91,12 @@ def single_group_config(num_blocks: int, block_size: int) -> KVCacheConfig:
 
 
 def planned_config(preset: str | None, model_file: str | None, memory: int, max_model_len: int,
-                   block_size: int | None, max_num_batched_tokens: int) -> tuple[str, KVCacheConfig]:
-    """The model's name and the KV cache ``pagedkv plan`` gives it in
-    ``memory`` bytes (raises the planner's typed errors)."""
+                   block_size: int | None, max_num_batched_tokens: int) -> tuple[str, KVCacheConfig, int]:
+    """The model's name, the KV cache ``pagedkv plan`` gives it in ``memory``
+    bytes and that cache's size in tokens (raises the planner's typed errors)."""
     from pagedkv.model_file import load_model_file
     from pagedkv.presets import PRESETS
+    from pagedkv.spec.capacity import kv_cache_size_tokens
     from pagedkv.spec.config import check_kv_cache_config
     from pagedkv.spec.planner import get_kv_cache_config
     from pagedkv.spec.setting import ModelSetting
@@ -107,4 +112,4 @@ def planned_config(preset: str | None, model_file: str | None, memory: int, max_
         name, specs = description.name, description.specs
     config = get_kv_cache_config(setting, specs, memory)
     check_kv_cache_config(config)
-    return name, config
+    return name, config, kv_cache_size_tokens(setting, config)

@@ -167,10 +167,13 @@ def run(args: argparse.Namespace) -> int:
         configs: list[tuple[Capacity, KVCacheConfig]]
         model_name = None
         if args.preset or args.model:
-            model_name, config = planned_config(args.preset, args.model, args.memory, max_model_len,
-                                                args.block_size, args.max_num_batched_tokens)
-            block_size = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
-            configs = [(Capacity(f"{args.preset or 'model'}", config.num_blocks), config)]
+            model_name, config, tokens = planned_config(args.preset, args.model, args.memory, max_model_len,
+                                                        args.block_size, args.max_num_batched_tokens)
+            # The ideal is computed at the attention block size (full-attention semantics).
+            block_size = args.block_size or min(
+                (g.kv_cache_spec.block_size for g in config.kv_cache_groups
+                 if type(g.kv_cache_spec).__name__ != "MambaSpec"), default=16)
+            configs = [(Capacity(f"{args.preset or 'model'}", config.num_blocks, tokens), config)]
         else:
             block_size = args.block_size or workload.block_tokens
         analysis = analyze(workload, block_size, output_blocks=not cache_mode, reuse=not args.no_reuse)

@@ -177,6 +177,7 @@ class Replica:
         Returns False (rejected, nothing kept) when it cannot fit in the pool."""
         manager = self.manager
         self.routed_tokens += request.num_prompt_tokens
+        manager.new_step_starts()  # each request is a step of its own (a no-op for full attention)
         blocks, hit = manager.get_computed_blocks(request)
         new = manager.allocate_slots(request, request.num_tokens - hit, hit, blocks)
         stats = self.stats
@@ -236,6 +237,7 @@ class Replica:
 
     def step(self) -> float:
         """One engine step; returns its duration in ms."""
+        self.manager.new_step_starts()  # the per-step hook an engine calls (Mamba state caching)
         allocate = self.manager.allocate_slots  # bound locally: the per-request loop is hot
         budget = self.scheduler.max_num_batched_tokens
         running = self._running
