@@ -8,6 +8,9 @@ Subcommands:
 ``pagedkv plan [ARGS...]``
     The KV cache planner (``pagedkv.plan.main``); its arguments pass through
     untouched.
+``pagedkv simulate TRACE [ARGS...]``
+    Replay a serving trace through real managers (``pagedkv.simulate.cli``);
+    its arguments pass through untouched.
 
 Also runnable as ``python -m pagedkv.cli``.
 """
@@ -49,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_arguments(demo_parser)
     commands.add_parser("plan", help="plan a KV cache configuration (arguments go to pagedkv.plan)",
                         add_help=False)
+    commands.add_parser("simulate", help="replay a serving trace: hit rate per capacity, routing "
+                        "(arguments go to pagedkv.simulate.cli)", add_help=False)
     return parser
 
 
@@ -58,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "plan":  # everything after "plan" is the planner's
         return _run_plan(args[1:])
+    if args and args[0] == "simulate":  # likewise the simulator's
+        from pagedkv.simulate.cli import main as simulate
+
+        return simulate(args[1:])
     parsed = _parser().parse_args(args)
     if parsed.command == "demo":
         from pagedkv import demo
