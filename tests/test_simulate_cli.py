@@ -53,7 +53,7 @@ def test_jsonl_errors_name_line_and_field(tmp_path: Path, line: str, field: str 
     with pytest.raises(TraceFormatError, match=message) as caught:
         read_jsonl(path)
     text = str(caught.value)
-    assert f"bad.jsonl:3" in text
+    assert "bad.jsonl:3" in text
     if field is not None:
         assert f"field {field!r}" in text
     assert main([path, "--no-progress"]) == 2

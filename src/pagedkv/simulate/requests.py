@@ -118,7 +118,8 @@ class SimRequest:
 
     __slots__ = (
         "request_id", "block_ids", "num_prompt_tokens", "num_computed_tokens", "block_hashes",
-        "num_preemptions", "num_output_tokens", "num_tokens", "_hash_block_size", "_source", "_hasher", "all_token_ids", "_last_slice",
+        "num_preemptions", "num_output_tokens", "num_tokens", "_hash_block_size", "_source", "_hasher",
+        "all_token_ids", "_last_slice",
     )
     lora_id: Final = None
     lora_name: Final = None
