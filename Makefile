@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 MODULES := $(shell find src spec reference optimized -name '*.py' 2>/dev/null | sort)
 MODULE_LIST := $(VENV)/.modules
 
-.PHONY: install typecheck test crosshair verify verify-thorough bench demo clean
+.PHONY: install typecheck test crosshair verify verify-thorough verify-vllm bench demo clean
 
 # What `make verify` (and so CI) runs. The quick checks run first, in order, so a slip fails
 # fast; then the long gates, which are independent single-threaded processes, two at a time
@@ -59,6 +59,13 @@ verify: $(VERIFY_CHECKS)
 
 verify-thorough: install
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -p no:cacheprovider
+
+# vLLM 0.33's own tests/v1/core, stock and with pagedkv.vllm.KVCacheManager swapped
+# in (docs/vllm.md). Not part of `verify`: it needs vLLM 0.33 on CPU in the venv at
+# $(VLLM_VENV) (../shared/anchors.md) and fetches vLLM's sdist tests at run time.
+VLLM_VENV ?= /work/vllm-venv
+verify-vllm:
+	VLLM_VENV=$(VLLM_VENV) $(PYTHON) tools/verify_vllm.py $(VERIFY_VLLM_ARGS)
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)

@@ -1,0 +1,87 @@
+"""Every vLLM import of the integration, and the switches between vLLM versions.
+
+The rest of ``pagedkv.vllm`` names vLLM classes only through this module, so
+supporting another vLLM release means editing this file alone. Supported:
+vLLM 0.33 (``VLLM_0_33``). vLLM's modules are untyped for mypy (``vllm.*``
+is ``ignore_missing_imports`` in pyproject.toml), so everything imported here
+is ``Any`` to the type checker: the integration is a typed boundary on
+pagedkv's side and duck-typed on vLLM's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import vllm
+from vllm.distributed import kv_events as _kv_events
+from vllm.v1 import kv_cache_interface as _interface
+from vllm.v1.core import kv_cache_manager as _vllm_manager
+from vllm.v1.core import kv_cache_utils as _kv_cache_utils
+from vllm.v1.core.sched import scheduler as _scheduler
+from vllm.v1.metrics import stats as _stats
+from vllm.v1.request import RequestStatus as _RequestStatus
+
+__all__ = [
+    "VLLM_VERSION", "VLLM_0_33", "KVCacheBlocks", "BlockStored", "BlockRemoved",
+    "AllBlocksCleared", "PrefixCacheStats", "RequestStatus", "VllmScheduler", "spec_classes",
+    "block_hash_with_group_id", "external_block_hash", "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window", "KVCacheBlockCopy",
+]
+
+VLLM_VERSION: str = vllm.__version__
+VLLM_0_33: bool = VLLM_VERSION.startswith("0.33")
+
+KVCacheBlocks: Any = _vllm_manager.KVCacheBlocks
+"""vLLM's result type of ``get_computed_blocks``/``allocate_slots`` (holds block objects)."""
+BlockStored: Any = _kv_events.BlockStored
+BlockRemoved: Any = _kv_events.BlockRemoved
+AllBlocksCleared: Any = _kv_events.AllBlocksCleared
+PrefixCacheStats: Any = _stats.PrefixCacheStats
+RequestStatus: Any = _RequestStatus
+VllmScheduler: Any = _scheduler.Scheduler
+KVCacheBlockCopy: Any = _kv_cache_utils.KVCacheBlockCopy
+
+
+def spec_classes() -> dict[str, Any]:
+    """vLLM's KV cache spec classes by name (those present in this version)."""
+    names = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec", "MambaSpec",
+             "CrossAttentionSpec", "SinkFullAttentionSpec", "MLAAttentionSpec",
+             "UniformTypeKVCacheSpecs", "EncoderOnlyAttentionSpec", "AttentionSpec",
+             "SlidingWindowMLASpec", "CircularBufferSpec")
+    return {name: getattr(_interface, name) for name in names if hasattr(_interface, name)}
+
+
+def block_hash_with_group_id(block_hash: bytes, group_id: int) -> Any:
+    """vLLM's cache key of a block: the hash followed by the group id."""
+    return _kv_cache_utils.make_block_hash_with_group_id(block_hash, group_id)
+
+
+def external_block_hash(block_hash: bytes) -> Any:
+    """The block hash as vLLM publishes it in KV events."""
+    return _kv_cache_utils.maybe_convert_block_hash(block_hash)
+
+
+def kv_cache_spec_kind(spec: Any) -> Any:
+    """The ``kv_cache_spec_kind`` vLLM 0.33 puts on ``BlockStored`` events."""
+    return _interface.get_kv_cache_spec_kind(spec).value
+
+
+def kv_cache_spec_sliding_window(spec: Any) -> Any:
+    """The sliding window vLLM 0.33 puts on ``BlockStored`` events (or None)."""
+    return _interface.get_kv_cache_spec_sliding_window(spec)
+
+
+class scheduler_manager_class:  # noqa: N801 - used as a context manager, reads as a phrase
+    """While open, vLLM's scheduler module builds ``manager_class`` as its KV
+    cache manager (it names the class through its module global)."""
+
+    def __init__(self, manager_class: type) -> None:
+        self._manager_class = manager_class
+        self._saved: Any = None
+
+    def __enter__(self) -> None:
+        self._saved = _scheduler.KVCacheManager
+        _scheduler.KVCacheManager = self._manager_class
+
+    def __exit__(self, *exc: object) -> None:
+        _scheduler.KVCacheManager = self._saved

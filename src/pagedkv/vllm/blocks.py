@@ -1,0 +1,180 @@
+"""vLLM's block objects and block pool, as live views of pagedkv's pool.
+
+pagedkv keeps a block as an id into a few arrays (ref count, hash, group,
+free-queue links); vLLM's scheduler and tests hold ``KVCacheBlock`` objects
+and read ``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``. A
+:class:`BlockView` is one such object whose attributes *read* pagedkv's
+arrays, so it is never stale and never needs updating; one view per block id
+is made once, as vLLM makes one ``KVCacheBlock`` per block. Views are
+read-only: every change goes through pagedkv's operations.
+
+:class:`BlockPoolView` answers the part of vLLM's ``BlockPool`` interface
+engines and vLLM's tests use, by translating to ``pagedkv.optimized``'s pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pagedkv.optimized.block_pool import BlockPool
+
+from . import _compat
+
+__all__ = ["BlockView", "BlockPoolView", "FreeQueueView", "CachedBlocksView"]
+
+
+class BlockView:
+    """vLLM's ``KVCacheBlock`` for block ``block_id`` of a pagedkv pool."""
+
+    __slots__ = ("block_id", "_pool")
+
+    def __init__(self, block_id: int, pool: BlockPool) -> None:
+        self.block_id = block_id
+        self._pool = pool
+
+    @property
+    def ref_cnt(self) -> int:
+        return self._pool.ref_counts[self.block_id]
+
+    @property
+    def block_hash(self) -> Any:
+        """The cache key (hash + 4-byte group id), or None when not cached."""
+        key = self._pool.cache_key(self.block_id)
+        return None if key is None else _compat.block_hash_with_group_id(
+            key[:-4], int.from_bytes(key[-4:], "big"))
+
+    @property
+    def is_null(self) -> bool:
+        return self.block_id == 0
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        # pagedkv caches whole blocks only; the position is the request's
+        # business, so the view does not know it (estimate_cached_tokens
+        # counts cached blocks instead).
+        return None
+
+    @property
+    def prev_free_block(self) -> BlockView | None:
+        return self._free_neighbour(self._pool.free_queue.prev)
+
+    @property
+    def next_free_block(self) -> BlockView | None:
+        return self._free_neighbour(self._pool.free_queue.next)
+
+    def _free_neighbour(self, links: list[int]) -> BlockView | None:
+        pool = self._pool
+        if self.block_id == 0 or pool.ref_counts[self.block_id] != 0:
+            return None
+        neighbour = links[self.block_id]
+        if neighbour == pool.free_queue.sentinel:
+            return None
+        return BlockView(neighbour, pool)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BlockView) and other.block_id == self.block_id and (
+            other._pool is self._pool)
+
+    def __hash__(self) -> int:
+        return hash(self.block_id)
+
+    def __repr__(self) -> str:
+        return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+                f"block_hash={self.block_hash!r})")
+
+
+class FreeQueueView:
+    """vLLM's ``FreeKVCacheBlockQueue``, read-only, over pagedkv's free queue."""
+
+    def __init__(self, pool_view: BlockPoolView) -> None:
+        self._view = pool_view
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._view.core.get_num_free_blocks()
+
+    def get_all_free_blocks(self) -> list[BlockView]:
+        """The free blocks, the next to be allocated first. Cost: O(free blocks)."""
+        blocks = self._view.blocks
+        return [blocks[i] for i in self._view.core.free_queue_ids()]
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+
+class CachedBlocksView:
+    """vLLM's ``cached_block_hash_to_block``: cache key -> cached blocks."""
+
+    def __init__(self, pool_view: BlockPoolView) -> None:
+        self._view = pool_view
+
+    def _entries(self) -> dict[bytes, list[int]]:
+        core = self._view.core
+        entries: dict[bytes, list[int]] = {}
+        for block_id, key in enumerate(core.block_hashes):
+            if key is not None:
+                full = core.cache_key(block_id)
+                if full is not None:
+                    entries.setdefault(full, []).append(block_id)
+        return entries
+
+    def get_one_block(self, key: bytes) -> BlockView | None:
+        ids = self._entries().get(bytes(key))
+        return None if not ids else self._view.blocks[ids[0]]
+
+    def __len__(self) -> int:
+        return len(self._entries())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and key in self._entries()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._entries())
+
+
+class BlockPoolView:
+    """vLLM's ``BlockPool`` interface over a pagedkv pool."""
+
+    def __init__(self, core: BlockPool, enable_caching: bool, translate_events: Any) -> None:
+        self.core = core
+        self.num_gpu_blocks = core.num_blocks
+        self.enable_caching = enable_caching
+        self.blocks: list[BlockView] = [BlockView(i, core) for i in range(core.num_blocks)]
+        self.null_block = self.blocks[0]
+        self.free_block_queue = FreeQueueView(self)
+        self.cached_block_hash_to_block = CachedBlocksView(self)
+        self._translate_events = translate_events
+
+    def views(self, ids: Iterable[int]) -> list[BlockView]:
+        blocks = self.blocks
+        return [blocks[i] for i in ids]
+
+    def get_num_free_blocks(self) -> int:
+        return self.core.get_num_free_blocks()
+
+    def get_usage(self) -> float:
+        return self.core.get_usage()
+
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> (
+            list[BlockView] | None):
+        ids = self.core.get_cached_block(block_hash, kv_cache_group_ids)
+        return None if ids is None else self.views(ids)
+
+    def get_new_blocks(self, num_blocks: int) -> list[BlockView]:
+        return self.views(self.core.get_new_blocks(num_blocks))
+
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
+        self.core.free_blocks([block.block_id for block in ordered_blocks])
+
+    def touch(self, blocks: Any) -> None:
+        self.core.touch([block.block_id for group in blocks for block in group])
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self.core.evict_blocks(sorted(block_ids) if isinstance(block_ids, set) else block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.core.reset_prefix_cache()
+
+    def take_events(self) -> list[Any]:
+        return list(self._translate_events(self.core.take_events()))

@@ -1,0 +1,91 @@
+"""vLLM's ``KVCacheConfig`` and spec objects, translated into pagedkv's.
+
+The manager's behaviour depends only on each group's spec *kind* and its
+token geometry (block size, window, chunk, Mamba cache mode, speculative
+blocks); page sizes and dtypes matter to planning, not to block management.
+So the translation keeps the geometry exactly and maps a dtype pagedkv does
+not know to ``float16`` (the page size is then not vLLM's; nothing in the
+manager reads it). A spec kind pagedkv has no manager for raises
+:class:`UnsupportedVllmSpecError` naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.kv_cache_spec import (
+    DTYPE_SIZES,
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MLAAttentionSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+)
+from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.mamba_spec import MambaSpec
+
+__all__ = ["UnsupportedVllmSpecError", "translate_spec", "translate_config"]
+
+
+class UnsupportedVllmSpecError(InvalidConfigError):
+    """A vLLM KV cache spec kind pagedkv does not manage (yet)."""
+
+
+def _dtype(value: Any) -> str:
+    name = str(value).removeprefix("torch.")
+    return name if name in DTYPE_SIZES else "float16"
+
+
+def _attention_fields(spec: Any) -> dict[str, Any]:
+    return {"block_size": spec.block_size, "num_kv_heads": max(1, spec.num_kv_heads),
+            "head_size": max(1, spec.head_size), "dtype": _dtype(spec.dtype)}
+
+
+def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
+    """pagedkv's spec for one vLLM spec object (by class name, most derived first).
+
+    ``block_size`` overrides the spec's (vLLM scales block sizes by the
+    context-parallel world sizes itself; pagedkv does that in the manager).
+    """
+    kind = type(spec).__name__
+    fields = _attention_fields(spec) if hasattr(spec, "num_kv_heads") else {}
+    if block_size is not None and fields:
+        fields["block_size"] = block_size
+    if kind == "SlidingWindowSpec":
+        return SlidingWindowSpec(**fields, sliding_window=spec.sliding_window)
+    if kind == "ChunkedLocalAttentionSpec":
+        return ChunkedLocalAttentionSpec(**fields, attention_chunk_size=spec.attention_chunk_size)
+    if kind == "CrossAttentionSpec":
+        return CrossAttentionSpec(**fields)
+    if kind == "SinkFullAttentionSpec":
+        return SinkFullAttentionSpec(**fields, sink_len=spec.sink_len)
+    if kind == "MLAAttentionSpec":
+        return MLAAttentionSpec(**fields)
+    if kind == "FullAttentionSpec":
+        window = getattr(spec, "sliding_window", None)
+        chunk = getattr(spec, "attention_chunk_size", None)
+        return FullAttentionSpec(**fields, sliding_window=window,
+                                 attention_chunk_size=None if window is not None else chunk)
+    if kind == "MambaSpec":
+        shapes = tuple(tuple(int(d) for d in shape) or (1,) for shape in spec.shapes) or ((1,),)
+        dtypes = tuple(_dtype(d) for d in spec.dtypes) or ("float16",)
+        return MambaSpec(block_size if block_size is not None else spec.block_size,
+                         shapes=shapes, dtypes=dtypes[:len(shapes)] + ("float16",) * (
+                             len(shapes) - len(dtypes)),
+                         mamba_type=str(getattr(spec, "mamba_type", "mamba2")) or "mamba2",
+                         mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
+                         num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0)))
+    raise UnsupportedVllmSpecError(
+        f"pagedkv has no manager for vLLM's {kind} (KV cache group spec {spec!r})")
+
+
+def translate_config(config: Any) -> KVCacheConfig:
+    """pagedkv's ``KVCacheConfig`` for vLLM's (groups in order, same layer names, no tensors)."""
+    groups = tuple(
+        KVCacheGroupSpec(tuple(group.layer_names), translate_spec(group.kv_cache_spec))
+        for group in config.kv_cache_groups)
+    # The tensors back the engine's memory; the manager never reads them.
+    return KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=(), kv_cache_groups=groups)

@@ -1,0 +1,96 @@
+"""vLLM's ``manager.coordinator`` and its ``single_type_managers``, as views.
+
+vLLM's scheduler reads a few coordinator attributes directly (each group's
+``block_size`` and ``kv_cache_spec``, ``enable_partial_hash_hits``,
+``get_num_blocks_to_allocate`` for its admission arithmetic), and vLLM's
+tests read per-request tables (``req_to_blocks``, ``num_cached_block``).
+These classes answer from pagedkv's coordinator; they change nothing.
+
+This module and :mod:`pagedkv.vllm.manager` are the only places that read
+pagedkv's coordinator below the facade (``managers``, ``req_to_blocks``,
+``cached_count``, ``get_num_blocks_to_allocate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pagedkv.optimized.coordinator import KVCacheCoordinator
+from pagedkv.optimized.single_type import GroupManager
+
+from .blocks import BlockPoolView, BlockView
+
+__all__ = ["CoordinatorView", "GroupManagerView"]
+
+
+class _BlocksTable(Mapping[str, list[BlockView]]):
+    """``req_to_blocks``: request id -> the group's blocks (fresh view lists)."""
+
+    def __init__(self, table: dict[str, list[int]], pool: BlockPoolView) -> None:
+        self._table = table
+        self._pool = pool
+
+    def __getitem__(self, request_id: str) -> list[BlockView]:
+        return self._pool.views(self._table[request_id])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+class GroupManagerView:
+    """One group's single-type manager, as vLLM's tests and scheduler read it."""
+
+    def __init__(self, core: GroupManager, vllm_spec: Any, group_id: int,
+                 pool: BlockPoolView) -> None:
+        self.core = core
+        self.kv_cache_spec = vllm_spec
+        self.kv_cache_group_id = group_id
+        self.block_size = core.block_size
+        self.block_pool = pool
+        self.req_to_blocks = _BlocksTable(core.req_to_blocks, pool)
+        self.num_cached_block: Mapping[str, int] = core.cached_count
+        self.retains_longer_hit = False
+        self.records_new_block_ids = False
+        self.new_block_ids: list[int] = []
+
+    def take_new_block_ids(self) -> list[int]:
+        ids, self.new_block_ids = self.new_block_ids, []
+        return ids
+
+
+class CoordinatorView:
+    """vLLM's ``KVCacheCoordinator`` attributes over pagedkv's coordinator."""
+
+    def __init__(self, core: KVCacheCoordinator, vllm_config: Any, pool: BlockPoolView,
+                 retention_interval: int | None) -> None:
+        self.core = core
+        self.block_pool = pool
+        self.kv_cache_config = vllm_config
+        self.single_type_managers: tuple[GroupManagerView, ...] = tuple(
+            GroupManagerView(manager, group.kv_cache_spec, group_id, pool)
+            for group_id, (manager, group) in enumerate(
+                zip(core.managers, vllm_config.kv_cache_groups)))
+        # Sub-block (partial) hits and EAGLE sibling groups are not in
+        # pagedkv yet (issue 11): the scheduler then never splits for them.
+        self.enable_partial_hash_hits = False
+        self.eagle_group_ids: tuple[int, ...] = ()
+        self.num_reprefillable_tokens = 0
+        self.retention_interval = retention_interval
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[Sequence[Any]],
+        num_encoder_tokens: int, total_computed_tokens: int, num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int | None = None, apply_admission_cap: bool = False,
+        prefill_end: int | None = None,
+    ) -> int:
+        """Free blocks an allocation of ``num_tokens`` would take (vLLM's keywords)."""
+        hits = tuple([block.block_id for block in group] for group in new_computed_blocks)
+        return self.core.get_num_blocks_to_allocate(
+            request_id, num_tokens, hits if any(hits) else None, total_computed_tokens,
+            num_tokens if num_tokens_main_model is None else num_tokens_main_model,
+            num_encoder_tokens, total_computed_tokens - num_local_computed_tokens
+            if num_local_computed_tokens else 0)

@@ -1,0 +1,367 @@
+"""``pagedkv.vllm.KVCacheManager``: vLLM 0.33's KV cache manager API over pagedkv.
+
+A translation layer: it takes vLLM's ``KVCacheConfig`` and ``Request``
+objects, calls :class:`pagedkv.optimized.KVCacheManager`, and answers with
+vLLM's ``KVCacheBlocks`` holding vLLM-style block objects (live views of
+pagedkv's pool, :mod:`pagedkv.vllm.blocks`), vLLM's events and stats.
+Every block decision -- what a prefix hit is, which blocks are taken,
+cached, evicted, freed and in which order -- is pagedkv's.
+
+Where vLLM 0.33's scheduler needs an operation pagedkv's facade does not
+offer as such, this layer composes it from pagedkv operations and says so
+at the method (``pop_blocks_for_free`` = pin + free; watermark and
+``reserved_blocks`` = pagedkv's block demand checked against the headroom
+first). docs/vllm.md lists what differs from vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pagedkv.optimized.manager import KVCacheManager as CoreManager
+from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.types import AllBlocksCleared as CoreAllBlocksCleared
+from pagedkv.spec.types import BlockRemoved as CoreBlockRemoved
+from pagedkv.spec.types import BlockStored as CoreBlockStored
+from pagedkv.spec.types import KVCacheEvent as CoreEvent
+
+from . import _compat
+from .blocks import BlockPoolView, BlockView
+from .config import translate_config
+from .coordinator import CoordinatorView
+from .requests import CappedRequest, VllmRequestView
+
+__all__ = ["KVCacheManager"]
+
+_WAITING_STATES: tuple[Any, ...] = (_compat.RequestStatus.WAITING,
+                                    _compat.RequestStatus.PREEMPTED)
+
+
+class KVCacheManager:
+    """vLLM 0.33's ``KVCacheManager`` (same constructor and methods) on pagedkv.
+
+    Refuses, with ``InvalidConfigError`` naming the argument, the vLLM
+    features pagedkv does not implement yet: hash lookahead tokens, prefill
+    lookahead, the Mamba shared-prefix checkpoint.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> None:
+        for name, value in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
+                            ("num_prefill_lookahead", num_prefill_lookahead)):
+            if value:
+                raise InvalidConfigError(f"pagedkv.vllm does not support {name} yet, got {value!r}")
+        if not watermark >= 0.0:
+            raise InvalidConfigError(f"watermark must be >= 0, got {watermark!r}")
+        self.max_model_len = max_model_len
+        self.scheduler_block_size = scheduler_block_size
+        self.hash_block_size = hash_block_size
+        self.enable_caching = bool(enable_caching)
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.use_eagle = bool(use_eagle)
+        self.log_stats = bool(log_stats)
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats: Any = _compat.PrefixCacheStats() if log_stats else None
+        self.kv_cache_config = kv_cache_config
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+        self._core = CoreManager(
+            translate_config(kv_cache_config), max_model_len,
+            enable_caching=self.enable_caching,
+            hash_block_size=hash_block_size if self.num_kv_cache_groups else None,
+            use_eagle=self.use_eagle, log_stats=False,
+            enable_kv_cache_events=self.enable_kv_cache_events,
+            dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
+            retention_interval=retention,
+            max_num_batched_tokens=max_in_flight_tokens)
+        self.block_pool = BlockPoolView(self._core.block_pool, self.enable_caching,
+                                        self._translate_events)
+        self.coordinator = CoordinatorView(self._core.coordinator, kv_cache_config,
+                                           self.block_pool, retention)
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self._event_metadata = tuple(
+            (_compat.kv_cache_spec_kind(group.kv_cache_spec),
+             _compat.kv_cache_spec_sliding_window(group.kv_cache_spec))
+            for group in kv_cache_config.kv_cache_groups)
+        self.empty_kv_cache_blocks: Any = _compat.KVCacheBlocks(
+            tuple(() for _ in range(self.num_kv_cache_groups)))
+
+    # ---------------------------------------------------------- translation
+
+    def _request(self, request: Any) -> Any:
+        """The request as the core reads it (wrapped only when events need LoRA)."""
+        return VllmRequestView(request) if self.enable_kv_cache_events else request
+
+    def create_kv_cache_blocks(self, blocks: Sequence[Sequence[Any]]) -> Any:
+        """vLLM's ``KVCacheBlocks`` for per-group lists of block ids or block objects."""
+        if not any(blocks):
+            return self.empty_kv_cache_blocks
+        views = self.block_pool.blocks
+        return _compat.KVCacheBlocks(tuple(
+            [views[b] if type(b) is int else b for b in group] for group in blocks))
+
+    def _vllm_blocks(self, core_blocks: Any) -> Any:
+        return self.create_kv_cache_blocks(core_blocks.blocks)
+
+    def _translate_events(self, events: Iterable[CoreEvent]) -> Iterable[Any]:
+        for event in events:
+            if isinstance(event, CoreBlockStored):
+                yield _compat.BlockStored(
+                    block_hashes=[_compat.external_block_hash(h) for h in event.block_hashes],
+                    parent_block_hash=None if event.parent_block_hash is None
+                    else _compat.external_block_hash(event.parent_block_hash),
+                    token_ids=list(event.token_ids), block_size=event.block_size,
+                    lora_id=event.lora_id, medium=event.medium, lora_name=event.lora_name)
+            elif isinstance(event, CoreBlockRemoved):
+                for block_hash in event.block_hashes:
+                    yield _compat.BlockRemoved(
+                        block_hashes=[_compat.external_block_hash(block_hash)],
+                        medium=event.medium)
+            elif isinstance(event, CoreAllBlocksCleared):
+                yield _compat.AllBlocksCleared()
+
+    # ------------------------------------------------------------- stats
+
+    @property
+    def usage(self) -> float:
+        return self._core.usage
+
+    def make_prefix_cache_stats(self) -> Any:
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = _compat.PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                       preempted=request.num_preemptions > 0)
+
+    # ------------------------------------------------------------ lookups
+
+    def get_computed_blocks(self, request: Any,
+                            max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
+        """The prefix hit (blocks, tokens, shared-prefix boundary = 0)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        view: Any = (self._request(request) if max_cache_hit_length is None
+                     else CappedRequest(request, max_cache_hit_length))
+        blocks, num_hit_tokens = self._core.get_computed_blocks(view)
+        return self._vllm_blocks(blocks), num_hit_tokens, 0
+
+    def get_computed_blocks_for_connector(
+            self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
+        """pagedkv's hit is common to every group: it never diverges."""
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    # --------------------------------------------------------- allocation
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> Any:
+        """Slots for ``num_new_tokens`` more tokens; None when they do not fit
+        with ``reserved_blocks`` (and, for a waiting request while others are
+        scheduled, the watermark) kept free."""
+        if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
+                num_new_computed_tokens == 0):
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "computed tokens to adopt")
+        headroom = reserved_blocks
+        if has_scheduled_reqs and request.status in _WAITING_STATES:
+            headroom += self.watermark_blocks
+        if headroom > 0:
+            demand = self._demand(request, num_new_tokens, num_new_computed_tokens,
+                                  new_computed_blocks, num_lookahead_tokens,
+                                  num_external_computed_tokens, num_encoder_tokens)
+            if demand + headroom > self._core.block_pool.get_num_free_blocks():
+                return None
+        if new_computed_blocks is not None and not any(new_computed_blocks.blocks):
+            new_computed_blocks = None
+        new_blocks = self._core.allocate_slots(
+            self._request(request), num_new_tokens, num_new_computed_tokens,
+            new_computed_blocks, num_lookahead_tokens, num_external_computed_tokens,
+            delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit)
+        if new_blocks is None:
+            return None
+        return self._vllm_blocks(new_blocks)
+
+    def _demand(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int,
+                new_computed_blocks: Any, num_lookahead_tokens: int,
+                num_external_computed_tokens: int, num_encoder_tokens: int) -> int:
+        """Free blocks the allocation would take (pagedkv's count, as allocate_slots makes it)."""
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total = local + num_external_computed_tokens
+        main = total + num_new_tokens
+        need = min(main + num_lookahead_tokens, self.max_model_len)
+        hits = None
+        if new_computed_blocks is not None:
+            hits = tuple([block.block_id for block in group] for group in new_computed_blocks.blocks)
+        return self._core.coordinator.get_num_blocks_to_allocate(
+            request.request_id, need, hits if hits and any(hits) else None, total, main,
+            num_encoder_tokens, num_external_computed_tokens)
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        if self.enable_caching and request.request_id in self._core.coordinator.requests:
+            self._core.cache_blocks(self._request(request), num_computed_tokens)
+
+    def free(self, request: Any) -> None:
+        """Release the request's blocks (tail first); an unknown request is a no-op."""
+        self._core.free(request, missing_ok=True)
+
+    def pop_blocks_for_free(self, request: Any) -> list[BlockView]:
+        """Forget the request but keep its blocks referenced until the caller
+        passes them to ``block_pool.free_blocks`` (deferred frees). Composed
+        from pagedkv operations: pin every block once more, then free the
+        request; the returned blocks hold exactly the pin."""
+        request_id = request.request_id
+        if request_id not in self._core.coordinator.requests:
+            return []
+        ids = [block for group in self._core.get_block_ids(request_id) for block in group if block]
+        self._core.block_pool.touch(ids)
+        self._core.free(request)
+        return self.block_pool.views(ids)
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        if request_id in self._core.coordinator.requests:
+            self._core.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        if not self._core.reset_prefix_cache():
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        # Deprecated in vLLM 0.33 (cascade attention removed): zeros.
+        return [0] * self.num_kv_cache_groups
+
+    def take_events(self) -> list[Any]:
+        events = self.block_pool.take_events()
+        for event in events:
+            group = getattr(event, "group_idx", None)
+            if isinstance(event, _compat.BlockStored) and group is not None and (
+                    0 <= group < len(self._event_metadata)):
+                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
+                    self._event_metadata[group])
+        return events
+
+    # ------------------------------------------------------------ queries
+
+    def get_blocks(self, request_id: str) -> Any:
+        """The request's blocks; empty for a request holding none (as vLLM)."""
+        if request_id not in self._core.coordinator.requests:
+            return self.empty_kv_cache_blocks
+        return self.create_kv_cache_blocks(self._core.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        if request_id not in self._core.coordinator.requests:
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return self._core.get_block_ids(request_id)
+
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int) -> tuple[list[int], ...]:
+        spec_classes = _compat.spec_classes()
+        unclipped = tuple(spec_classes[name] for name in (
+            "CrossAttentionSpec", "EncoderOnlyAttentionSpec") if name in spec_classes)
+        clipped: list[list[int]] = []
+        for group, ids in zip(self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id)):
+            spec = group.kv_cache_spec
+            if not isinstance(spec, spec_classes["AttentionSpec"]) or isinstance(spec, unclipped):
+                clipped.append(ids)
+            else:
+                clipped.append(ids[:-(-num_computed_tokens // spec.block_size)])
+        return tuple(clipped)
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """Tokens of the request's cached prefix: the least over the prefix-cacheable groups."""
+        request_id = request.request_id
+        if request_id not in self._core.coordinator.requests:
+            return 0
+        counts = self._core.coordinator.get_num_cached_blocks(request_id)
+        spec_classes = _compat.spec_classes()
+        skipped = tuple(spec_classes[name] for name in (
+            "CrossAttentionSpec", "EncoderOnlyAttentionSpec") if name in spec_classes)
+        cached: int | None = None
+        for group, count, manager in zip(self.kv_cache_config.kv_cache_groups, counts,
+                                         self._core.coordinator.managers):
+            spec = group.kv_cache_spec
+            if not getattr(spec, "prefix_cacheable", True) or isinstance(spec, skipped):
+                continue
+            tokens = count * manager.block_size
+            cached = tokens if cached is None else min(cached, tokens)
+        return cached or 0
+
+    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
+        truncated: list[list[Any]] = []
+        for group_blocks, manager in zip(blocks.blocks, self._core.coordinator.managers):
+            truncated.append(list(group_blocks[:num_computed_tokens // manager.block_size]))
+        return self.create_kv_cache_blocks(truncated)
+
+    # ------------------------------------------------- per-step drains
+
+    def new_step_starts(self) -> None:
+        self._core.new_step_starts()
+
+    def take_new_block_ids(self) -> list[int]:
+        """Blocks to zero: KV cache zeroing is not in pagedkv, so none."""
+        return []
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """KV cache zeroing is not in pagedkv: nothing is recorded."""
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
+        """Copy-on-write copies: pagedkv makes none (no sub-block hits)."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba boundary-state offloads: not in pagedkv, so none."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        """Mamba partial-tail offloads: not in pagedkv, so none."""
+        return []
+
+    def __repr__(self) -> str:
+        return f"pagedkv.vllm.KVCacheManager({self._core!r})"

@@ -1,0 +1,93 @@
+"""vLLM ``Request`` objects as pagedkv's ``RequestView``.
+
+vLLM's ``Request`` has every attribute pagedkv reads but the LoRA ones
+(``lora_id``, ``lora_name``, which vLLM keeps in ``lora_request``). pagedkv
+reads those only when it emits a ``BlockStored`` event, so a request goes to
+the core as it is unless events are on, when :class:`VllmRequestView` wraps
+it. :class:`CappedRequest` narrows the hit length of a lookup
+(``get_computed_blocks(max_cache_hit_length=...)``) to what pagedkv's
+lookup reads: a hit never reaches ``num_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pagedkv.spec.types import BlockHash
+
+__all__ = ["VllmRequestView", "CappedRequest"]
+
+
+class VllmRequestView:
+    """A vLLM request, read through pagedkv's ``RequestView`` attributes."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+
+    @property
+    def request_id(self) -> str:
+        return str(self.request.request_id)
+
+    @property
+    def all_token_ids(self) -> Sequence[int]:
+        return self.request.all_token_ids  # type: ignore[no-any-return]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.request.num_tokens)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return int(self.request.num_prompt_tokens)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return int(self.request.num_computed_tokens)
+
+    @property
+    def block_hashes(self) -> Sequence[BlockHash]:
+        return self.request.block_hashes  # type: ignore[no-any-return]
+
+    @property
+    def num_preemptions(self) -> int:
+        return int(self.request.num_preemptions)
+
+    @property
+    def lora_id(self) -> int | None:
+        lora = self.request.lora_request
+        return None if lora is None else int(lora.adapter_id)
+
+    @property
+    def lora_name(self) -> str | None:
+        lora = self.request.lora_request
+        return None if lora is None else str(lora.name)
+
+    @property
+    def cache_salt(self) -> str | None:
+        return self.request.cache_salt  # type: ignore[no-any-return]
+
+    @property
+    def mm_features(self) -> Sequence[Any]:
+        return self.request.mm_features or ()
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        return bool(self.request.skip_reading_prefix_cache)
+
+
+class CappedRequest(VllmRequestView):
+    """A request whose lookup may hit at most ``max_hit_tokens`` tokens."""
+
+    __slots__ = ("max_hit_tokens",)
+
+    def __init__(self, request: Any, max_hit_tokens: int) -> None:
+        super().__init__(request)
+        self.max_hit_tokens = max_hit_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        # pagedkv's lookup bounds a hit by num_tokens - 1.
+        return min(int(self.request.num_tokens), self.max_hit_tokens + 1)
