@@ -85,3 +85,50 @@ class scheduler_manager_class:  # noqa: N801 - used as a context manager, reads 
 
     def __exit__(self, *exc: object) -> None:
         _scheduler.KVCacheManager = self._saved
+
+
+def vllm_coordinator_class(enable_caching: bool, num_groups: int) -> Any:
+    """The coordinator class vLLM would build for this configuration."""
+    from vllm.v1.core import kv_cache_coordinator as coordinators
+    if not enable_caching:
+        return coordinators.KVCacheCoordinatorNoPrefixCache
+    if num_groups == 1:
+        return coordinators.UnitaryKVCacheCoordinator
+    return coordinators.HybridKVCacheCoordinator
+
+
+def vllm_manager_class(group: Any) -> Any:
+    """The single-type manager class vLLM would build for a KV cache group (or None)."""
+    from vllm.v1.core.single_type_kv_cache_manager import KVCacheSpecRegistry
+    try:
+        return KVCacheSpecRegistry.get_manager_class(group.kv_cache_spec,
+                                                     getattr(group, "role", None))
+    except (KeyError, ValueError, TypeError, AssertionError):
+        return None
+
+
+_VIEW_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def posing_as(view_class: type, vllm_class: Any) -> type:
+    """A subclass of ``view_class`` that is also a subclass of ``vllm_class``
+    (named like it), so that vLLM's ``isinstance`` checks on coordinators and
+    managers hold for pagedkv's views. The view's attributes win; vLLM's
+    methods the view does not define are not meant to be called."""
+    if vllm_class is None:
+        return view_class
+    key = (view_class, vllm_class)
+    made = _VIEW_CLASSES.get(key)
+    if made is None:
+        # vLLM's properties would shadow the view's instance attributes of the
+        # same name (a property without a setter refuses assignment): the view
+        # answers for those it defines, the rest read as None.
+        namespace: dict[str, Any] = {"__module__": view_class.__module__}
+        for klass in vllm_class.__mro__:
+            for name, value in vars(klass).items():
+                if isinstance(value, property) and not hasattr(view_class, name):
+                    namespace.setdefault(name, None)
+        made = type(vllm_class.__name__, (view_class, vllm_class), namespace)
+        made.__abstractmethods__ = frozenset()  # type: ignore[attr-defined]
+        _VIEW_CLASSES[key] = made
+    return made

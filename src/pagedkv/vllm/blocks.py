@@ -19,19 +19,18 @@ from typing import Any
 
 from pagedkv.optimized.block_pool import BlockPool
 
-from . import _compat
-
 __all__ = ["BlockView", "BlockPoolView", "FreeQueueView", "CachedBlocksView"]
 
 
 class BlockView:
     """vLLM's ``KVCacheBlock`` for block ``block_id`` of a pagedkv pool."""
 
-    __slots__ = ("block_id", "_pool")
+    __slots__ = ("block_id", "_pool", "_owner")
 
-    def __init__(self, block_id: int, pool: BlockPool) -> None:
+    def __init__(self, block_id: int, pool: BlockPool, owner: BlockPoolView) -> None:
         self.block_id = block_id
         self._pool = pool
+        self._owner = owner
 
     @property
     def ref_cnt(self) -> int:
@@ -40,9 +39,7 @@ class BlockView:
     @property
     def block_hash(self) -> Any:
         """The cache key (hash + 4-byte group id), or None when not cached."""
-        key = self._pool.cache_key(self.block_id)
-        return None if key is None else _compat.block_hash_with_group_id(
-            key[:-4], int.from_bytes(key[-4:], "big"))
+        return self._pool.cache_key(self.block_id)
 
     @property
     def is_null(self) -> bool:
@@ -50,38 +47,57 @@ class BlockView:
 
     @property
     def block_hash_num_tokens(self) -> int | None:
-        # pagedkv caches whole blocks only; the position is the request's
-        # business, so the view does not know it (estimate_cached_tokens
-        # counts cached blocks instead).
+        # pagedkv caches whole blocks only and keeps no per-block position;
+        # estimate_cached_tokens counts a request's cached blocks instead.
         return None
 
     @property
-    def prev_free_block(self) -> BlockView | None:
-        return self._free_neighbour(self._pool.free_queue.prev)
+    def prev_free_block(self) -> Any:
+        return self._free_neighbour(self._pool.free_queue.prev, self._owner.free_block_queue.fake_free_list_head)
 
     @property
-    def next_free_block(self) -> BlockView | None:
-        return self._free_neighbour(self._pool.free_queue.next)
+    def next_free_block(self) -> Any:
+        return self._free_neighbour(self._pool.free_queue.next, self._owner.free_block_queue.fake_free_list_tail)
 
-    def _free_neighbour(self, links: list[int]) -> BlockView | None:
+    def _free_neighbour(self, links: list[int], end: Any) -> Any:
         pool = self._pool
         if self.block_id == 0 or pool.ref_counts[self.block_id] != 0:
             return None
         neighbour = links[self.block_id]
-        if neighbour == pool.free_queue.sentinel:
-            return None
-        return BlockView(neighbour, pool)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BlockView) and other.block_id == self.block_id and (
-            other._pool is self._pool)
-
-    def __hash__(self) -> int:
-        return hash(self.block_id)
+        return end if neighbour == pool.free_queue.sentinel else self._owner.blocks[neighbour]
 
     def __repr__(self) -> str:
         return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
                 f"block_hash={self.block_hash!r})")
+
+
+class _FreeListEnd:
+    """The head or tail sentinel of vLLM's free list (``fake_free_list_head``/``_tail``)."""
+
+    def __init__(self, pool: BlockPool, owner: BlockPoolView, is_head: bool) -> None:
+        self._pool = pool
+        self._owner = owner
+        self._is_head = is_head
+        self.block_id = -1
+
+    def _end_neighbour(self, links: list[int], other_end: Any) -> Any:
+        queue = self._pool.free_queue
+        neighbour = links[queue.sentinel]
+        return other_end if neighbour == queue.sentinel else self._owner.blocks[neighbour]
+
+    @property
+    def next_free_block(self) -> Any:
+        if not self._is_head:
+            return None
+        return self._end_neighbour(self._pool.free_queue.next,
+                                   self._owner.free_block_queue.fake_free_list_tail)
+
+    @property
+    def prev_free_block(self) -> Any:
+        if self._is_head:
+            return None
+        return self._end_neighbour(self._pool.free_queue.prev,
+                                   self._owner.free_block_queue.fake_free_list_head)
 
 
 class FreeQueueView:
@@ -89,6 +105,8 @@ class FreeQueueView:
 
     def __init__(self, pool_view: BlockPoolView) -> None:
         self._view = pool_view
+        self.fake_free_list_head = _FreeListEnd(pool_view.core, pool_view, True)
+        self.fake_free_list_tail = _FreeListEnd(pool_view.core, pool_view, False)
 
     @property
     def num_free_blocks(self) -> int:
@@ -104,7 +122,13 @@ class FreeQueueView:
 
 
 class CachedBlocksView:
-    """vLLM's ``cached_block_hash_to_block``: cache key -> cached blocks."""
+    """vLLM's ``cached_block_hash_to_block``: cache key -> cached blocks.
+
+    Read from pagedkv's pool on every call (O(num_blocks)): for tests and
+    tools, not for a hot path. ``pop`` evicts the block through pagedkv (its
+    hash is dropped, as a cache-map removal in vLLM is followed by a reset);
+    ``_cache`` is a snapshot in vLLM's layout (one block, or a dict of them).
+    """
 
     def __init__(self, pool_view: BlockPoolView) -> None:
         self._view = pool_view
@@ -112,16 +136,28 @@ class CachedBlocksView:
     def _entries(self) -> dict[bytes, list[int]]:
         core = self._view.core
         entries: dict[bytes, list[int]] = {}
-        for block_id, key in enumerate(core.block_hashes):
+        for block_id in range(core.num_blocks):
+            key = core.cache_key(block_id)
             if key is not None:
-                full = core.cache_key(block_id)
-                if full is not None:
-                    entries.setdefault(full, []).append(block_id)
+                entries.setdefault(key, []).append(block_id)
         return entries
+
+    @property
+    def _cache(self) -> dict[bytes, Any]:
+        blocks = self._view.blocks
+        return {key: blocks[ids[0]] if len(ids) == 1 else {i: blocks[i] for i in ids}
+                for key, ids in self._entries().items()}
 
     def get_one_block(self, key: bytes) -> BlockView | None:
         ids = self._entries().get(bytes(key))
         return None if not ids else self._view.blocks[ids[0]]
+
+    def pop(self, key: bytes, block_id: int) -> BlockView | None:
+        core = self._view.core
+        if core.cache_key(block_id) != key:
+            return None
+        core.evict_blocks([block_id])
+        return self._view.blocks[block_id]
 
     def __len__(self) -> int:
         return len(self._entries())
@@ -136,11 +172,13 @@ class CachedBlocksView:
 class BlockPoolView:
     """vLLM's ``BlockPool`` interface over a pagedkv pool."""
 
-    def __init__(self, core: BlockPool, enable_caching: bool, translate_events: Any) -> None:
+    def __init__(self, core: BlockPool, enable_caching: bool, hash_block_size: int,
+                 translate_events: Any) -> None:
         self.core = core
         self.num_gpu_blocks = core.num_blocks
         self.enable_caching = enable_caching
-        self.blocks: list[BlockView] = [BlockView(i, core) for i in range(core.num_blocks)]
+        self.hash_block_size = hash_block_size
+        self.blocks: list[BlockView] = [BlockView(i, core, self) for i in range(core.num_blocks)]
         self.null_block = self.blocks[0]
         self.free_block_queue = FreeQueueView(self)
         self.cached_block_hash_to_block = CachedBlocksView(self)
@@ -171,10 +209,15 @@ class BlockPoolView:
         self.core.touch([block.block_id for group in blocks for block in group])
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        self.core.evict_blocks(sorted(block_ids) if isinstance(block_ids, set) else block_ids)
+        self.core.evict_blocks(list(block_ids))
 
     def reset_prefix_cache(self) -> bool:
         return self.core.reset_prefix_cache()
+
+    @property
+    def kv_event_queue(self) -> list[Any]:
+        """Events not yet taken (pagedkv's, untranslated; read-only)."""
+        return self.core.pending_events
 
     def take_events(self) -> list[Any]:
         return list(self._translate_events(self.core.take_events()))

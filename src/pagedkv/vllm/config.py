@@ -70,7 +70,10 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
         return FullAttentionSpec(**fields, sliding_window=window,
                                  attention_chunk_size=None if window is not None else chunk)
     if kind == "MambaSpec":
-        shapes = tuple(tuple(int(d) for d in shape) or (1,) for shape in spec.shapes) or ((1,),)
+        # vLLM accepts one shape given bare, ``shapes=(1, 1)``, as well as a tuple of shapes.
+        raw = tuple(spec.shapes)
+        raw = (raw,) if raw and all(isinstance(d, int) for d in raw) else raw
+        shapes = tuple(tuple(int(d) for d in shape) or (1,) for shape in raw) or ((1,),)
         dtypes = tuple(_dtype(d) for d in spec.dtypes) or ("float16",)
         return MambaSpec(block_size if block_size is not None else spec.block_size,
                          shapes=shapes, dtypes=dtypes[:len(shapes)] + ("float16",) * (

@@ -19,9 +19,10 @@ from typing import Any
 from pagedkv.optimized.coordinator import KVCacheCoordinator
 from pagedkv.optimized.single_type import GroupManager
 
+from . import _compat
 from .blocks import BlockPoolView, BlockView
 
-__all__ = ["CoordinatorView", "GroupManagerView"]
+__all__ = ["CoordinatorView", "GroupManagerView", "make_coordinator_view"]
 
 
 class _BlocksTable(Mapping[str, list[BlockView]]):
@@ -52,6 +53,7 @@ class GroupManagerView:
         self.block_size = core.block_size
         self.block_pool = pool
         self.req_to_blocks = _BlocksTable(core.req_to_blocks, pool)
+        self._null_block = pool.null_block
         self.num_cached_block: Mapping[str, int] = core.cached_count
         self.retains_longer_hit = False
         self.records_new_block_ids = False
@@ -63,7 +65,11 @@ class GroupManagerView:
 
 
 class CoordinatorView:
-    """vLLM's ``KVCacheCoordinator`` attributes over pagedkv's coordinator."""
+    """vLLM's ``KVCacheCoordinator`` attributes over pagedkv's coordinator.
+
+    Build it with :func:`make_coordinator_view`, which makes it an instance of
+    the coordinator class vLLM would have built (vLLM's connectors check it).
+    """
 
     def __init__(self, core: KVCacheCoordinator, vllm_config: Any, pool: BlockPoolView,
                  retention_interval: int | None) -> None:
@@ -71,7 +77,8 @@ class CoordinatorView:
         self.block_pool = pool
         self.kv_cache_config = vllm_config
         self.single_type_managers: tuple[GroupManagerView, ...] = tuple(
-            GroupManagerView(manager, group.kv_cache_spec, group_id, pool)
+            _compat.posing_as(GroupManagerView, _compat.vllm_manager_class(group))(
+                manager, group.kv_cache_spec, group_id, pool)
             for group_id, (manager, group) in enumerate(
                 zip(core.managers, vllm_config.kv_cache_groups)))
         # Sub-block (partial) hits and EAGLE sibling groups are not in
@@ -94,3 +101,12 @@ class CoordinatorView:
             num_tokens if num_tokens_main_model is None else num_tokens_main_model,
             num_encoder_tokens, total_computed_tokens - num_local_computed_tokens
             if num_local_computed_tokens else 0)
+
+
+def make_coordinator_view(core: KVCacheCoordinator, vllm_config: Any, pool: BlockPoolView,
+                          retention_interval: int | None, enable_caching: bool) -> CoordinatorView:
+    """The coordinator view, posing as vLLM's class for this configuration."""
+    view_class = _compat.posing_as(CoordinatorView, _compat.vllm_coordinator_class(
+        enable_caching, len(vllm_config.kv_cache_groups)))
+    view: CoordinatorView = view_class(core, vllm_config, pool, retention_interval)
+    return view

@@ -29,7 +29,7 @@ from pagedkv.spec.types import KVCacheEvent as CoreEvent
 from . import _compat
 from .blocks import BlockPoolView, BlockView
 from .config import translate_config
-from .coordinator import CoordinatorView
+from .coordinator import make_coordinator_view
 from .requests import CappedRequest, VllmRequestView
 
 __all__ = ["KVCacheManager"]
@@ -93,9 +93,9 @@ class KVCacheManager:
             retention_interval=retention,
             max_num_batched_tokens=max_in_flight_tokens)
         self.block_pool = BlockPoolView(self._core.block_pool, self.enable_caching,
-                                        self._translate_events)
-        self.coordinator = CoordinatorView(self._core.coordinator, kv_cache_config,
-                                           self.block_pool, retention)
+                                        hash_block_size, self._translate_events)
+        self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
+                                                 self.block_pool, retention, self.enable_caching)
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -131,12 +131,15 @@ class KVCacheManager:
                     parent_block_hash=None if event.parent_block_hash is None
                     else _compat.external_block_hash(event.parent_block_hash),
                     token_ids=list(event.token_ids), block_size=event.block_size,
-                    lora_id=event.lora_id, medium=event.medium, lora_name=event.lora_name)
+                    lora_id=event.lora_id, medium=event.medium, lora_name=event.lora_name,
+                    # pagedkv's events carry no group yet (issue 12): exact with one group.
+                    group_idx=0 if self.num_kv_cache_groups == 1 else None)
             elif isinstance(event, CoreBlockRemoved):
                 for block_hash in event.block_hashes:
                     yield _compat.BlockRemoved(
                         block_hashes=[_compat.external_block_hash(block_hash)],
-                        medium=event.medium)
+                        medium=event.medium,
+                        group_idx=0 if self.num_kv_cache_groups == 1 else None)
             elif isinstance(event, CoreAllBlocksCleared):
                 yield _compat.AllBlocksCleared()
 
