@@ -42,6 +42,7 @@ from pagedkv.spec.types import BlockHash
 __all__ = [
     "HashFnName",
     "HASH_FUNCTIONS",
+    "DEFAULT_SEED",
     "ExtraKeys",
     "MultiModalFeature",
     "HashedRequest",
@@ -57,8 +58,13 @@ HASH_FUNCTIONS: Final[tuple[HashFnName, ...]] = ("sha256", "sha256_cbor", "xxh3_
 _ALIASES: Final[dict[str, HashFnName]] = {"xxhash": "xxh3_128", "xxh3": "xxh3_128"}
 
 ExtraKeys: TypeAlias = tuple[object, ...] | None
-"""Per-block extra keys: LoRA key, multimodal (identifier, offset) pairs, the
-cache salt, in that order; ``None`` when there are none."""
+"""Per-block extra keys, each a tuple tagged with its source, in this order:
+``("lora", name, path)``, ``("mm", identifier, offset)`` per multimodal input,
+``("cache_salt", salt)``; ``None`` when there are none (D-HASH-7)."""
+
+DEFAULT_SEED: Final = "vllm-none-hash"
+"""The chain's seed when neither an explicit seed nor ``PYTHONHASHSEED`` is
+given: vLLM 0.33's fixed seed for its cryptographic hashes (D-HASH-1)."""
 
 
 class MultiModalFeature(Protocol):
@@ -133,12 +139,12 @@ def hash_block_tokens(
 def seed_hash(hash_fn: HashFnName, seed: str | None = None) -> BlockHash:
     """The parent hash of a request's first block.
 
-    The seed is ``seed`` if given, else ``$PYTHONHASHSEED`` if set, else the
-    fixed string ``"pagedkv"`` (deterministic across processes: D-HASH-1).
-    For ``sha256`` with ``PYTHONHASHSEED`` set this equals vLLM's NONE_HASH.
+    The seed is ``seed`` if given, else ``$PYTHONHASHSEED`` if set, else
+    :data:`DEFAULT_SEED` (deterministic across processes: D-HASH-1). For
+    ``sha256`` this equals vLLM 0.33's NONE_HASH in both cases.
     """
     if seed is None:
-        seed = os.environ.get("PYTHONHASHSEED", "pagedkv")
+        seed = os.environ.get("PYTHONHASHSEED", DEFAULT_SEED)
     if hash_fn == "sha256":
         return BlockHash(hashlib.sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL)).digest())
     if hash_fn == "sha256_cbor":
@@ -154,17 +160,18 @@ def need_extra_keys(request: HashedRequest) -> bool:
 
 def _lora_keys(request: HashedRequest) -> list[object]:
     # The adapter's name identifies its weights across restarts; its integer
-    # id is only a fallback (D-HASH-3).
-    if request.lora_name is not None:
-        return [request.lora_name]
-    if request.lora_id is not None:
-        return [request.lora_id]
-    return []
+    # id is only a fallback (D-HASH-3). The path is part of the key so that a
+    # name re-pointed at other weights does not reuse their KV (D-HASH-7); it
+    # is read only if the request type has one (RequestView does not require it).
+    name: object = request.lora_name if request.lora_name is not None else request.lora_id
+    if name is None:
+        return []
+    return [("lora", name, getattr(request, "lora_path", None))]
 
 
 def _mm_keys(request: HashedRequest, start: int, end: int, mm_index: int) -> tuple[list[object], int]:
-    """(identifier, offset of the input's start relative to the block start)
-    for each multimodal input overlapping tokens ``[start, end)``, scanning
+    """``("mm", identifier, offset of the input's start relative to the block
+    start)`` for each multimodal input overlapping tokens ``[start, end)``, scanning
     from ``mm_index``; returns the keys and the index to resume from."""
     features = request.mm_features
     keys: list[object] = []
@@ -177,7 +184,7 @@ def _mm_keys(request: HashedRequest, start: int, end: int, mm_index: int) -> tup
             continue
         if first >= end:
             break  # the input starts after this block
-        keys.append((feature.identifier, first - start))
+        keys.append(("mm", feature.identifier, first - start))
         if stop <= end:
             index += 1  # ends inside this block: the next one may start here too
         else:
@@ -188,11 +195,12 @@ def _mm_keys(request: HashedRequest, start: int, end: int, mm_index: int) -> tup
 def block_extra_keys(request: HashedRequest, start: int, end: int, mm_index: int) -> tuple[ExtraKeys, int]:
     """Extra keys of the block of tokens ``[start, end)``.
 
-    Order: LoRA key, multimodal keys, then the cache salt (first block only).
-    Returns ``(None, index)`` when the block has none.
+    Order: LoRA key, multimodal keys, then the cache salt (first block only),
+    each tagged with its source as vLLM 0.33 does (D-HASH-7). Returns
+    ``(None, index)`` when the block has none.
     """
     mm, next_index = _mm_keys(request, start, end, mm_index)
     keys = _lora_keys(request) + mm
     if start == 0 and request.cache_salt:
-        keys.append(request.cache_salt)
+        keys.append(("cache_salt", request.cache_salt))
     return (tuple(keys) if keys else None), next_index

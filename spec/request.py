@@ -87,7 +87,7 @@ class Request:
 
     __slots__ = (
         "request_id", "_all_token_ids", "num_prompt_tokens", "num_computed_tokens",
-        "block_hashes", "num_preemptions", "lora_id", "lora_name", "cache_salt",
+        "block_hashes", "num_preemptions", "lora_id", "lora_name", "lora_path", "cache_salt",
         "mm_features", "skip_reading_prefix_cache", "_block_hasher",
     )
 
@@ -99,6 +99,7 @@ class Request:
         block_hasher: BlockHasher | None,
         lora_id: int | None = None,
         lora_name: str | None = None,
+        lora_path: str | None = None,
         cache_salt: str | None = None,
         mm_features: Sequence[MultiModalFeature] = (),
         skip_reading_prefix_cache: bool = False,
@@ -128,6 +129,8 @@ class Request:
         self.num_preemptions = 0
         self.lora_id = lora_id
         self.lora_name = lora_name
+        # Hashed with the name (spec/hashing.md, D-HASH-7); not part of RequestView.
+        self.lora_path = lora_path
         self.cache_salt = cache_salt
         self.mm_features: tuple[MultiModalFeature, ...] = features
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
