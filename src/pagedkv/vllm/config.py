@@ -27,7 +27,7 @@ from pagedkv.spec.kv_cache_spec import (
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.mamba_spec import MambaSpec
 
-__all__ = ["UnsupportedVllmSpecError", "translate_spec", "translate_config"]
+__all__ = ["UnsupportedVllmSpecError", "translate_spec", "translate_config", "group_block_size"]
 
 
 class UnsupportedVllmSpecError(InvalidConfigError):
@@ -85,10 +85,19 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
         f"pagedkv has no manager for vLLM's {kind} (KV cache group spec {spec!r})")
 
 
-def translate_config(config: Any) -> KVCacheConfig:
-    """pagedkv's ``KVCacheConfig`` for vLLM's (groups in order, same layer names, no tensors)."""
+def group_block_size(spec: Any, dcp_world_size: int) -> int:
+    """A group's block size in tokens as vLLM 0.33 counts it under decode context
+    parallelism: scaled by the DCP world size for DCP-sharded specs only (D-VLLM-7)."""
+    scale = dcp_world_size if getattr(spec, "dcp_sharded", True) else 1
+    return int(spec.block_size) * scale
+
+
+def translate_config(config: Any, dcp_world_size: int = 1) -> KVCacheConfig:
+    """pagedkv's ``KVCacheConfig`` for vLLM's (groups in order, same layer names, no
+    tensors), block sizes already scaled for context parallelism (D-VLLM-7)."""
     groups = tuple(
-        KVCacheGroupSpec(tuple(group.layer_names), translate_spec(group.kv_cache_spec))
+        KVCacheGroupSpec(tuple(group.layer_names), translate_spec(
+            group.kv_cache_spec, group_block_size(group.kv_cache_spec, dcp_world_size)))
         for group in config.kv_cache_groups)
     # The tensors back the engine's memory; the manager never reads them.
     return KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=(), kv_cache_groups=groups)

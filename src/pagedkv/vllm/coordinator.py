@@ -46,8 +46,9 @@ class GroupManagerView:
     """One group's single-type manager, as vLLM's tests and scheduler read it."""
 
     def __init__(self, core: GroupManager, vllm_spec: Any, group_id: int,
-                 pool: BlockPoolView) -> None:
+                 pool: BlockPoolView, dcp_world_size: int = 1) -> None:
         self.core = core
+        self.dcp_world_size = dcp_world_size if getattr(vllm_spec, "dcp_sharded", True) else 1
         self.kv_cache_spec = vllm_spec
         self.kv_cache_group_id = group_id
         self.block_size = core.block_size
@@ -72,13 +73,13 @@ class CoordinatorView:
     """
 
     def __init__(self, core: KVCacheCoordinator, vllm_config: Any, pool: BlockPoolView,
-                 retention_interval: int | None) -> None:
+                 retention_interval: int | None, dcp_world_size: int = 1) -> None:
         self.core = core
         self.block_pool = pool
         self.kv_cache_config = vllm_config
         self.single_type_managers: tuple[GroupManagerView, ...] = tuple(
             _compat.posing_as(GroupManagerView, _compat.vllm_manager_class(group))(
-                manager, group.kv_cache_spec, group_id, pool)
+                manager, group.kv_cache_spec, group_id, pool, dcp_world_size)
             for group_id, (manager, group) in enumerate(
                 zip(core.managers, vllm_config.kv_cache_groups)))
         # Sub-block (partial) hits and EAGLE sibling groups are not in
@@ -104,9 +105,10 @@ class CoordinatorView:
 
 
 def make_coordinator_view(core: KVCacheCoordinator, vllm_config: Any, pool: BlockPoolView,
-                          retention_interval: int | None, enable_caching: bool) -> CoordinatorView:
+                          retention_interval: int | None, enable_caching: bool,
+                          dcp_world_size: int = 1) -> CoordinatorView:
     """The coordinator view, posing as vLLM's class for this configuration."""
     view_class = _compat.posing_as(CoordinatorView, _compat.vllm_coordinator_class(
         enable_caching, len(vllm_config.kv_cache_groups)))
-    view: CoordinatorView = view_class(core, vllm_config, pool, retention_interval)
+    view: CoordinatorView = view_class(core, vllm_config, pool, retention_interval, dcp_world_size)
     return view

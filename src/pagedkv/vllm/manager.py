@@ -83,19 +83,21 @@ class KVCacheManager:
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+        # Context parallelism is translated into the block sizes (vLLM 0.33 scales
+        # only DCP-sharded groups, by the DCP size: D-VLLM-7), so the core runs at 1.
         self._core = CoreManager(
-            translate_config(kv_cache_config), max_model_len,
+            translate_config(kv_cache_config, dcp_world_size), max_model_len,
             enable_caching=self.enable_caching,
             hash_block_size=hash_block_size if self.num_kv_cache_groups else None,
             use_eagle=self.use_eagle, log_stats=False,
             enable_kv_cache_events=self.enable_kv_cache_events,
-            dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
             retention_interval=retention,
             max_num_batched_tokens=max_in_flight_tokens)
         self.block_pool = BlockPoolView(self._core.block_pool, self.enable_caching,
                                         hash_block_size, self._translate_events)
         self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
-                                                 self.block_pool, retention, self.enable_caching)
+                                                 self.block_pool, retention, self.enable_caching,
+                                                 dcp_world_size)
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
