@@ -368,6 +368,11 @@ class KVCacheCoordinator:
         its view of the request's hashes.
         Cost: O(groups + blocks newly cached + view blocks built)."""
         hash_block_size = self.hash_block_size
+        # Only blocks with hashes are cached; a lagging hasher's blocks wait
+        # for a later call (D-API-11).
+        hashed_tokens = len(request.block_hashes) * hash_block_size
+        if num_tokens > hashed_tokens:
+            num_tokens = hashed_tokens
         views: HashViews | None = None
         for manager in self.managers:
             if manager.block_size == hash_block_size:

@@ -184,6 +184,8 @@ class KVCacheManager:
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int = 0,
         full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        num_in_flight_tokens: int = 0,
     ) -> KVCacheBlocks | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens (plus
         lookahead), taking a prefix hit (``new_computed_blocks``, covering
@@ -193,19 +195,24 @@ class KVCacheManager:
         (no change beyond releasing blocks attention no longer reads,
         D-API-6). With ``full_sequence_must_fit`` the whole request must fit
         too, windowed groups counted at their admission cap (spec/managers.md
-        §8). The steps are spec/operations.md's, numbered alike.
+        §8). ``reserved_blocks`` more blocks must stay free (D-API-13);
+        ``num_in_flight_tokens`` of the computed tokens are still being
+        computed by an in-flight step, so skipped blocks are released on the
+        settled basis (D-API-14); ``num_new_tokens`` may be 0 when computed
+        tokens are adopted (D-API-12). The steps are spec/operations.md's,
+        numbered alike.
 
         Cost: O(1) (one group) or O(groups) for a decode step that needs
         no new block, fills no block and releases none; otherwise O(groups
         + hit blocks + new blocks + blocks cached + blocks released).
 
         Raises (in the order of step 1):
-            InvalidTokenCountError: ``num_new_tokens < 1`` or a negative count.
+            InvalidTokenCountError: ``num_new_tokens < 1`` (``< 0`` when
+                adopting computed tokens) or a negative count.
             InvalidArgumentError: a wrong number of groups, a prefix hit for
                 a known request or with caching off, a hit whose size
                 disagrees with ``num_new_computed_tokens``, a stale hit (a
-                block evicted or reused since ``get_computed_blocks``), too
-                few block hashes for the blocks to cache.
+                block evicted or reused since ``get_computed_blocks``).
             UnknownBlockError: a hit names a block outside the pool.
             ExceedsMaxModelLenError: the request would exceed max_model_len.
         """
@@ -213,7 +220,8 @@ class KVCacheManager:
         if (decode_step is not None and new_computed_blocks is None
                 and not full_sequence_must_fit
                 and not (num_new_computed_tokens or num_lookahead_tokens
-                         or num_external_computed_tokens or num_encoder_tokens)
+                         or num_external_computed_tokens or num_encoder_tokens
+                         or reserved_blocks or num_in_flight_tokens)
                 and type(num_new_tokens) is int and num_new_tokens >= 1):
             result = decode_step(request, num_new_tokens, delay_cache_blocks)
             if result is not TAKE_GENERAL_PATH:
@@ -228,7 +236,8 @@ class KVCacheManager:
             num_new_computed_tokens=num_new_computed_tokens,
             new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=num_external_computed_tokens,
-            delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens)
+            delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
+            reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens)
         # 2. Token counts.
         local = request.num_computed_tokens + num_new_computed_tokens
         total = local + num_external_computed_tokens
@@ -237,9 +246,10 @@ class KVCacheManager:
         # 3. Remove skipped blocks, even if the allocation is then refused:
         # they are dead weight either way, and releasing them first spares
         # cached blocks from eviction (D-API-6).
-        if known:
+        if known:  # on the settled basis: an in-flight step still reads its window (D-API-14)
+            settled = total - num_in_flight_tokens
             coordinator.remove_skipped_blocks(request_id=request_id,
-                                              num_total_computed_tokens=total)
+                                              num_total_computed_tokens=settled if settled > 0 else 0)
         # 4-5. Capacity (the Mamba step rule counts as a refusal here).
         demand = coordinator.get_num_blocks_to_allocate(
             request_id=request_id, num_tokens=need, new_computed_blocks=computed,
@@ -251,7 +261,7 @@ class KVCacheManager:
             demand = max(demand, coordinator.full_sequence_demand(
                 request_id=request_id, num_tokens=whole, new_computed_blocks=computed,
                 num_encoder_tokens=num_encoder_tokens))
-        if demand > self._pool.get_num_free_blocks():
+        if demand + reserved_blocks > self._pool.get_num_free_blocks():  # D-API-13
             return None
         # 6. Admit computed blocks (a new request only).
         if not known:

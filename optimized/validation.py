@@ -56,7 +56,8 @@ def allocate_args(
     *, coordinator: KVCacheCoordinator, request: RequestView, known_request: bool,
     max_model_len: int, num_new_tokens: int, num_new_computed_tokens: int,
     new_computed_blocks: Any, num_lookahead_tokens: int, num_external_computed_tokens: int,
-    delay_cache_blocks: bool, num_encoder_tokens: int,
+    delay_cache_blocks: bool, num_encoder_tokens: int, reserved_blocks: int = 0,
+    num_in_flight_tokens: int = 0,
 ) -> tuple[list[int], ...] | None:
     """Step 1 of ``allocate_slots`` (spec/operations.md): check the
     arguments in the spec's order (1a to 1k, the order both implementations
@@ -69,13 +70,19 @@ def allocate_args(
         InvalidTokenCountError, InvalidArgumentError, UnknownBlockError,
         ExceedsMaxModelLenError: see ``KVCacheManager.allocate_slots``.
     """
-    # 1a-1b. counts.
-    if type(num_new_tokens) is not int or num_new_tokens < 1:
-        raise InvalidTokenCountError(f"num_new_tokens must be an int >= 1, got {num_new_tokens!r}")
+    # 1a-1b. counts. A call that adopts computed tokens may bring no new one (D-API-12).
+    adopting = (type(num_new_computed_tokens) is int and num_new_computed_tokens > 0) or (
+        type(num_external_computed_tokens) is int and num_external_computed_tokens > 0)
+    if type(num_new_tokens) is not int or num_new_tokens < (0 if adopting else 1):
+        raise InvalidTokenCountError(
+            f"num_new_tokens must be an int >= 1 (>= 0 when computed tokens are adopted), "
+            f"got {num_new_tokens!r}")
     for name, value in (("num_new_computed_tokens", num_new_computed_tokens),
                         ("num_lookahead_tokens", num_lookahead_tokens),
                         ("num_external_computed_tokens", num_external_computed_tokens),
                         ("num_encoder_tokens", num_encoder_tokens),
+                        ("reserved_blocks", reserved_blocks),
+                        ("num_in_flight_tokens", num_in_flight_tokens),
                         ("request.num_computed_tokens", request.num_computed_tokens)):
         if type(value) is not int or value < 0:
             raise InvalidTokenCountError(f"{name} must be an int >= 0, got {value!r}")
@@ -131,15 +138,7 @@ def allocate_args(
         raise ExceedsMaxModelLenError(
             f"request {request_id!r} would hold {total} tokens, max_model_len is "
             f"{max_model_len}")
-    # 1k. step 8 (cache) will find the hashes it needs: checked now so
-    # that no error can follow a state change.
-    if enable_caching and not delay_cache_blocks and num_groups:
-        hash_block_size = coordinator.hash_block_size
-        num_full = min(total, request.num_tokens) // hash_block_size
-        if num_full > len(request.block_hashes):
-            raise InvalidArgumentError(
-                f"request {request_id!r}: {num_full} full blocks to cache but only "
-                f"{len(request.block_hashes)} block hashes")
+    # 1k (withdrawn): missing block hashes only defer caching (D-API-11).
     return computed
 
 
@@ -152,23 +151,20 @@ def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
     Raises:
         UnknownRequestError: the request holds no allocation.
         InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0.
-        InvalidArgumentError: a group holds fewer blocks or hashes.
+        InvalidArgumentError: a group holds fewer blocks.
     """
     request_id = request.request_id
     known(coordinator, request_id)
     if type(num_computed_tokens) is not int or num_computed_tokens < 0:
         raise InvalidTokenCountError(
             f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
-    hash_block_size = coordinator.hash_block_size
     for group_id, manager in enumerate(coordinator.managers):
         if coordinator.encoder_groups[group_id]:
             continue  # cross-attention blocks are never cached
         block_size = manager.block_size
         blocks = manager.req_to_blocks[request_id]
         num_full = num_computed_tokens // block_size
-        num_hashes = len(request.block_hashes) * hash_block_size // block_size
-        if num_full > len(blocks) or num_full > num_hashes:
+        if num_full > len(blocks):  # missing hashes only defer caching (D-API-11)
             raise InvalidArgumentError(
                 f"request {request_id!r}: {num_computed_tokens} tokens fill {num_full} "
-                f"blocks of group {group_id} but it holds {len(blocks)} blocks and "
-                f"hashes for {num_hashes}")
+                f"blocks of group {group_id} but it holds {len(blocks)} blocks")

@@ -158,7 +158,9 @@ class KVCacheCoordinator:
             self._tokens_for(manager, num_main_tokens, num_encoder_tokens)) for manager in self.managers)
 
     def cache_blocks(self, *, request: HashedRequest, request_id: str, num_tokens: int) -> None:
-        """Cache the full blocks of every group."""
+        """Cache the full blocks of every group, as far as the request has
+        hashes (a lagging hasher's blocks wait for a later call, D-API-11)."""
+        num_tokens = min(num_tokens, len(request.block_hashes) * self.hash_block_size)
         for manager in self.managers:
             manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, num_tokens)
 

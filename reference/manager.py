@@ -112,7 +112,8 @@ class KVCacheManager:
                        new_computed_blocks: KVCacheBlocks | None = None,
                        num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
                        delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> KVCacheBlocks | None:
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       num_in_flight_tokens: int = 0) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus
         lookahead), taking the hit blocks of ``get_computed_blocks``.
 
@@ -121,7 +122,10 @@ class KVCacheManager:
         cannot supply them. With ``full_sequence_must_fit`` the whole request
         (all its tokens, windowed groups at their admission cap) must fit too,
         so an engine admitting by that rule and startup sizing agree
-        (spec/managers.md §8).
+        (spec/managers.md §8). ``reserved_blocks`` more blocks must stay free
+        (D-API-13); skipped blocks are released on the settled basis, the
+        computed tokens less ``num_in_flight_tokens`` (D-API-14); a call that
+        adopts computed tokens may bring no new token (D-API-12).
 
         Raises:
             InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
@@ -136,7 +140,8 @@ class KVCacheManager:
             num_new_computed_tokens=num_new_computed_tokens,
             new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=num_external_computed_tokens,
-            delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens)
+            delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
+            reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens)
         # 2. Token counts.
         local = request.num_computed_tokens + num_new_computed_tokens
         total = local + num_external_computed_tokens
@@ -145,7 +150,9 @@ class KVCacheManager:
         # 3. Remove skipped blocks: released even if the allocation is then
         # refused; they are dead weight either way, and releasing them first
         # spares cached blocks from eviction (D-API-6). A no-op for a new request.
-        coordinator.remove_skipped_blocks(request_id=request_id, num_total_computed_tokens=total)
+        # On the settled basis: an in-flight step still reads its window (D-API-14).
+        coordinator.remove_skipped_blocks(request_id=request_id,
+                                          num_total_computed_tokens=max(0, total - num_in_flight_tokens))
         # 4-5. Capacity (the Mamba step rule counts as a refusal here).
         demand = coordinator.get_num_blocks_to_allocate(
             request_id=request_id, num_tokens=need, new_computed_blocks=hits,
@@ -157,7 +164,7 @@ class KVCacheManager:
             demand = max(demand, coordinator.full_sequence_demand(
                 request_id=request_id, num_tokens=whole, new_computed_blocks=hits,
                 num_encoder_tokens=num_encoder_tokens))
-        if demand > self._pool.get_num_free_blocks():
+        if demand + reserved_blocks > self._pool.get_num_free_blocks():  # D-API-13
             return None
         # 6. Admit computed blocks (a new request only).
         if not known:

@@ -56,7 +56,8 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                   max_model_len: int, num_new_tokens: int, num_new_computed_tokens: int,
                   new_computed_blocks: KVCacheBlocks | None, num_lookahead_tokens: int,
                   num_external_computed_tokens: int, delay_cache_blocks: bool,
-                  num_encoder_tokens: int) -> tuple[tuple[KVCacheBlock, ...], ...]:
+                  num_encoder_tokens: int, reserved_blocks: int = 0,
+                  num_in_flight_tokens: int = 0) -> tuple[tuple[KVCacheBlock, ...], ...]:
     """Step 1 of ``allocate_slots`` (spec/operations.md), checks 1a to 1k in
     order; returns the hit blocks per group (empty without a hit).
 
@@ -64,12 +65,18 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
         InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
     """
     request_id = request.request_id
-    # 1a-1b. counts.
-    count("num_new_tokens", num_new_tokens, 1)
+    # 1a-1b. counts; adopting computed tokens allows no new one (D-API-12).
+    adopts = any(type(n) is int and n > 0 for n in (num_new_computed_tokens, num_external_computed_tokens))
+    if type(num_new_tokens) is not int or num_new_tokens < (0 if adopts else 1):
+        raise InvalidTokenCountError(
+            f"num_new_tokens must be an int >= 1 (>= 0 when computed tokens are adopted), "
+            f"got {num_new_tokens!r}")
     for name, value in (("num_new_computed_tokens", num_new_computed_tokens),
                         ("num_lookahead_tokens", num_lookahead_tokens),
                         ("num_external_computed_tokens", num_external_computed_tokens),
                         ("num_encoder_tokens", num_encoder_tokens),
+                        ("reserved_blocks", reserved_blocks),
+                        ("num_in_flight_tokens", num_in_flight_tokens),
                         ("request.num_computed_tokens", request.num_computed_tokens)):
         count(name, value, 0)
     # 1c. the hit's shape.
@@ -112,14 +119,7 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
         raise ExceedsMaxModelLenError(
             f"request {request_id!r} would hold {num_main_tokens} tokens, "
             f"more than max_model_len={max_model_len}")
-    # 1k. step 8 (cache) will find the hashes it needs.
-    num_tokens_to_cache = min(num_main_tokens, request.num_tokens)
-    hash_block_size = coordinator.hash_block_size
-    if coordinator.enable_caching and not delay_cache_blocks and num_groups and (
-            len(request.block_hashes) < num_tokens_to_cache // hash_block_size):
-        raise InvalidArgumentError(
-            f"request {request_id!r} has {len(request.block_hashes)} block hashes, needs "
-            f"{num_tokens_to_cache // hash_block_size} to cache its full blocks")
+    # 1k (withdrawn): missing block hashes only defer caching (D-API-11).
     return hits
 
 
@@ -138,8 +138,7 @@ def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
             continue
         num_full = num_computed_tokens // manager.block_size
         held = len(manager.req_to_blocks[request.request_id])
-        hashes = len(request.block_hashes) * coordinator.hash_block_size // manager.block_size
-        if num_full > held or num_full > hashes:
+        if num_full > held:  # missing hashes only defer caching (D-API-11)
             raise InvalidArgumentError(
                 f"cannot cache {num_full} full blocks of request {request.request_id!r} in group "
-                f"{manager.group_id}: it holds {held} blocks and hashes for {hashes}")
+                f"{manager.group_id}: it holds {held} blocks")

@@ -66,6 +66,11 @@ def check_manager_args(
             f"hash_block_size must be a positive int dividing every group's block size "
             f"{list(block_sizes)}, got {hash_block_size!r}")
     alignment = lcm(*block_sizes) if block_sizes else 1
+    if type(retention_interval) is int and retention_interval > 0 and not any(
+            manager_kind_for(group.kv_cache_spec) in ("sliding_window", "mamba") for group in groups):
+        raise InvalidConfigError(
+            f"retention_interval={retention_interval} but the model has no sliding-window or Mamba "
+            f"group, so retention would have no effect: pass 0 or None (D-CFG-12)")
     if retention_interval is not None and (type(retention_interval) is not int
                                            or retention_interval < 0
                                            or retention_interval % alignment):

@@ -15,6 +15,7 @@ from typing import Any
 
 import hypothesis.strategies as st
 
+from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MMFeature
 from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
@@ -106,12 +107,14 @@ class Setup:
 
 @st.composite
 def manager_options(draw: st.DrawFn, *, alignment: int, enable_caching: bool,
-                    hash_fns: tuple[str, ...] = ("sha256", "xxh3_128", "sha256_cbor")) -> dict[str, Any]:
+                    hash_fns: tuple[str, ...] = ("sha256", "xxh3_128", "sha256_cbor"),
+                    sparse: bool = False) -> dict[str, Any]:
     """Every keyword option of ``KVCacheManager`` but the caching switch's
     consequences: draw a new option here and every machine covers it.
     ``alignment`` is the LCM of the groups' block sizes (retention intervals
-    are multiples of it)."""
-    retention = draw(st.sampled_from([None, None, 0, 1, 2]))
+    are multiples of it); ``sparse``: the model has a sliding-window or Mamba
+    group, without which a positive retention interval is refused (D-CFG-12)."""
+    retention = draw(st.sampled_from([None, None, 0, 1, 2] if sparse else [None, None, 0]))
     return dict(
         enable_caching=enable_caching,
         hash_fn=draw(st.sampled_from(hash_fns)),
@@ -190,7 +193,9 @@ def hybrid_setups(draw: st.DrawFn) -> Setup:
     encoder = any(isinstance(spec, CrossAttentionSpec) for spec in specs)
     enable_caching = draw(st.integers(0, 5).map(bool))
     options = draw(manager_options(alignment=math.lcm(*(spec.block_size for spec in specs)),
-                                   enable_caching=enable_caching, hash_fns=("sha256", "xxh3_128")))
+                                   enable_caching=enable_caching, hash_fns=("sha256", "xxh3_128"),
+                                   sparse=any(manager_kind_for(spec) in ("sliding_window", "mamba")
+                                              for spec in specs)))
     max_model_len = draw(st.integers(16, 48))
     prefixes = draw(st.lists(st.lists(ALPHABET, min_size=8, max_size=32), min_size=1, max_size=2))
     return Setup(

@@ -8,7 +8,7 @@ These classes answer from pagedkv's coordinator; they change nothing.
 
 This module and :mod:`pagedkv.vllm.manager` are the only places that read
 pagedkv's coordinator below the facade (``managers``, ``req_to_blocks``,
-``cached_count``, ``get_num_blocks_to_allocate``).
+``num_cached_blocks``, ``get_num_blocks_to_allocate``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pagedkv.optimized.coordinator import KVCacheCoordinator
-from pagedkv.optimized.single_type import GroupManager
+from pagedkv.optimized.single_type import SingleTypeManager as GroupManager
 
 from . import _compat
 from .blocks import BlockPoolView, BlockView
@@ -55,7 +55,7 @@ class GroupManagerView:
         self.block_pool = pool
         self.req_to_blocks = _BlocksTable(core.req_to_blocks, pool)
         self._null_block = pool.null_block
-        self.num_cached_block: Mapping[str, int] = core.cached_count
+        self.num_cached_block: Mapping[str, int] = core.num_cached_blocks
         self.retains_longer_hit = False
         self.records_new_block_ids = False
         self.new_block_ids: list[int] = []
@@ -98,10 +98,13 @@ class CoordinatorView:
         """Free blocks an allocation of ``num_tokens`` would take (vLLM's keywords)."""
         hits = tuple([block.block_id for block in group] for group in new_computed_blocks)
         return self.core.get_num_blocks_to_allocate(
-            request_id, num_tokens, hits if any(hits) else None, total_computed_tokens,
-            num_tokens if num_tokens_main_model is None else num_tokens_main_model,
-            num_encoder_tokens, total_computed_tokens - num_local_computed_tokens
-            if num_local_computed_tokens else 0)
+            request_id=request_id, num_tokens=num_tokens,
+            new_computed_blocks=hits if any(hits) else None,
+            num_total_computed_tokens=total_computed_tokens,
+            num_main_tokens=num_tokens if num_tokens_main_model is None else num_tokens_main_model,
+            num_encoder_tokens=num_encoder_tokens,
+            num_external_computed_tokens=(total_computed_tokens - num_local_computed_tokens
+                                          if num_local_computed_tokens else 0))
 
 
 def make_coordinator_view(core: KVCacheCoordinator, vllm_config: Any, pool: BlockPoolView,

@@ -9,9 +9,9 @@ cached, evicted, freed and in which order -- is pagedkv's.
 
 Where vLLM 0.33's scheduler needs an operation pagedkv's facade does not
 offer as such, this layer composes it from pagedkv operations and says so
-at the method (``pop_blocks_for_free`` = pin + free; watermark and
-``reserved_blocks`` = pagedkv's block demand checked against the headroom
-first). docs/vllm.md lists what differs from vLLM.
+at the method (``pop_blocks_for_free`` = pin + free, D-VLLM-3); the
+watermark and ``reserved_blocks`` become pagedkv's ``reserved_blocks``
+(D-API-13). docs/vllm.md lists what differs from vLLM.
 """
 
 from __future__ import annotations
@@ -209,38 +209,19 @@ class KVCacheManager:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
         headroom = reserved_blocks
-        if has_scheduled_reqs and request.status in _WAITING_STATES:
+        if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES:
             headroom += self.watermark_blocks
-        if headroom > 0:
-            demand = self._demand(request, num_new_tokens, num_new_computed_tokens,
-                                  new_computed_blocks, num_lookahead_tokens,
-                                  num_external_computed_tokens, num_encoder_tokens)
-            if demand + headroom > self._core.block_pool.get_num_free_blocks():
-                return None
         if new_computed_blocks is not None and not any(new_computed_blocks.blocks):
             new_computed_blocks = None
         new_blocks = self._core.allocate_slots(
             self._request(request), num_new_tokens, num_new_computed_tokens,
             new_computed_blocks, num_lookahead_tokens, num_external_computed_tokens,
-            delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit)
+            delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
+            reserved_blocks=headroom,
+            num_in_flight_tokens=getattr(request, "num_in_flight_tokens", 0) or 0)
         if new_blocks is None:
             return None
         return self._vllm_blocks(new_blocks)
-
-    def _demand(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int,
-                new_computed_blocks: Any, num_lookahead_tokens: int,
-                num_external_computed_tokens: int, num_encoder_tokens: int) -> int:
-        """Free blocks the allocation would take (pagedkv's count, as allocate_slots makes it)."""
-        local = request.num_computed_tokens + num_new_computed_tokens
-        total = local + num_external_computed_tokens
-        main = total + num_new_tokens
-        need = min(main + num_lookahead_tokens, self.max_model_len)
-        hits = None
-        if new_computed_blocks is not None:
-            hits = tuple([block.block_id for block in group] for group in new_computed_blocks.blocks)
-        return self._core.coordinator.get_num_blocks_to_allocate(
-            request.request_id, need, hits if hits and any(hits) else None, total, main,
-            num_encoder_tokens, num_external_computed_tokens)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if self.enable_caching and request.request_id in self._core.coordinator.requests:
@@ -266,7 +247,8 @@ class KVCacheManager:
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
         if request_id in self._core.coordinator.requests:
-            self._core.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
+            self._core.coordinator.remove_skipped_blocks(
+                request_id=request_id, num_total_computed_tokens=processed_computed_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self.block_pool.evict_blocks(block_ids)
