@@ -374,13 +374,21 @@ class KVCacheCoordinator:
         if num_tokens > hashed_tokens:
             num_tokens = hashed_tokens
         views: HashViews | None = None
-        for manager in self.managers:
+        managers = self.managers
+        # Several groups: only whole alignment units can ever be hit, so
+        # caching stops at the last one; an EAGLE group caches the block
+        # past it, which its hit predicate reads (D-HIT-5).
+        aligned = num_tokens - num_tokens % self.alignment if len(managers) > 1 else num_tokens
+        for manager in managers:
+            tokens = aligned
+            if manager.use_eagle and 0 < aligned < num_tokens:
+                tokens = min(num_tokens, aligned + manager.block_size)
             if manager.block_size == hash_block_size:
-                manager.cache_blocks(request, None, request_id, num_tokens)
+                manager.cache_blocks(request, None, request_id, tokens)
             else:
                 if views is None:
                     views = self.views(request.block_hashes, num_tokens)
-                manager.cache_blocks(request, views.at(manager.block_size), request_id, num_tokens)
+                manager.cache_blocks(request, views.at(manager.block_size), request_id, tokens)
 
     def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int) -> None:
         """Release blocks no longer needed, per group. Cost: O(groups + released)."""

@@ -161,8 +161,14 @@ class KVCacheCoordinator:
         """Cache the full blocks of every group, as far as the request has
         hashes (a lagging hasher's blocks wait for a later call, D-API-11)."""
         num_tokens = min(num_tokens, len(request.block_hashes) * self.hash_block_size)
+        # Several groups: cache whole alignment units only; an EAGLE group also
+        # the block after the last one (D-HIT-5).
+        aligned = num_tokens // self.alignment * self.alignment if len(self.managers) > 1 else num_tokens
         for manager in self.managers:
-            manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, num_tokens)
+            tokens = aligned
+            if manager.use_eagle and aligned > 0:
+                tokens = min(num_tokens, aligned + manager.block_size)
+            manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, tokens)
 
     def release(self, request_id: str) -> None:
         """Release every group's blocks, group by group."""

@@ -100,3 +100,22 @@ def test_positive_retention_needs_a_window_or_mamba_group(impl: ModuleType) -> N
         make(impl, retention_interval=4)
     make(impl, retention_interval=0)  # dense: accepted
     make(impl, full(), window(), retention_interval=4)
+
+
+def test_mixed_block_sizes_cache_whole_alignment_units(impl: ModuleType) -> None:
+    """D-HIT-5: full attention 8 + sliding window 4 (alignment 8), 28 tokens computed:
+    caching stops at 24 tokens, so SWA caches 6 blocks (not 7) and full attention 3."""
+    manager = make(impl, full(8), window(4, 8), num_blocks=40, hash_block_size=4)
+    request = manager.make_request("r", [t // 4 for t in range(28)] + [99])
+    assert manager.allocate_slots(request, 28) is not None
+    assert manager.snapshot().requests[0].num_cached_blocks == (3, 6)
+
+
+def test_eagle_caches_one_block_past_the_alignment(impl: ModuleType) -> None:
+    """D-HIT-5: with EAGLE the block after the last alignment unit is cached too
+    (the hit predicate reads it); 28 tokens: full attention 3 + 1 -> 3 (28 // 8),
+    sliding window 6 + 1 = 7."""
+    manager = make(impl, full(8), window(4, 8), num_blocks=40, hash_block_size=4, use_eagle=True)
+    request = manager.make_request("r", [t // 4 for t in range(28)] + [99])
+    assert manager.allocate_slots(request, 28) is not None
+    assert manager.snapshot().requests[0].num_cached_blocks == (3, 7)
