@@ -21,6 +21,7 @@ from typing import Any
 
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import AllBlocksCleared as CoreAllBlocksCleared
 from pagedkv.spec.types import BlockRemoved as CoreBlockRemoved
 from pagedkv.spec.types import BlockStored as CoreBlockStored
@@ -83,6 +84,19 @@ class KVCacheManager:
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+        if retention is not None and retention != 0:
+            # vLLM's own checks, in its order; the scheduler block size is an
+            # engine notion the core does not have (the core checks the rest).
+            translated = translate_config(kv_cache_config, dcp_world_size)
+            if not any(manager_kind_for(g.kv_cache_spec) in ("sliding_window", "mamba")
+                       for g in translated.kv_cache_groups):
+                raise InvalidConfigError(
+                    "prefix_cache_retention_interval is set but this model has no sliding-window or "
+                    "Mamba KV cache group, so retention has no effect (D-CFG-12)")
+            if retention < 0 or retention % scheduler_block_size:
+                raise InvalidConfigError(
+                    f"prefix_cache_retention_interval ({retention}) must be non-negative and a "
+                    f"multiple of scheduler_block_size ({scheduler_block_size})")
         # Context parallelism is translated into the block sizes (vLLM 0.33 scales
         # only DCP-sharded groups, by the DCP size: D-VLLM-7), so the core runs at 1.
         self._core = CoreManager(
