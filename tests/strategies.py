@@ -28,7 +28,8 @@ from pagedkv.spec.mamba_spec import MambaSpec
 
 __all__ = [
     "ALPHABET", "LOOKAHEAD", "DELAY_CACHING", "WHOLE_SEQUENCE", "OUTPUT_TOKENS", "EVICT_IDS",
-    "BAD_TOKEN_COUNTS", "Setup", "manager_options", "group_spec", "hybrid_groups",
+    "BAD_TOKEN_COUNTS",
+    "RESERVED_BLOCKS", "Setup", "manager_options", "group_spec", "hybrid_groups",
     "full_attention_setups", "hybrid_setups", "request_extras", "prompts", "workloads",
 ]
 
@@ -48,6 +49,9 @@ OUTPUT_TOKENS = st.lists(ALPHABET, min_size=1, max_size=3)
 EVICT_IDS = st.lists(st.integers(0, 44), max_size=4)
 """``evict_blocks`` arguments, some outside the pool."""
 BAD_TOKEN_COUNTS = st.integers(-2, 0)
+
+RESERVED_BLOCKS = st.integers(0, 4).flatmap(lambda n: st.integers(0, 3) if n == 0 else st.just(0))
+"""``allocate_slots(reserved_blocks=...)``: mostly none, sometimes a few (D-API-13)."""
 """``num_new_tokens`` values every implementation must refuse."""
 TAILS = st.lists(ALPHABET, max_size=12)
 """A new request's tokens after the shared prefix it starts with."""

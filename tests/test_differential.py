@@ -52,6 +52,7 @@ from tests import postconditions
 from tests.implementations import IMPLEMENTATIONS
 from tests.strategies import (
     BAD_TOKEN_COUNTS,
+    RESERVED_BLOCKS,
     DELAY_CACHING,
     EVICT_IDS,
     LOOKAHEAD,
@@ -234,12 +235,16 @@ class Lockstep(RuleBasedStateMachine):
         external = 0
         if data.draw(st.booleans(), label="external tokens"):
             external = data.draw(st.integers(0, max(0, remaining - 1)), label="num_external_computed_tokens")
-        chunk = data.draw(st.integers(1, remaining - external), label="num_new_tokens")
+        # Adopting a hit or external tokens may bring no new token (D-API-12).
+        chunk = data.draw(st.integers(0 if hit_tokens + external else 1, remaining - external),
+                          label="num_new_tokens")
+        reserved = data.draw(RESERVED_BLOCKS, label="reserved_blocks")
         encoder_tokens = self.setup.encoder_tokens
         out = self.each(lambda i, m: m.allocate_slots(
             pair.requests[i], chunk, hit_tokens, hits[i][0], num_lookahead_tokens=lookahead,
             num_external_computed_tokens=external, delay_cache_blocks=delay,
-            num_encoder_tokens=encoder_tokens, full_sequence_must_fit=whole))
+            num_encoder_tokens=encoder_tokens, full_sequence_must_fit=whole,
+            reserved_blocks=reserved))
         if out[0] is not None:
             pair.known = True
             self.check_allocation(pair, hit_tokens + external, chunk, lookahead)
@@ -251,9 +256,16 @@ class Lockstep(RuleBasedStateMachine):
         """A running request computes its next chunk (prefill) or token (decode)."""
         pair = self.tracked[data.draw(st.sampled_from(self.computing()), label="request")]
         chunk = data.draw(st.integers(1, pair.num_tokens - pair.num_computed), label="num_new_tokens")
+        # An asynchronous engine: part of the computed tokens still in flight
+        # (D-API-14), headroom kept for other work (D-API-13).
+        in_flight = (data.draw(st.integers(0, pair.num_computed), label="num_in_flight_tokens")
+                     if data.draw(st.integers(0, 3), label="asynchronous") == 0 else 0)
+        reserved = data.draw(RESERVED_BLOCKS, label="reserved_blocks")
         out = self.each(lambda i, m: m.allocate_slots(pair.requests[i], chunk, num_lookahead_tokens=lookahead,
-                                                      delay_cache_blocks=delay))
-        self.check_allocation(pair, pair.num_computed, chunk, lookahead)
+                                                      delay_cache_blocks=delay, reserved_blocks=reserved,
+                                                      num_in_flight_tokens=in_flight))
+        # The in-flight tokens widen the live window like new ones (SWA-1 cap).
+        self.check_allocation(pair, max(0, pair.num_computed - in_flight), chunk + in_flight, lookahead)
         if out[0] is not None:
             pair.set_computed(pair.num_computed + chunk)
 
@@ -343,10 +355,14 @@ class Lockstep(RuleBasedStateMachine):
 
     # -- misuse: all refuse with the same typed error, state unchanged ----------------
 
-    @rule(request_id=request_ids, count=BAD_TOKEN_COUNTS)
-    def allocate_bad_token_count(self, request_id: str, count: int) -> None:
+    @rule(request_id=request_ids, count=BAD_TOKEN_COUNTS,
+          keyword=st.sampled_from(["num_new_tokens", "reserved_blocks", "num_in_flight_tokens"]))
+    def allocate_bad_token_count(self, request_id: str, count: int, keyword: str) -> None:
         pair = self.tracked[request_id]
-        self.each(lambda i, m: m.allocate_slots(pair.requests[i], count))
+        if keyword == "num_new_tokens":
+            self.each(lambda i, m: m.allocate_slots(pair.requests[i], count))
+        else:  # the engine-contract counts must be >= 0 (spec/operations.md 1b)
+            self.each(lambda i, m: m.allocate_slots(pair.requests[i], 1, **{keyword: count - 1}))
 
     @rule(request_id=request_ids)
     def allocate_past_max_model_len(self, request_id: str) -> None:
