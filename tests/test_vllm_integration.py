@@ -180,3 +180,19 @@ def test_scheduler_builds_the_pagedkv_manager() -> None:
     from vllm.v1.core.sched import scheduler as scheduler_module
     # The swap lasts only while the scheduler is being built.
     assert scheduler_module.KVCacheManager is not module.KVCacheManager
+
+
+def test_scheduler_init_builds_pagedkv_manager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While vLLM's Scheduler.__init__ runs, its module names pagedkv's manager."""
+    _, _, module = _make()
+    from vllm.v1.core.sched import scheduler as scheduler_module
+
+    seen: list[Any] = []
+
+    def fake_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append(scheduler_module.KVCacheManager)
+
+    monkeypatch.setattr(scheduler_module.Scheduler, "__init__", fake_init)
+    module.Scheduler()
+    assert seen == [module.KVCacheManager]
+    assert scheduler_module.KVCacheManager is not module.KVCacheManager
