@@ -15,7 +15,6 @@ from typing import Any
 
 import hypothesis.strategies as st
 
-from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MMFeature
 from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
@@ -25,6 +24,7 @@ from pagedkv.spec.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
+from pagedkv.spec.registry import manager_kind_for
 
 __all__ = [
     "ALPHABET", "LOOKAHEAD", "DELAY_CACHING", "WHOLE_SEQUENCE", "OUTPUT_TOKENS", "EVICT_IDS",

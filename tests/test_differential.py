@@ -52,11 +52,11 @@ from tests import postconditions
 from tests.implementations import IMPLEMENTATIONS
 from tests.strategies import (
     BAD_TOKEN_COUNTS,
-    RESERVED_BLOCKS,
     DELAY_CACHING,
     EVICT_IDS,
     LOOKAHEAD,
     OUTPUT_TOKENS,
+    RESERVED_BLOCKS,
     WHOLE_SEQUENCE,
     Setup,
     full_attention_setups,

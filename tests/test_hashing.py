@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 
 from pagedkv.spec import FullAttentionSpec, InvalidArgumentError, KVCacheConfig, KVCacheGroupSpec, MMFeature
-from pagedkv.spec.types import BlockHash
 from pagedkv.spec.hashing import block_extra_keys, hash_block_tokens, need_extra_keys, normalize_hash_fn, seed_hash
+from pagedkv.spec.types import BlockHash
 from tests.implementations import IMPLEMENTATIONS
 
 

@@ -35,6 +35,7 @@ _failures: list[str] = []
 def _swap_manager() -> None:
     """Make every name bound to vLLM's manager class point at pagedkv's."""
     import vllm.v1.core.kv_cache_manager as vllm_manager_module
+
     # Import the schedulers first so that they bind the name before the swap
     # and are then rebound below, whichever way they imported it.
     import vllm.v1.core.sched.async_scheduler  # noqa: F401

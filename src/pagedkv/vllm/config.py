@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import (
     DTYPE_SIZES,
     ChunkedLocalAttentionSpec,
@@ -24,7 +25,6 @@ from pagedkv.spec.kv_cache_spec import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.mamba_spec import MambaSpec
 
 __all__ = ["UnsupportedVllmSpecError", "translate_spec", "translate_config", "group_block_size"]
