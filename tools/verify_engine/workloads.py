@@ -1,0 +1,132 @@
+"""Deterministic workloads for the engine check: token-id prompts, greedy sampling.
+
+Token ids start at 3 so no prompt holds the tokenizer's special ids (0 unk, 1 bos, 2 eos); every
+request runs with ignore_eos so its output length is fixed by max_tokens alone.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+BLOCK_SIZE = 32
+LOW_ID, HIGH_ID = 3, 1023
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One `LLM.generate` call: prompts and per-prompt max_tokens."""
+
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: str
+    # None: the engine sizes the pool itself from VLLM_CPU_KVCACHE_SPACE.
+    num_blocks: int | None
+    max_model_len: int
+    max_num_seqs: int
+    batches: list[Batch] = field(default_factory=list)
+    # Workloads whose pool and model match run in the same engine, one after the other.
+    expect_hits: bool = True
+    expect_preemptions: bool = False
+
+    @property
+    def engine_key(self) -> tuple[str, int | None, int, int]:
+        return (self.model, self.num_blocks, self.max_model_len, self.max_num_seqs)
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randint(LOW_ID, HIGH_ID) for _ in range(n)]
+
+
+def shared_prefix(model: str, seed: int) -> Workload:
+    """Prompts over 4 shared system prefixes, run twice: the second pass hits the first's blocks."""
+    rng = random.Random(seed)
+    prefixes = [_tokens(rng, BLOCK_SIZE * rng.randint(3, 6) + rng.randint(0, 20)) for _ in range(4)]
+    first = [prefixes[i % 4] + _tokens(rng, rng.randint(5, 120)) for i in range(16)]
+    # Pass two: the same prompts again (whole-prompt hits) and new ones on the same prefixes.
+    second = list(first[:8]) + [prefixes[i % 4] + _tokens(rng, rng.randint(5, 120)) for i in range(8)]
+    return Workload(
+        name=f"{model}/shared-prefix x2",
+        model=model,
+        num_blocks=None,
+        max_model_len=1024,
+        max_num_seqs=32,
+        batches=[
+            Batch(first, [rng.randint(8, 24) for _ in first]),
+            Batch(second, [rng.randint(8, 24) for _ in second]),
+        ],
+    )
+
+
+def evicting_pool(model: str, seed: int) -> Workload:
+    """A 40-block pool: later batches evict the cached blocks of earlier ones; re-asks hit or miss."""
+    rng = random.Random(seed)
+    prefixes = [_tokens(rng, BLOCK_SIZE * 4 + 7) for _ in range(8)]
+    batches = []
+    for wave in range(4):
+        prompts = [prefixes[(2 * wave + j) % 8] + _tokens(rng, rng.randint(10, 60)) for j in range(4)]
+        batches.append(Batch(prompts, [rng.randint(4, 16) for _ in prompts]))
+    # Re-ask every prefix: the oldest were evicted, the newest are still cached.
+    prompts = [p + _tokens(rng, 9) for p in prefixes]
+    batches.append(Batch(prompts, [8] * len(prompts)))
+    return Workload(
+        name=f"{model}/evicting pool (40 blocks)",
+        model=model,
+        num_blocks=40,
+        max_model_len=512,
+        max_num_seqs=4,
+        batches=batches,
+    )
+
+
+def preempting_pool(model: str, seed: int, num_blocks: int = 20, max_model_len: int = 512) -> Workload:
+    """A pool of a few blocks and 8 long decodes at once: it runs out and requests are preempted."""
+    rng = random.Random(seed)
+    shared = _tokens(rng, BLOCK_SIZE * 2)
+    prompts = [shared + _tokens(rng, rng.randint(20, 90)) for _ in range(8)]
+    return Workload(
+        name=f"{model}/preempting pool ({num_blocks} blocks)",
+        model=model,
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=8,
+        batches=[Batch(prompts, [rng.randint(120, 200) for _ in prompts])],
+        expect_preemptions=True,
+    )
+
+
+def mixed(model: str, seed: int, count: int = 240) -> Workload:
+    """`count` requests of mixed lengths, a third of them on shared prefixes; one generate call."""
+    rng = random.Random(seed)
+    prefixes = [_tokens(rng, BLOCK_SIZE * rng.randint(2, 8)) for _ in range(6)]
+    prompts: list[list[int]] = []
+    for _ in range(count):
+        unique = _tokens(rng, rng.choice([rng.randint(4, 40), rng.randint(40, 200), rng.randint(200, 500)]))
+        prompts.append(rng.choice(prefixes) + unique if rng.random() < 0.35 else unique)
+    return Workload(
+        name=f"{model}/mixed {count} requests",
+        model=model,
+        num_blocks=None,
+        max_model_len=1024,
+        max_num_seqs=32,
+        batches=[Batch(prompts, [rng.choice([1, 4, 16, 32, 64]) for _ in prompts])],
+    )
+
+
+def all_workloads() -> list[Workload]:
+    return [
+        shared_prefix("llama", 1),
+        evicting_pool("llama", 2),
+        preempting_pool("llama", 3),
+        mixed("llama", 4),
+        shared_prefix("hybrid", 5),
+        evicting_pool("hybrid", 6),
+        # Two groups share the pool; vLLM needs room for one max-length request in each.
+        preempting_pool("hybrid", 7, num_blocks=32, max_model_len=384),
+        mixed("hybrid", 8, count=80),
+    ]
