@@ -18,9 +18,8 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (make verify-engine / verify-vllm)")
 torch = pytest.importorskip("torch")
 
-from pagedkv.vllm import KVCacheManager as PagedkvManager  # noqa: E402
-from pagedkv.vllm import _compat  # noqa: E402
-
+from vllm import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core import kv_cache_manager as vllm_manager_module  # noqa: E402
 from vllm.v1.core import kv_cache_utils  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
@@ -30,8 +29,9 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request  # noqa: E402
-from vllm import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
+
+from pagedkv.vllm import KVCacheManager as PagedkvManager  # noqa: E402
+from pagedkv.vllm import _compat  # noqa: E402
 
 VllmManager: Any = vllm_manager_module.KVCacheManager
 BLOCK = 16

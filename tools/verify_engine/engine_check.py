@@ -75,7 +75,8 @@ def worker(args: list[str], out: Path, log_path: Path) -> dict[str, Any]:
 def run_variant(variant: str, model_dir: Path, group: list[wl.Workload], work: Path, tag: str) -> list[dict[str, Any]]:
     names = ";".join(w.name for w in group)
     out = work / f"{tag}-{variant}.json"
-    res = worker(["run", "--variant", variant, "--model-dir", str(model_dir), "--workloads", names], out, work / f"{tag}-{variant}.log")
+    argv = ["run", "--variant", variant, "--model-dir", str(model_dir), "--workloads", names]
+    res = worker(argv, out, work / f"{tag}-{variant}.log")
     runs: list[dict[str, Any]] = res["runs"]
     return runs
 
@@ -170,7 +171,7 @@ def main() -> int:
                 else:
                     failures.append(f"{w.name}: {v.describe()}")
             elif known:
-                log(f"    listed as a known difference but identical now: remove it from KNOWN_DIFFERENCES")
+                log("    listed as a known difference but identical now: remove it from KNOWN_DIFFERENCES")
             if w.expect_hits and v.cached_tokens == 0:
                 failures.append(f"{w.name}: no prefix-cache hit at all, the workload tests nothing")
             if w.expect_preemptions and v.preemptions == 0:
@@ -195,7 +196,8 @@ def main() -> int:
 
         results = {}
         for variant, cls in (("stock", "vllm.v1.core.sched.scheduler.Scheduler"),
-                             (candidate, "pagedkv.vllm.Scheduler" if candidate == "pagedkv" else "vllm.v1.core.sched.scheduler.Scheduler")):
+                             (candidate, "pagedkv.vllm.Scheduler" if candidate == "pagedkv"
+                              else "vllm.v1.core.sched.scheduler.Scheduler")):
             log(f"server: --scheduler-cls {cls}")
             results[variant] = server_check.run(cls, str(model_dirs["llama"]), work / f"server-{variant}.log")
         a, b = results["stock"], results[candidate]

@@ -45,7 +45,7 @@ def _write_tokenizer(folder: Path) -> None:
     )
 
 
-def _attention_weights(prefix: str, gen: "object") -> dict[str, "object"]:
+def _attention_weights(prefix: str, gen: object) -> dict[str, object]:
     import torch
 
     g = gen  # a torch.Generator
@@ -58,7 +58,7 @@ def _attention_weights(prefix: str, gen: "object") -> dict[str, "object"]:
     }
 
 
-def _llama_like_weights(num_layers: int, seed: int, extra_norms: bool) -> dict[str, "object"]:
+def _llama_like_weights(num_layers: int, seed: int, extra_norms: bool) -> dict[str, object]:
     import torch
 
     g = torch.Generator().manual_seed(seed)

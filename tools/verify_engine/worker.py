@@ -34,9 +34,8 @@ COUNTERS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries", "vllm:num_pre
 
 
 def make_llm(variant: str, model_dir: str, w: wl.Workload) -> Any:
-    from vllm import LLM
-
     from engine_schedulers import VARIANTS
+    from vllm import LLM
 
     kwargs: dict[str, Any] = dict(
         model=model_dir,
@@ -106,9 +105,8 @@ def run_workload(llm: Any, label: str, w: wl.Workload) -> dict[str, Any]:
 
 
 def label_of(variant: str) -> str:
-    from engine_schedulers import VARIANTS
-
     import engine_schedulers
+    from engine_schedulers import VARIANTS
 
     cls_name = VARIANTS[variant].rsplit(".", 1)[1]
     return str(getattr(engine_schedulers, cls_name).LABEL)
