@@ -79,6 +79,10 @@ verify-engine:
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
 
+# Not part of verify: one test run per sampled mutant (tools/mutate.py; triage in tools/mutation_triage.md).
+mutation: install
+	$(PY) tools/mutate.py $(MUTATION_ARGS)
+
 demo: install
 	$(PY) -m pagedkv.cli demo $(DEMO_ARGS)
 

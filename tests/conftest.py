@@ -7,6 +7,7 @@
 - ``ci``: selected when ``CI`` is set; derandomized, no example database,
   prints a reproduction blob on failure.
 - ``thorough``: ``make verify-thorough``; 20x the examples of ``ci``.
+- ``mutation``: ``make mutation``; a few derandomized examples per test.
 ``HYPOTHESIS_PROFILE`` overrides the choice.
 """
 
@@ -28,6 +29,11 @@ settings.register_profile(
 )
 settings.register_profile(
     "thorough", max_examples=2000, deadline=None, print_blob=True,
+    suppress_health_check=_SLOW_OK,
+)
+# ``make mutation`` runs the suite once per mutant: few examples, reproducible.
+settings.register_profile(
+    "mutation", max_examples=8, deadline=None, derandomize=True, database=None,
     suppress_health_check=_SLOW_OK,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
