@@ -37,6 +37,9 @@ class KVCacheGroupSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_names", tuple(self.layer_names))
+        if not isinstance(self.kv_cache_spec, KVCacheSpec):
+            raise InvalidConfigError(
+                f"KVCacheGroupSpec.kv_cache_spec must be a KVCacheSpec, got {self.kv_cache_spec!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,10 @@ class KVCacheConfig:
                 f"got {self.num_blocks!r}")
         object.__setattr__(self, "kv_cache_tensors", tuple(self.kv_cache_tensors))
         object.__setattr__(self, "kv_cache_groups", tuple(self.kv_cache_groups))
+        for index, group in enumerate(self.kv_cache_groups):
+            if not isinstance(group, KVCacheGroupSpec):
+                raise InvalidConfigError(
+                    f"KVCacheConfig.kv_cache_groups[{index}] must be a KVCacheGroupSpec, got {group!r}")
 
 
 def check_kv_cache_config(config: KVCacheConfig) -> None:

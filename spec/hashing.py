@@ -101,6 +101,9 @@ class HashedRequest(Protocol):
 
 def normalize_hash_fn(name: str) -> HashFnName:
     """The canonical name of a hash function; raises on an unknown name."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(
+            f"hash_fn must be one of {', '.join(HASH_FUNCTIONS)} (or 'xxhash'), got {name!r}")
     canonical = _ALIASES.get(name, name)
     for known in HASH_FUNCTIONS:
         if canonical == known:

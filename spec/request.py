@@ -17,7 +17,20 @@ from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hashing import MultiModalFeature
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["RequestView", "Request", "MMFeature", "BlockHasher"]
+__all__ = ["RequestView", "Request", "MMFeature", "BlockHasher", "REQUEST_OPTIONS", "check_request_options"]
+
+#: The keyword arguments ``Request`` (and ``KVCacheManager.make_request``) accept.
+REQUEST_OPTIONS = frozenset(
+    {"lora_id", "lora_name", "cache_salt", "mm_features", "skip_reading_prefix_cache"})
+
+
+def check_request_options(options: Iterable[str]) -> None:
+    """Refuse keyword arguments ``Request`` does not take (a typed error
+    instead of Python's ``TypeError``)."""
+    unknown = sorted(set(options) - REQUEST_OPTIONS)
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown request option(s) {', '.join(unknown)}; expected some of {sorted(REQUEST_OPTIONS)}")
 
 
 class RequestView(Protocol):
@@ -69,8 +82,14 @@ class MMFeature:
     length: int
 
 
-def _check_token_ids(token_ids: Iterable[int], what: str) -> list[int]:
-    tokens = list(token_ids)
+def _check_token_ids(token_ids: object, what: str) -> list[int]:
+    if isinstance(token_ids, (str, bytes)):
+        raise InvalidArgumentError(f"{what} must be a sequence of non-negative ints, got {token_ids!r}")
+    try:
+        tokens: list[int] = list(token_ids)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidArgumentError(
+            f"{what} must be a sequence of non-negative ints, got {token_ids!r}") from None
     for token in tokens:
         if type(token) is not int or token < 0:
             raise InvalidArgumentError(f"{what} must be non-negative ints, got {token!r}")
@@ -111,9 +130,25 @@ class Request:
             raise InvalidArgumentError(f"request {request_id!r}: prompt_token_ids is empty")
         if lora_id is not None and (type(lora_id) is not int or lora_id < 0):
             raise InvalidArgumentError(f"lora_id must be a non-negative int or None, got {lora_id!r}")
-        features = tuple(mm_features)
+        for name, value in (("lora_name", lora_name), ("cache_salt", cache_salt)):
+            if value is not None and not isinstance(value, str):
+                raise InvalidArgumentError(f"{name} must be a str or None, got {value!r}")
+        if type(skip_reading_prefix_cache) is not bool:
+            raise InvalidArgumentError(
+                f"skip_reading_prefix_cache must be a bool, got {skip_reading_prefix_cache!r}")
+        try:
+            features = tuple(mm_features)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"request {request_id!r}: mm_features must be a sequence of features, got {mm_features!r}") from None
         previous_end = 0
         for feature in features:
+            identifier = getattr(feature, "identifier", None)
+            offset, length = getattr(feature, "offset", None), getattr(feature, "length", None)
+            if not isinstance(identifier, str) or type(offset) is not int or type(length) is not int:
+                raise InvalidArgumentError(
+                    f"request {request_id!r}: mm_features entries need a str identifier and int offset "
+                    f"and length, got {feature!r}")
             if feature.offset < previous_end or feature.length <= 0 or (
                     feature.offset + feature.length > len(tokens)):
                 raise InvalidArgumentError(
@@ -154,10 +189,15 @@ class Request:
         return len(self._all_token_ids) - self.num_prompt_tokens
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        """Append generated tokens and hash any block they complete."""
-        if isinstance(token_ids, int):
+        """Append generated tokens and hash any block they complete.
+
+        Raises:
+            InvalidArgumentError: a token that is not a non-negative int
+                (``bool`` and numpy integers included); nothing is appended.
+        """
+        if type(token_ids) is int:
             if token_ids < 0:
-                raise InvalidArgumentError(f"output token ids must be non-negative, got {token_ids}")
+                raise InvalidArgumentError(f"output token ids must be non-negative ints, got {token_ids}")
             self._all_token_ids.append(token_ids)
         else:
             self._all_token_ids.extend(_check_token_ids(token_ids, "output token ids"))
