@@ -17,7 +17,8 @@ from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hashing import MultiModalFeature
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["RequestView", "Request", "MMFeature", "BlockHasher", "REQUEST_OPTIONS", "check_request_options"]
+__all__ = ["RequestView", "Request", "RequestFacts", "MMFeature", "BlockHasher", "REQUEST_OPTIONS",
+           "check_request_options"]
 
 #: The keyword arguments ``Request`` (and ``KVCacheManager.make_request``) accept.
 REQUEST_OPTIONS = frozenset(
@@ -71,6 +72,48 @@ class RequestView(Protocol):
 BlockHasher = Callable[["Request"], list[BlockHash]]
 """Returns the hashes of the full blocks of a request not yet in its
 ``block_hashes`` (possibly none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """A request's attributes read once: what an operation works from after
+    it has read the engine's object (spec/operations.md, "Exception
+    safety": engine code runs before the first change, never after).
+
+    The sequences are the request's own objects, not copies.
+    """
+
+    request_id: str
+    all_token_ids: Sequence[int]
+    num_tokens: int
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    block_hashes: Sequence[BlockHash]
+    num_preemptions: int
+    lora_id: int | None
+    lora_name: str | None
+    cache_salt: str | None
+    mm_features: Sequence[MultiModalFeature]
+    skip_reading_prefix_cache: bool
+
+    @classmethod
+    def capture(cls, request: RequestView) -> RequestFacts:
+        """Read every attribute of ``request`` now.
+
+        Raises:
+            InvalidArgumentError: ``request`` lacks an attribute of
+                :class:`RequestView`, or its ``request_id`` is not a str.
+        """
+        try:
+            facts = cls(request.request_id, request.all_token_ids, request.num_tokens, request.num_prompt_tokens,
+                   request.num_computed_tokens, request.block_hashes, request.num_preemptions,
+                   request.lora_id, request.lora_name, request.cache_salt, request.mm_features,
+                   request.skip_reading_prefix_cache)
+        except AttributeError as error:
+            raise InvalidArgumentError(f"request must have the attributes of RequestView: {error}") from None
+        if not isinstance(facts.request_id, str):
+            raise InvalidArgumentError(f"request.request_id must be a str, got {facts.request_id!r}")
+        return facts
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,111 @@
+"""Rules that sampled mutants showed no test pinned down (tools/mutation_triage.md).
+
+Each test states the exact outcome the spec gives, for both implementations,
+so a mutant of either one fails it (a lockstep comparison alone cannot see a
+change both implementations would have to make together, and sees no
+difference at all on a path only one of them has).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.kv_cache_spec import FullAttentionSpec, SlidingWindowSpec
+from pagedkv.spec.mamba_spec import MambaSpec
+from tests.implementations import IMPLEMENTATIONS
+
+IMPLS = list(IMPLEMENTATIONS.values())
+IDS = list(IMPLEMENTATIONS)
+
+
+def _full_config(num_blocks: int, block_size: int = 4, groups: int = 1) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size, 1, 8, "float16")
+    return KVCacheConfig(num_blocks, (), tuple(KVCacheGroupSpec((f"l{g}",), spec) for g in range(groups)))
+
+
+def _computed(impl: ModuleType, manager: object, request_id: str, tokens: list[int]) -> object:
+    """A request allocated and computed in one step."""
+    request = manager.make_request(request_id, tokens)  # type: ignore[attr-defined]
+    hit, num_hit = manager.get_computed_blocks(request)  # type: ignore[attr-defined]
+    assert manager.allocate_slots(request, len(tokens) - num_hit, num_hit, hit) is not None  # type: ignore[attr-defined]
+    request.num_computed_tokens = len(tokens)
+    return request
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_blocks_add_concatenates_per_group(impl: ModuleType) -> None:
+    manager = impl.KVCacheManager(_full_config(16, groups=2), 64, enable_caching=False)
+    a = manager.make_request("a", [1] * 8)
+    b = manager.make_request("b", [2] * 4)
+    first = manager.allocate_slots(a, 8)
+    second = manager.allocate_slots(b, 4)
+    total = first + second
+    assert total.get_block_ids() == tuple(x + y for x, y in zip(first.get_block_ids(), second.get_block_ids()))
+    assert total.new_empty().get_block_ids() == ([], [])
+    with pytest.raises(InvalidArgumentError):
+        total.get_unhashed_block_ids()
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_unhashed_block_ids_are_those_not_cached_now(impl: ModuleType) -> None:
+    manager = impl.KVCacheManager(_full_config(16), 64)
+    request = manager.make_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    blocks = manager.allocate_slots(request, 10)
+    ids = blocks.get_block_ids()[0]
+    # Two full blocks were cached by the allocation, the partial third was not.
+    assert blocks.get_unhashed_block_ids() == ids[2:]
+    manager.evict_blocks([ids[0]])
+    assert blocks.get_unhashed_block_ids() == [ids[0], ids[2]]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+@pytest.mark.parametrize(("num_blocks", "admitted"), [(6, True), (5, False)])
+def test_full_sequence_demand_counts_free_hit_blocks(impl: ModuleType, num_blocks: int, admitted: bool) -> None:
+    """A 20-token request hitting 2 cached free blocks, admitted one token at
+    a time but with the whole sequence required to fit: 5 blocks in all, of
+    which the 2 hit blocks leave the free queue when touched. 5 free: yes;
+    4 free: no (the plain demand, 3, would fit)."""
+    manager = impl.KVCacheManager(_full_config(num_blocks), 32)
+    old = _computed(impl, manager, "old", list(range(8)))
+    manager.free(old)
+    request = manager.make_request("new", list(range(8)) + [50 + i for i in range(12)])
+    hit, num_hit = manager.get_computed_blocks(request)
+    assert num_hit == 8
+    out = manager.allocate_slots(request, 1, num_hit, hit, full_sequence_must_fit=True)
+    assert (out is not None) is admitted
+    if not admitted:
+        assert manager.allocate_slots(request, 1, num_hit, hit) is not None   # without the rule it fits
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_mamba_none_mode_never_hits(impl: ModuleType) -> None:
+    specs = (FullAttentionSpec(4, 1, 8, "float16"),
+             MambaSpec(4, shapes=((2,),), dtypes=("float16",), mamba_cache_mode="none"))
+    config = KVCacheConfig(32, (), tuple(KVCacheGroupSpec((f"l{g}",), s) for g, s in enumerate(specs)))
+    manager = impl.KVCacheManager(config, 64)
+    old = _computed(impl, manager, "old", list(range(12)))
+    manager.free(old)
+    hit, num_hit = manager.get_computed_blocks(manager.make_request("new", list(range(12)) + [99]))
+    assert num_hit == 0
+    assert hit.get_block_ids() == ([], [])
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_sliding_window_hit_keeps_only_the_window(impl: ModuleType) -> None:
+    """Window 5, block size 4: a 12-token hit of a 13-token request needs
+    positions 8..11 only, so the hit is [null, null, block] for the window
+    group (and the full group's three blocks)."""
+    specs = (FullAttentionSpec(4, 1, 8, "float16"), SlidingWindowSpec(4, 1, 8, "float16", sliding_window=5))
+    config = KVCacheConfig(32, (), tuple(KVCacheGroupSpec((f"l{g}",), s) for g, s in enumerate(specs)))
+    manager = impl.KVCacheManager(config, 64)
+    old = _computed(impl, manager, "old", list(range(13)))
+    manager.free(old)
+    hit, num_hit = manager.get_computed_blocks(manager.make_request("new", list(range(12)) + [99]))
+    assert num_hit == 12
+    full, window = hit.get_block_ids()
+    assert len(full) == 3 and all(full)
+    assert window[:1] == [0] and len(window) == 3 and window[2] != 0
