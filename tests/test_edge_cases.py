@@ -109,3 +109,35 @@ def test_sliding_window_hit_keeps_only_the_window(impl: ModuleType) -> None:
     full, window = hit.get_block_ids()
     assert len(full) == 3 and all(full)
     assert window[:1] == [0] and len(window) == 3 and window[2] != 0
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+@pytest.mark.parametrize(("use_eagle", "expected"), [(False, 4), (True, 0)])
+def test_eagle_drops_a_one_block_hit(impl: ModuleType, use_eagle: bool, expected: int) -> None:
+    manager = impl.KVCacheManager(_full_config(16), 64, use_eagle=use_eagle)
+    old = _computed(impl, manager, "old", [0, 1, 2, 3, 4])
+    manager.free(old)
+    _, num_hit = manager.get_computed_blocks(manager.make_request("new", [0, 1, 2, 3, 9]))
+    assert num_hit == expected
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_mamba_align_releases_the_previous_state_one_step_later(impl: ModuleType) -> None:
+    """Align mode, block size 4: the state block of the block just left is
+    kept as the copy source for one step, then released (MAMBA-1)."""
+    specs = (FullAttentionSpec(4, 1, 8, "float16"),
+             MambaSpec(4, shapes=((2,),), dtypes=("float16",), mamba_cache_mode="align"))
+    config = KVCacheConfig(40, (), tuple(KVCacheGroupSpec((f"l{g}",), s) for g, s in enumerate(specs)))
+    manager = impl.KVCacheManager(config, 64)
+    request = manager.make_request("a", list(range(6)))
+    manager.allocate_slots(request, 6)
+    request.num_computed_tokens = 6
+    lists = [manager.get_block_ids("a")[1]]
+    for _ in range(8):
+        request.append_output_token_ids(1)
+        manager.allocate_slots(request, 1)
+        request.num_computed_tokens += 1
+        lists.append(manager.get_block_ids("a")[1])
+    shapes = [tuple(bool(block) for block in blocks) for blocks in lists]
+    assert shapes == [(False, True)] * 3 + [(False, True, True)] + [(False, False, True)] * 3 + [
+        (False, False, True, True), (False, False, False, True)]
