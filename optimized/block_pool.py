@@ -33,7 +33,7 @@ path call them with ids they hold, valid by construction (REQ-1).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pagedkv.spec.errors import (
     InvalidArgumentError,
@@ -442,6 +442,38 @@ class BlockPool(PoolView):
         for block in ids:
             if block and hashes[block] is not None:
                 self._evict(block)
+
+    def recover(self, holders: Mapping[int, int]) -> None:
+        """Make the pool consistent after an interrupted change (D-API-14):
+        ref counts from ``holders`` (id -> holding positions over all
+        requests) plus the reserved blocks; the cache map from the blocks'
+        own hashes; the free queue from the ref counts, in its old order as
+        far as it can be walked. Every list is changed in place (decode
+        closures hold them). Cost: O(num_blocks + cached keys)."""
+        num_blocks, reserved = self.num_blocks, set(self.reserved)
+        ref, hashes, gids = self._ref, self._hash, self._gid
+        for block in range(num_blocks):
+            ref[block] = 0 if block == 0 else holders.get(block, 0) + (block in reserved)
+            if (block == 0 or block in reserved or not self.enable_caching or hashes[block] is None
+                    or not 0 <= gids[block] < self.num_groups):
+                hashes[block], gids[block] = None, -1
+        for group_id, table in enumerate(self.cached_by_group):
+            kept = {key: [b for b in dict.fromkeys(blocks) if type(b) is int and 0 < b < num_blocks
+                          and hashes[b] == key and gids[b] == group_id] for key, blocks in table.items()}
+            table.clear()
+            table.update({key: blocks for key, blocks in kept.items() if blocks})
+        for block in range(1, num_blocks):
+            block_hash = hashes[block]
+            if block_hash is not None:
+                holders_of_key = self.cached_by_group[gids[block]].setdefault(block_hash, [])
+                if block not in holders_of_key:
+                    holders_of_key.append(block)
+        queue = self._queue
+        order = dict.fromkeys(b for b in [*queue.walk(num_blocks), *range(1, num_blocks)]
+                              if 0 < b < num_blocks and ref[b] == 0)
+        queue.reset(order)
+        if not self.enable_kv_cache_events:
+            self._events.clear()
 
     def reset_prefix_cache(self) -> bool:
         """Drop every key if no block but the null block (and reserved sink

@@ -60,6 +60,9 @@ class KVCacheBlocks:
         Raises:
             InvalidArgumentError: the group counts differ.
         """
+        if not isinstance(other, KVCacheBlocks):
+            raise InvalidArgumentError(
+                f"only KVCacheBlocks of the same implementation add up; other is {type(other).__name__}")
         if len(self.blocks) != len(other.blocks):
             raise InvalidArgumentError(
                 f"cannot add KVCacheBlocks of {len(self.blocks)} and {len(other.blocks)} groups")

@@ -29,7 +29,7 @@ from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.registry import manager_kind_for
-from pagedkv.spec.request import RequestView
+from pagedkv.spec.request import RequestFacts, RequestView
 from pagedkv.spec.types import BlockHash
 
 from .admission import admission_caps, full_sequence_demand
@@ -39,6 +39,7 @@ from .cross_attention import CrossAttentionManager
 from .decode import DecodeProbe, decode_probes, is_noop_decode
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
+from .recovery import recover
 from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
@@ -175,7 +176,10 @@ class KVCacheCoordinator:
 
         def step(request: RequestView, num_new_tokens: int,
                  delay_cache_blocks: bool) -> KVCacheBlocks | None:
-            blocks = get_blocks(request.request_id)
+            try:
+                blocks = get_blocks(request.request_id)
+            except (AttributeError, TypeError):
+                return TAKE_GENERAL_PATH  # not a request, or an unhashable id: it raises
             num_computed = request.num_computed_tokens
             if blocks is None or type(num_computed) is not int:
                 return TAKE_GENERAL_PATH
@@ -209,11 +213,31 @@ class KVCacheCoordinator:
         block_size = self._block_size0
         cache = self.enable_caching and not delay_cache_blocks
         num_full = 0
+        # Every read of the engine's object happens before the first change
+        # (spec/operations.md, "Exception safety").
+        request_id = request.request_id
+        num_tokens = request.num_tokens
+        if type(num_tokens) is not int:
+            return TAKE_GENERAL_PATH  # which raises
+        block_hashes = request.block_hashes
         if cache:
-            num_tokens = request.num_tokens
             num_full = (total if total < num_tokens else num_tokens) // block_size
-            if num_full > len(request.block_hashes):
+            if num_full > len(block_hashes):
                 return TAKE_GENERAL_PATH
+        pool = self.block_pool
+        if cache and pool.enable_kv_cache_events:
+            request = RequestFacts.capture(request)  # events read tokens and LoRA
+        try:
+            return self._fill_single(request, request_id, blocks, block_hashes, total, num_full, cache)
+        except BaseException:
+            recover(self)
+            raise
+
+    def _fill_single(self, request: RequestView, request_id: str, blocks: list[int],
+                     block_hashes: Sequence[BlockHash], total: int, num_full: int,
+                     cache: bool) -> KVCacheBlocks | None:
+        """The changes of :meth:`_decode_single_fill`, on values read before."""
+        block_size = self._block_size0
         pool = self.block_pool
         missing = -(-total // block_size) - len(blocks)
         new_blocks: list[int] | None = None
@@ -224,14 +248,13 @@ class KVCacheCoordinator:
             blocks.extend(new_blocks)
         if cache:
             cached = self._cached0
-            request_id = request.request_id
             num_cached = cached[request_id]
             if num_cached < num_full:
                 # Unchecked: caching is on, the group exists, and num_full is
                 # bounded by the hashes (checked above) and by the blocks
                 # (total tokens fit them after the allocation).
                 pool.cache_full_blocks_unchecked(
-                    request, blocks, block_hashes=request.block_hashes,
+                    request, blocks, block_hashes=block_hashes,
                     num_cached_blocks=num_cached, num_full_blocks=num_full,
                     block_size=block_size, group_id=0, mask=None)
                 cached[request_id] = num_full
@@ -252,7 +275,10 @@ class KVCacheCoordinator:
 
         def step(request: RequestView, num_new_tokens: int,
                  delay_cache_blocks: bool) -> KVCacheBlocks | None:
-            num_computed = request.num_computed_tokens
+            try:
+                num_computed = request.num_computed_tokens
+            except AttributeError:
+                return TAKE_GENERAL_PATH  # not a request: the general path raises
             if type(num_computed) is not int:
                 return TAKE_GENERAL_PATH
             total = num_computed + num_new_tokens
@@ -263,9 +289,12 @@ class KVCacheCoordinator:
                 num_tokens = request.num_tokens
                 cache_tokens = total if total < num_tokens else num_tokens
             # Hashes falling short of the blocks to cache: the general path raises.
-            if cache_tokens // hash_block_size <= len(request.block_hashes) and is_noop_decode(
-                    probes, request.request_id, num_computed, total, cache_tokens):
-                return empty
+            try:
+                if cache_tokens // hash_block_size <= len(request.block_hashes) and is_noop_decode(
+                        probes, request.request_id, num_computed, total, cache_tokens):
+                    return empty
+            except TypeError:
+                pass  # an unhashable id: the general path raises
             return TAKE_GENERAL_PATH
 
         return step

@@ -132,6 +132,27 @@ class FreeBlockQueue:
             block = nxt[block]
         return out
 
+    def walk(self, limit: int) -> list[int]:
+        """The queued ids front first, at most ``limit`` of them, stopping at
+        an id out of range: a ring that an interrupted change left broken may
+        loop (recovery reads it this way). Cost: O(limit)."""
+        nxt = self.next
+        out: list[int] = []
+        block = nxt[self.sentinel]
+        while block != self.sentinel and 0 <= block < self.sentinel and len(out) < limit:
+            out.append(block)
+            block = nxt[block]
+        return out
+
+    def reset(self, order: Iterable[int]) -> None:
+        """Hold exactly ``order`` (distinct ids), rebuilt in place: closures
+        and views keep the same lists. Cost: O(num_blocks)."""
+        sentinel = self.sentinel
+        self.prev[:] = [sentinel] * len(self.prev)
+        self.next[:] = [sentinel] * len(self.next)
+        self.size = 0
+        self.push_back(order)
+
     def check(self) -> None:
         """Assert the ring is consistent: forward and backward walks agree
         with each other and with ``size``. Cost: O(len).

@@ -26,7 +26,8 @@ from typing import Any
 
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.manager_args import check_manager_args
-from pagedkv.spec.request import Request, RequestView
+from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
@@ -36,8 +37,11 @@ from .blocks import KVCacheBlocks
 from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator, make_coordinator
 from .hasher import make_block_hasher
 from .pool_invariants import check_request_invariants
+from .recovery import recover
 
 __all__ = ["KVCacheManager"]
+
+_ZERO = 0
 
 
 class KVCacheManager:
@@ -95,7 +99,7 @@ class KVCacheManager:
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size, retention_interval=retention_interval,
-            max_num_batched_tokens=max_num_batched_tokens)
+            max_num_batched_tokens=max_num_batched_tokens, hash_seed=hash_seed)
         self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
@@ -150,9 +154,16 @@ class KVCacheManager:
 
         Raises:
             InvalidArgumentError: as ``Request`` does (bad ids, tokens,
-                multimodal ranges; xxh3_128 tokens >= 2**32).
+                multimodal ranges; xxh3_128 tokens >= 2**32), an option
+                ``Request`` does not take, or the id of a request this
+                manager holds (D-API-12).
         """
-        return Request(request_id, prompt_token_ids, block_hasher=self._hasher, **extra)
+        check_request_options(extra)
+        request = Request(request_id, prompt_token_ids, block_hasher=self._hasher, **extra)
+        if request_id in self._coordinator.requests:
+            raise InvalidArgumentError(
+                f"request_id {request_id!r} belongs to a live request (allocated, not freed) (D-API-12)")
+        return request
 
     def get_computed_blocks(self, request: RequestView) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix of ``request`` (at most
@@ -161,8 +172,15 @@ class KVCacheManager:
         the request skips reading the prefix cache. Touches no block.
 
         Cost: O(blocks hit + 1).
+
+        Raises:
+            InvalidArgumentError: ``request`` lacks a RequestView attribute.
         """
-        if (not self.enable_caching or request.skip_reading_prefix_cache
+        try:
+            skip = request.skip_reading_prefix_cache
+        except AttributeError:
+            raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
+        if (not self.enable_caching or skip
                 or not self.num_kv_cache_groups):
             return self._empty, 0
         hit, num_hit_tokens = self._coordinator.find_longest_cache_hit(
@@ -217,16 +235,22 @@ class KVCacheManager:
             ExceedsMaxModelLenError: the request would exceed max_model_len.
         """
         decode_step = self._coordinator.decode_step
+        # Identity with the cached int 0 (CPython keeps one): as cheap as a
+        # truth test, and None, 0.0 or False take the general path, which
+        # refuses them (a truth test let them through).
         if (decode_step is not None and new_computed_blocks is None
                 and not full_sequence_must_fit
-                and not (num_new_computed_tokens or num_lookahead_tokens
-                         or num_external_computed_tokens or num_encoder_tokens
-                         or reserved_blocks or num_in_flight_tokens)
+                and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
+                and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
+                and reserved_blocks is _ZERO and num_in_flight_tokens is _ZERO
                 and type(num_new_tokens) is int and num_new_tokens >= 1):
             result = decode_step(request, num_new_tokens, delay_cache_blocks)
             if result is not TAKE_GENERAL_PATH:
                 return result
         coordinator = self._coordinator
+        # The engine's object is read once, here: no engine code runs once
+        # something has changed (spec/operations.md, "Exception safety").
+        request = RequestFacts.capture(request)
         request_id = request.request_id
         known = request_id in coordinator.requests
         # 1. Validate (all before any change).
@@ -243,6 +267,25 @@ class KVCacheManager:
         total = local + num_external_computed_tokens
         main = total + num_new_tokens
         need = min(main + num_lookahead_tokens, self.max_model_len)
+        try:
+            return self._commit_allocation(
+                request, known, computed, local=local, total=total, main=main, need=need,
+                num_lookahead_tokens=num_lookahead_tokens,
+                num_external_computed_tokens=num_external_computed_tokens,
+                delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
+                full_sequence_must_fit=full_sequence_must_fit)
+        except BaseException:
+            recover(coordinator)
+            raise
+
+    def _commit_allocation(self, request: RequestFacts, known: bool,
+                           computed: tuple[list[int], ...] | None, *, local: int, total: int,
+                           main: int, need: int, num_lookahead_tokens: int,
+                           num_external_computed_tokens: int, delay_cache_blocks: bool,
+                           num_encoder_tokens: int, full_sequence_must_fit: bool) -> KVCacheBlocks | None:
+        """Steps 3 to 9 of ``allocate_slots``, on validated arguments."""
+        coordinator = self._coordinator
+        request_id = request.request_id
         # 3. Remove skipped blocks, even if the allocation is then refused:
         # they are dead weight either way, and releasing them first spares
         # cached blocks from eviction (D-API-6).
@@ -295,10 +338,15 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return
+        request = RequestFacts.capture(request)
         validation.cache_blocks_args(coordinator=self._coordinator, request=request,
                                      num_computed_tokens=num_computed_tokens)
-        self._coordinator.cache_blocks(request=request, request_id=request.request_id,
-                                       num_tokens=num_computed_tokens)
+        try:
+            self._coordinator.cache_blocks(request=request, request_id=request.request_id,
+                                           num_tokens=num_computed_tokens)
+        except BaseException:
+            recover(self._coordinator)
+            raise
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
         """Release the request's blocks (group by group, tail first) and
@@ -309,13 +357,26 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: unknown request and not ``missing_ok``.
         """
-        request_id = request.request_id
         coordinator = self._coordinator
-        if request_id not in coordinator.requests:
-            if missing_ok:
+        try:
+            request_id = request.request_id
+            held = request_id in coordinator.requests
+        except (AttributeError, TypeError):
+            # Not a request, or an unhashable id: typed errors, off the hot path.
+            if not hasattr(request, "request_id"):
+                raise InvalidArgumentError(
+                    f"request must have the attributes of RequestView, got {request!r}") from None
+            request_id = request.request_id
+            held = False
+        if not held:
+            if missing_ok and isinstance(request_id, str):
                 return
             validation.known(coordinator, request_id)
-        coordinator.release(request_id)
+        try:
+            coordinator.release(request_id)
+        except BaseException:
+            recover(coordinator)
+            raise
 
     # ----------------------------------------------------------- the cache
 
@@ -325,9 +386,18 @@ class KVCacheManager:
         Cost: O(len(block_ids)).
 
         Raises:
+            InvalidArgumentError: ``block_ids`` is not iterable.
             UnknownBlockError: an id outside ``[0, num_blocks)`` (no change).
         """
-        self._pool.evict_blocks(block_ids)
+        try:
+            ids = list(block_ids)
+        except TypeError:
+            raise InvalidArgumentError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
+        try:
+            self._pool.evict_blocks(ids)
+        except BaseException:
+            recover(self._coordinator)
+            raise
 
     def reset_prefix_cache(self) -> bool:
         """Drop every hash if no request holds blocks; marks the stats as
@@ -335,7 +405,12 @@ class KVCacheManager:
 
         Cost: O(num_blocks) on success, O(1) on refusal.
         """
-        if not self._pool.reset_prefix_cache():
+        try:
+            reset = self._pool.reset_prefix_cache()
+        except BaseException:
+            recover(self._coordinator)
+            raise
+        if not reset:
             return False
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True

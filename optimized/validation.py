@@ -24,11 +24,12 @@ from pagedkv.spec.errors import (
 from pagedkv.spec.request import RequestView
 
 from .blocks import KVCacheBlocks
+from .single_type import FullAttentionManager
 
 if TYPE_CHECKING:
     from .coordinator import KVCacheCoordinator
 
-__all__ = ["allocate_args", "cache_blocks_args", "known"]
+__all__ = ["allocate_args", "cache_blocks_args", "known", "computed_tokens"]
 
 
 def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
@@ -37,19 +38,41 @@ def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
     Raises:
         UnknownRequestError: it does not.
     """
-    if request_id not in coordinator.requests:
+    try:
+        is_known = request_id in coordinator.requests
+    except TypeError:
+        raise InvalidArgumentError(f"request_id must be a str, got {request_id!r}") from None
+    if not is_known:
         raise UnknownRequestError(
             f"request {request_id!r} holds no allocation (never allocated or already freed)")
 
 
 def _block_lists(blocks: Any) -> tuple[list[int], ...]:
-    if isinstance(blocks, KVCacheBlocks):
-        return blocks.blocks
-    get_block_ids = getattr(blocks, "get_block_ids", None)
-    if get_block_ids is None:
+    # Only this implementation's KVCacheBlocks (D-API-15): a foreign object's
+    # get_block_ids() would be engine code run during validation, and its
+    # ids are not checked against a pool it came from.
+    if not isinstance(blocks, KVCacheBlocks):
         raise InvalidArgumentError(
-            f"new_computed_blocks must be KVCacheBlocks or None, got {type(blocks).__name__}")
-    return tuple(list(group) for group in get_block_ids())
+            f"new_computed_blocks must be this manager's KVCacheBlocks or None, got {type(blocks).__name__}")
+    return blocks.blocks
+
+
+def computed_tokens(*, request: RequestView, known_request: bool) -> None:
+    """The request's ``num_computed_tokens`` (an int ``>= 0``) is 0 for a
+    request the manager does not know (D-API-11); it may exceed
+    ``num_tokens`` for a known one (tokens in flight, D-API-16). Cost: O(1).
+
+    Raises:
+        InvalidTokenCountError, InvalidArgumentError.
+    """
+    computed, num_tokens = request.num_computed_tokens, request.num_tokens
+    if type(num_tokens) is not int or num_tokens < 1:
+        raise InvalidTokenCountError(f"request.num_tokens must be an int >= 1, got {num_tokens!r}")
+    if computed and not known_request:
+        raise InvalidArgumentError(
+            f"request {request.request_id!r} holds no blocks, so its num_computed_tokens must be 0, "
+            f"got {computed} (reset it on free or preemption; a prefix hit goes in "
+            f"num_new_computed_tokens) (D-API-11)")
 
 
 def allocate_args(
@@ -86,6 +109,8 @@ def allocate_args(
                         ("request.num_computed_tokens", request.num_computed_tokens)):
         if type(value) is not int or value < 0:
             raise InvalidTokenCountError(f"{name} must be an int >= 0, got {value!r}")
+    # 1b, continued: the request's own count (spec/operations.md Part D).
+    computed_tokens(request=request, known_request=known_request)
     request_id = request.request_id
     num_groups = len(coordinator.managers)
     enable_caching = coordinator.enable_caching
@@ -101,7 +126,8 @@ def allocate_args(
     # 1d. a known request takes no hit.
     if known_request and (num_new_computed_tokens or has_hits):
         raise InvalidArgumentError(
-            f"request {request_id!r} already holds blocks: it cannot take new prefix hits")
+            f"request {request_id!r} already holds blocks: it cannot take new prefix hits "
+            f"(new_computed_blocks, num_new_computed_tokens)")
     # 1e. no hit without caching.
     if not enable_caching and (num_new_computed_tokens or has_hits):
         raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
@@ -121,12 +147,17 @@ def allocate_args(
         assert computed is not None
         # 1h. hit ids inside the pool.
         num_blocks = coordinator.block_pool.num_blocks
-        for group in computed:
-            for block in group:
+        for group_id, group in enumerate(computed):
+            no_null = isinstance(coordinator.managers[group_id], FullAttentionManager)
+            for index, block in enumerate(group):
                 if type(block) is not int or not 0 <= block < num_blocks:
                     raise UnknownBlockError(
-                        f"new_computed_blocks: block id must be an int in "
-                        f"[0, {num_blocks}), got {block!r}")
+                        f"new_computed_blocks: block id must be an int in [0, {num_blocks}) naming a "
+                        f"block of this pool, got {block!r}")
+                if not block and no_null:
+                    raise InvalidArgumentError(
+                        f"new_computed_blocks: group {group_id} position {index} is the null "
+                        f"block, which a full-attention hit never holds (D-API-13)")
         # 1i. the hit is still cached (D-API-8).
         stale = coordinator.stale_hit(request.block_hashes, computed)
         if stale is not None:
@@ -166,5 +197,5 @@ def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
         num_full = num_computed_tokens // block_size
         if num_full > len(blocks):  # missing hashes only defer caching (D-API-11)
             raise InvalidArgumentError(
-                f"request {request_id!r}: {num_computed_tokens} tokens fill {num_full} "
-                f"blocks of group {group_id} but it holds {len(blocks)} blocks")
+                f"num_computed_tokens={num_computed_tokens} fills {num_full} blocks of request "
+                f"{request_id!r} in group {group_id}, but it holds {len(blocks)} blocks")

@@ -34,6 +34,9 @@ class KVCacheBlocks:
         return [block.block_id for block in self.blocks[0] if block.block_hash is None]
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        if not isinstance(other, KVCacheBlocks):
+            raise InvalidArgumentError(
+                f"only KVCacheBlocks of the same implementation add up; other is {type(other).__name__}")
         if len(self.blocks) != len(other.blocks):
             raise InvalidArgumentError(
                 f"cannot add KVCacheBlocks of {len(self.blocks)} and {len(other.blocks)} groups")

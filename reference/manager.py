@@ -12,18 +12,28 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.reference import rules, validation
-from pagedkv.reference.block_pool import BlockPool
+from pagedkv.reference.recovery import recover
+from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.hashing import normalize_hash_fn
+from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.manager_args import check_manager_args
-from pagedkv.spec.request import Request, RequestView
+from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 __all__ = ["KVCacheManager"]
+
+
+def _request_id(request: RequestView) -> str:
+    """``request.request_id``, or a typed error for an object without one."""
+    try:
+        return request.request_id
+    except AttributeError:
+        raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
 
 
 class KVCacheManager:
@@ -51,7 +61,7 @@ class KVCacheManager:
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size, retention_interval=retention_interval,
-            max_num_batched_tokens=max_num_batched_tokens)
+            max_num_batched_tokens=max_num_batched_tokens, hash_seed=hash_seed)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -74,10 +84,21 @@ class KVCacheManager:
     # -- requests -------------------------------------------------------------
 
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int], **extra: Any) -> Request:
-        """A :class:`Request` whose block hashes follow this manager's hashing."""
+        """A :class:`Request` whose block hashes follow this manager's hashing.
+
+        Raises:
+            InvalidArgumentError: as ``Request`` does, an option ``Request``
+                does not take, or the id of a request this manager holds
+                (one live request per id, D-API-12).
+        """
+        check_request_options(extra)
         hasher = None if self.hash_block_size is None else make_block_hasher(
             self.hash_fn, self.hash_block_size, self.hash_seed)
-        return Request(request_id, prompt_token_ids, block_hasher=hasher, **extra)
+        request = Request(request_id, prompt_token_ids, block_hasher=hasher, **extra)
+        if request_id in self.coordinator.known:
+            raise InvalidArgumentError(
+                f"request_id {request_id!r} belongs to a live request (allocated, not freed) (D-API-12)")
+        return request
 
     @property
     def block_pool(self) -> BlockPool:
@@ -97,6 +118,7 @@ class KVCacheManager:
         Pure: nothing is reserved (``allocate_slots`` takes the hit). The hit
         stops at least one token short of the request's end.
         """
+        request = RequestFacts.capture(request)
         empty = KVCacheBlocks([[] for _ in self.coordinator.managers])
         if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
             return empty, 0
@@ -128,8 +150,12 @@ class KVCacheManager:
         adopts computed tokens may bring no new token (D-API-12).
 
         Raises:
-            InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
+            InvalidTokenCountError, InvalidArgumentError, UnknownBlockError,
+            ExceedsMaxModelLenError.
         """
+        # The engine's object is read once, here: no engine code runs once
+        # something has changed (spec/operations.md, "Exception safety").
+        request = RequestFacts.capture(request)
         request_id = request.request_id
         coordinator = self.coordinator
         known = request_id in coordinator.known
@@ -147,6 +173,25 @@ class KVCacheManager:
         total = local + num_external_computed_tokens
         main = total + num_new_tokens
         need = min(main + num_lookahead_tokens, self.max_model_len)  # lookahead capped (D-API-3)
+        try:
+            return self._commit_allocation(
+                request, known, hits, local=local, total=total, main=main, need=need,
+                num_lookahead_tokens=num_lookahead_tokens,
+                num_external_computed_tokens=num_external_computed_tokens,
+                delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
+                full_sequence_must_fit=full_sequence_must_fit)
+        except BaseException:
+            recover(coordinator)
+            raise
+
+    def _commit_allocation(self, request: RequestFacts, known: bool,
+                           hits: tuple[tuple[KVCacheBlock, ...], ...], *, local: int, total: int,
+                           main: int, need: int, num_lookahead_tokens: int,
+                           num_external_computed_tokens: int, delay_cache_blocks: bool,
+                           num_encoder_tokens: int, full_sequence_must_fit: bool) -> KVCacheBlocks | None:
+        """Steps 3 to 9 of ``allocate_slots``, on validated arguments."""
+        request_id = request.request_id
+        coordinator = self.coordinator
         # 3. Remove skipped blocks: released even if the allocation is then
         # refused; they are dead weight either way, and releasing them first
         # spares cached blocks from eviction (D-API-6). A no-op for a new request.
@@ -189,28 +234,60 @@ class KVCacheManager:
             UnknownRequestError: the request holds no allocation (unless
                 ``missing_ok``, for engines aborting unadmitted requests).
         """
-        if missing_ok and request.request_id not in self.coordinator.known:
-            return
-        validation.known(self.coordinator, request.request_id)
-        self.coordinator.release(request.request_id)
+        request_id = _request_id(request)
+        if missing_ok:
+            try:
+                if request_id not in self.coordinator.known:
+                    return
+            except TypeError:
+                pass  # validation.known names the bad id
+        validation.known(self.coordinator, request_id)
+        try:
+            self.coordinator.release(request_id)
+        except BaseException:
+            recover(self.coordinator)
+            raise
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
         """Hand the full blocks among the first ``num_computed_tokens`` tokens
         to the prefix cache (no-op with caching off)."""
         if not self.enable_caching:
             return
+        request = RequestFacts.capture(request)
         validation.cache_blocks_args(coordinator=self.coordinator, request=request,
                                      num_computed_tokens=num_computed_tokens)
-        self.coordinator.cache_blocks(request=request, request_id=request.request_id,
-                                      num_tokens=num_computed_tokens)
+        try:
+            self.coordinator.cache_blocks(request=request, request_id=request.request_id,
+                                          num_tokens=num_computed_tokens)
+        except BaseException:
+            recover(self.coordinator)
+            raise
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drop the cache keys of the given blocks (spec: evict_blocks)."""
-        self._pool.evict_blocks(block_ids)
+        """Drop the cache keys of the given blocks (spec: evict_blocks).
+
+        Raises:
+            InvalidArgumentError: ``block_ids`` is not iterable.
+            UnknownBlockError: an id outside ``[0, num_blocks)`` (no change).
+        """
+        try:
+            ids = list(block_ids)
+        except TypeError:
+            raise InvalidArgumentError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
+        try:
+            self._pool.evict_blocks(ids)
+        except BaseException:
+            recover(self.coordinator)
+            raise
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cache key if no block is in use; ``False`` otherwise."""
-        if not self._pool.reset_prefix_cache():
+        try:
+            reset = self._pool.reset_prefix_cache()
+        except BaseException:
+            recover(self.coordinator)
+            raise
+        if not reset:
             return False
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
@@ -244,7 +321,11 @@ class KVCacheManager:
     def new_step_starts(self) -> None:
         """A scheduler step begins: Mamba groups may serve states cached in
         the previous step from now on (MAMBA-2)."""
-        self.coordinator.new_step_starts()
+        try:
+            self.coordinator.new_step_starts()
+        except BaseException:
+            recover(self.coordinator)
+            raise
 
     # -- observation ------------------------------------------------------------
 

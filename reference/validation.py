@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING
 from pagedkv.reference.block_pool import KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.errors import (
     ExceedsMaxModelLenError,
     InvalidArgumentError,
     InvalidTokenCountError,
+    UnknownBlockError,
     UnknownRequestError,
 )
 from pagedkv.spec.request import RequestView
@@ -27,7 +29,7 @@ from pagedkv.spec.request import RequestView
 if TYPE_CHECKING:
     from pagedkv.reference.coordinator import KVCacheCoordinator
 
-__all__ = ["count", "allocate_args", "cache_blocks_args", "known"]
+__all__ = ["count", "allocate_args", "cache_blocks_args", "known", "computed_tokens", "hit_blocks"]
 
 
 def count(name: str, value: object, minimum: int) -> int:
@@ -47,9 +49,52 @@ def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
     Raises:
         UnknownRequestError: it does not.
     """
-    if request_id not in coordinator.known:
+    try:
+        is_known = request_id in coordinator.known
+    except TypeError:
+        raise InvalidArgumentError(f"request_id must be a str, got {request_id!r}") from None
+    if not is_known:
         raise UnknownRequestError(
             f"request {request_id!r} holds no blocks (never allocated or already freed)")
+
+
+def computed_tokens(*, request: RequestView, known_request: bool) -> None:
+    """The request's ``num_computed_tokens`` (an int ``>= 0``) is 0 for a
+    request the manager does not know (a freed or preempted request handed
+    back without the reset, D-API-11). It may exceed ``num_tokens`` for a
+    known request (tokens in flight, D-API-16).
+
+    Raises:
+        InvalidTokenCountError, InvalidArgumentError.
+    """
+    computed, num_tokens = request.num_computed_tokens, request.num_tokens
+    count("request.num_tokens", num_tokens, 1)
+    if computed and not known_request:
+        raise InvalidArgumentError(
+            f"request {request.request_id!r} holds no blocks, so its num_computed_tokens must be 0, "
+            f"got {computed} (reset it on free or preemption; a prefix hit goes in "
+            f"num_new_computed_tokens) (D-API-11)")
+
+
+def hit_blocks(*, coordinator: KVCacheCoordinator, hits: tuple[tuple[KVCacheBlock, ...], ...]) -> None:
+    """Step 1h: every hit block is one of this pool's blocks, and a group
+    that cannot skip positions (full attention, sinks) holds no null block.
+
+    Raises:
+        UnknownBlockError, InvalidArgumentError.
+    """
+    pool = coordinator.block_pool
+    for manager, group_hits in zip(coordinator.managers, hits):
+        for index, block in enumerate(group_hits):
+            block_id = getattr(block, "block_id", None)
+            if type(block_id) is not int or not 0 <= block_id < pool.num_blocks or pool.blocks[block_id] is not block:
+                raise UnknownBlockError(
+                    f"new_computed_blocks: block id must be an int in [0, {pool.num_blocks}) naming a "
+                    f"block of this pool, got {block_id!r}")
+            if block.is_null and isinstance(manager, FullAttentionManager):
+                raise InvalidArgumentError(
+                    f"new_computed_blocks: group {manager.group_id} position {index} is the null "
+                    f"block, which a full-attention hit never holds (D-API-13)")
 
 
 def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, known_request: bool,
@@ -79,6 +124,8 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                         ("num_in_flight_tokens", num_in_flight_tokens),
                         ("request.num_computed_tokens", request.num_computed_tokens)):
         count(name, value, 0)
+    # 1b, continued: the request's own count (spec/operations.md Part D).
+    computed_tokens(request=request, known_request=known_request)
     # 1c. the hit's shape.
     num_groups = len(coordinator.managers)
     hits: tuple[tuple[KVCacheBlock, ...], ...] = tuple(() for _ in range(num_groups))
@@ -90,7 +137,8 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
     # 1d. a known request takes no hit.
     if known_request and (num_new_computed_tokens or any(hits)):
         raise InvalidArgumentError(
-            f"request {request_id!r} already holds blocks: it cannot take new prefix hits")
+            f"request {request_id!r} already holds blocks: it cannot take new prefix hits "
+            f"(new_computed_blocks, num_new_computed_tokens)")
     # 1e. no hit without caching.
     if not coordinator.enable_caching and (num_new_computed_tokens or any(hits)):
         raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
@@ -106,7 +154,10 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
     # 1g. zero groups: no computed tokens.
     if num_groups == 0 and num_new_computed_tokens:
         raise InvalidArgumentError("a model without KV cache groups has no computed blocks")
-    # 1h (ids inside the pool) holds by construction: hits are this pool's blocks.
+    # 1h. the hit names this pool's blocks, and no null block where the
+    # group cannot skip a position (D-API-13).
+    if any(hits):
+        hit_blocks(coordinator=coordinator, hits=hits)
     # 1i. the hit is still cached (D-API-8).
     if any(hits):
         stale = coordinator.stale_hit(request.block_hashes, hits)
@@ -140,5 +191,5 @@ def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
         held = len(manager.req_to_blocks[request.request_id])
         if num_full > held:  # missing hashes only defer caching (D-API-11)
             raise InvalidArgumentError(
-                f"cannot cache {num_full} full blocks of request {request.request_id!r} in group "
-                f"{manager.group_id}: it holds {held} blocks")
+                f"num_computed_tokens={num_computed_tokens} fills {num_full} blocks of request "
+                f"{request.request_id!r} in group {manager.group_id}, but it holds {held} blocks")

@@ -27,7 +27,7 @@ def _positive_int(name: str, value: object) -> int:
 def check_manager_args(
     *, kv_cache_config: KVCacheConfig, max_model_len: object, hash_fn: str,
     hash_block_size: object, dcp_world_size: object, pcp_world_size: object,
-    retention_interval: object, max_num_batched_tokens: object,
+    retention_interval: object, max_num_batched_tokens: object, hash_seed: object = None,
 ) -> tuple[tuple[int, ...], int | None]:
     """Check the manager's arguments; return each group's block size (its
     spec's block size times ``dcp_world_size * pcp_world_size``) and the hash
@@ -39,7 +39,8 @@ def check_manager_args(
             ``kv_cache_config``, ``hash_block_size`` (must divide every
             block size), ``retention_interval`` (``None``, 0 or a multiple
             of the hit alignment, the LCM of the block sizes) or
-            ``max_num_batched_tokens`` malformed; context parallelism with a
+            ``max_num_batched_tokens`` malformed, ``hash_seed`` neither a
+            str nor ``None``; context parallelism with a
             group other than full attention.
         InvalidArgumentError: unknown ``hash_fn``.
     """
@@ -81,5 +82,7 @@ def check_manager_args(
                                                or max_num_batched_tokens < 1):
         raise InvalidConfigError(
             f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
+    if hash_seed is not None and not isinstance(hash_seed, str):
+        raise InvalidConfigError(f"hash_seed must be a str or None, got {hash_seed!r}")
     assert hash_block_size is None or type(hash_block_size) is int
     return block_sizes, hash_block_size

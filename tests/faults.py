@@ -100,7 +100,9 @@ class Engine:
     def admit(self, name: str, wrap: Callable[[Any], Any], *, external: int = 0, delay: bool = False,
               chunk: int | None = None) -> None:
         request = self.requests[name]
-        hit, num_hit = self.manager.get_computed_blocks(wrap(request))
+        # Only allocate_slots is wrapped: each call is all-or-nothing on its
+        # own (get_computed_blocks is tried alone, below).
+        hit, num_hit = self.manager.get_computed_blocks(request)
         external = max(0, min(external, request.num_tokens - num_hit - 1))
         remaining = request.num_tokens - num_hit - external
         new = remaining if chunk is None else min(chunk, remaining)
@@ -344,14 +346,19 @@ def run_engine_faults(impl_name: str, config_name: str) -> Result:
         operation(engine, lambda r: FlakyRequest(r, counter, 0))
         for fire_at in range(1, counter[0] + 1):
             engine = _replay(impl, config_name, index)
-            before = engine.manager.snapshot()
             tries = [0]
             failure = None
+            before: list[Any] = []
+
+            def wrap(request: Any) -> FlakyRequest:
+                # The state just before the call that gets the flaky request.
+                before[:] = [engine.manager.snapshot()]
+                return FlakyRequest(request, tries, fire_at)
             try:
-                operation(engine, lambda r: FlakyRequest(r, tries, fire_at))
+                operation(engine, wrap)
                 failure = "the fault did not surface"
             except EngineFault:
-                if engine.manager.snapshot() != before:
+                if engine.manager.snapshot() != before[0]:
                     failure = "state changed"
                 else:
                     failure = _consistency_failure(engine)

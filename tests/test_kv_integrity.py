@@ -334,18 +334,17 @@ def mislabelled_cache() -> Iterator[None]:
     """Plant a bug: position ``i``'s key goes to the block of position
     ``i + 1``, so a hit hands out a block whose hash does not match what it
     holds (and the hit's freshness check, which compares keys, passes)."""
-    original = BlockPool._cache_full_blocks
+    original = BlockPool.cache_full_blocks_unchecked
 
-    def planted(self: BlockPool, request: Any, blocks: Any, num_cached_blocks: int, num_full_blocks: int,
-                block_size: int, group_id: int, block_hashes: Any, mask: Any) -> None:
+    def planted(self: BlockPool, request: Any, blocks: Any, **kwargs: Any) -> None:
         shifted = list(blocks[1:]) + list(blocks[-1:])
-        original(self, request, shifted, num_cached_blocks, num_full_blocks, block_size, group_id, block_hashes, mask)
+        original(self, request, shifted, **kwargs)
 
-    BlockPool._cache_full_blocks = planted  # type: ignore[method-assign]
+    BlockPool.cache_full_blocks_unchecked = planted  # type: ignore[method-assign]
     try:
         yield
     finally:
-        BlockPool._cache_full_blocks = original  # type: ignore[method-assign]
+        BlockPool.cache_full_blocks_unchecked = original  # type: ignore[method-assign]
 
 
 class UncheckedMachine(KVIntegrityMachine):
