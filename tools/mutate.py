@@ -112,7 +112,9 @@ def mutation_points(path: Path) -> list[tuple[ast.AST, str, ast.AST]]:
         if isinstance(node, ast.FunctionDef) and node.returns is not None:
             for child in ast.walk(node.returns):
                 skip.add(id(child))
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+        # __all__ and __slots__ change no behaviour a test can see.
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("__all__", "__slots__")
+                                                for t in node.targets):
             for child in ast.walk(node):
                 skip.add(id(child))
         if id(node) in skip or not hasattr(node, "end_lineno"):
