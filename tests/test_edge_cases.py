@@ -141,3 +141,12 @@ def test_mamba_align_releases_the_previous_state_one_step_later(impl: ModuleType
     shapes = [tuple(bool(block) for block in blocks) for blocks in lists]
     assert shapes == [(False, True)] * 3 + [(False, True, True)] + [(False, False, True)] * 3 + [
         (False, False, True, True), (False, False, False, True)]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_blocks_compare_by_ids_and_never_equal_other_things(impl: ModuleType) -> None:
+    manager = impl.KVCacheManager(_full_config(16), 64)
+    blocks = manager.allocate_slots(manager.make_request("a", [1] * 6), 6)
+    assert blocks.get_block_ids() == manager.get_blocks("a").get_block_ids()
+    assert (blocks == 5) is False
+    assert (blocks != "blocks") is True
