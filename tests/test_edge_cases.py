@@ -150,3 +150,13 @@ def test_blocks_compare_by_ids_and_never_equal_other_things(impl: ModuleType) ->
     assert blocks.get_block_ids() == manager.get_blocks("a").get_block_ids()
     assert (blocks == 5) is False
     assert (blocks != "blocks") is True
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_pool_free_with_a_block_named_twice_requeues_it_at_its_first_occurrence(impl: ModuleType) -> None:
+    pool = impl.BlockPool(8, False)
+    a, b, _ = pool.get_new_blocks(3)
+    pool.touch([a])                    # a: ref 2, b: ref 1
+    pool.free_blocks([a, b, a])
+    ids = [getattr(block, "block_id", block) for block in (a, b)]
+    assert list(pool.snapshot().free_queue[:2]) == ids
