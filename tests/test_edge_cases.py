@@ -160,3 +160,20 @@ def test_pool_free_with_a_block_named_twice_requeues_it_at_its_first_occurrence(
     pool.free_blocks([a, b, a])
     ids = [getattr(block, "block_id", block) for block in (a, b)]
     assert list(pool.snapshot().free_queue[:2]) == ids
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_mamba_align_step_needing_no_block_fits_a_full_pool(impl: ModuleType) -> None:
+    """Align mode: a decode step inside the block the state already covers
+    demands nothing, so it succeeds with no free block at all."""
+    specs = (FullAttentionSpec(4, 1, 8, "float16"),
+             MambaSpec(4, shapes=((2,),), dtypes=("float16",), mamba_cache_mode="align"))
+    config = KVCacheConfig(4, (), tuple(KVCacheGroupSpec((f"l{g}",), s) for g, s in enumerate(specs)))
+    manager = impl.KVCacheManager(config, 64)
+    request = manager.make_request("a", list(range(6)))
+    assert manager.allocate_slots(request, 6) is not None
+    request.num_computed_tokens = 6
+    assert manager.block_pool.get_num_free_blocks() == 0
+    request.append_output_token_ids(1)
+    out = manager.allocate_slots(request, 1)
+    assert out is not None and out.get_block_ids() == ([], [])
