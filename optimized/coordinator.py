@@ -227,40 +227,34 @@ class KVCacheCoordinator:
         pool = self.block_pool
         if cache and pool.enable_kv_cache_events:
             request = RequestFacts.capture(request)  # events read tokens and LoRA
+        # The changes: an exception from here on leaves a consistent manager
+        # (D-API-14).
         try:
-            return self._fill_single(request, request_id, blocks, block_hashes, total, num_full, cache)
+            missing = -(-total // block_size) - len(blocks)
+            new_blocks: list[int] | None = None
+            if missing > 0:
+                if missing > pool.get_num_free_blocks():
+                    return None
+                new_blocks = pool.get_new_blocks(missing)
+                blocks.extend(new_blocks)
+            if cache:
+                cached = self._cached0
+                num_cached = cached[request_id]
+                if num_cached < num_full:
+                    # Unchecked: caching is on, the group exists, and num_full is
+                    # bounded by the hashes (checked above) and by the blocks
+                    # (total tokens fit them after the allocation).
+                    pool.cache_full_blocks_unchecked(
+                        request, blocks, block_hashes=block_hashes,
+                        num_cached_blocks=num_cached, num_full_blocks=num_full,
+                        block_size=block_size, group_id=0, mask=None)
+                    cached[request_id] = num_full
+            if new_blocks is None:
+                return self.empty_blocks
+            return KVCacheBlocks((new_blocks,), pool.block_hashes)
         except BaseException:
             recover(self)
             raise
-
-    def _fill_single(self, request: RequestView, request_id: str, blocks: list[int],
-                     block_hashes: Sequence[BlockHash], total: int, num_full: int,
-                     cache: bool) -> KVCacheBlocks | None:
-        """The changes of :meth:`_decode_single_fill`, on values read before."""
-        block_size = self._block_size0
-        pool = self.block_pool
-        missing = -(-total // block_size) - len(blocks)
-        new_blocks: list[int] | None = None
-        if missing > 0:
-            if missing > pool.get_num_free_blocks():
-                return None
-            new_blocks = pool.get_new_blocks(missing)
-            blocks.extend(new_blocks)
-        if cache:
-            cached = self._cached0
-            num_cached = cached[request_id]
-            if num_cached < num_full:
-                # Unchecked: caching is on, the group exists, and num_full is
-                # bounded by the hashes (checked above) and by the blocks
-                # (total tokens fit them after the allocation).
-                pool.cache_full_blocks_unchecked(
-                    request, blocks, block_hashes=block_hashes,
-                    num_cached_blocks=num_cached, num_full_blocks=num_full,
-                    block_size=block_size, group_id=0, mask=None)
-                cached[request_id] = num_full
-        if new_blocks is None:
-            return self.empty_blocks
-        return KVCacheBlocks((new_blocks,), pool.block_hashes)
 
     def _probed_decode_step(self, probes: tuple[DecodeProbe, ...]) -> DecodeStep:
         """The decode step for every other covered configuration (a closure,

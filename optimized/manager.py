@@ -267,62 +267,49 @@ class KVCacheManager:
         total = local + num_external_computed_tokens
         main = total + num_new_tokens
         need = min(main + num_lookahead_tokens, self.max_model_len)
+        # Steps 3-9 change state: an exception there (the engine's code is
+        # not called any more) leaves a consistent manager (D-API-24).
         try:
-            return self._commit_allocation(
-                request, known, computed, local=local, total=total, main=main, need=need,
-                num_lookahead_tokens=num_lookahead_tokens,
-                num_external_computed_tokens=num_external_computed_tokens,
-                delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
-                full_sequence_must_fit=full_sequence_must_fit)
+            # 3. Remove skipped blocks, even if the allocation is then refused:
+            # they are dead weight either way, and releasing them first spares
+            # cached blocks from eviction (D-API-6).
+            if known:  # on the settled basis: an in-flight step still reads its window (D-API-14)
+                settled = total - num_in_flight_tokens
+                coordinator.remove_skipped_blocks(request_id=request_id,
+                                                  num_total_computed_tokens=settled if settled > 0 else 0)
+            # 4-5. Capacity (the Mamba step rule counts as a refusal here).
+            demand = coordinator.get_num_blocks_to_allocate(
+                request_id=request_id, num_tokens=need, new_computed_blocks=computed,
+                num_total_computed_tokens=total, num_main_tokens=main,
+                num_encoder_tokens=num_encoder_tokens,
+                num_external_computed_tokens=num_external_computed_tokens)
+            if full_sequence_must_fit:
+                whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
+                demand = max(demand, coordinator.full_sequence_demand(
+                    request_id=request_id, num_tokens=whole, new_computed_blocks=computed,
+                    num_encoder_tokens=num_encoder_tokens))
+            if demand + reserved_blocks > self._pool.get_num_free_blocks():  # D-API-13
+                return None
+            # 6. Admit computed blocks (a new request only).
+            if not known:
+                coordinator.admit(request_id=request_id, new_computed_blocks=computed,
+                                  num_local_computed_tokens=local,
+                                  num_external_computed_tokens=num_external_computed_tokens)
+            # 7. Allocate.
+            new_blocks = coordinator.allocate_new_blocks(
+                request_id=request_id, num_tokens=need, num_main_tokens=main,
+                num_encoder_tokens=num_encoder_tokens)
+            # 8. Cache.
+            if self.enable_caching and not delay_cache_blocks:
+                coordinator.cache_blocks(request=request, request_id=request_id,
+                                         num_tokens=min(main, request.num_tokens))
+            # 9. Return the blocks of step 7.
+            if not any(new_blocks):
+                return self._empty
+            return KVCacheBlocks(new_blocks, self._pool.block_hashes)
         except BaseException:
             recover(coordinator)
             raise
-
-    def _commit_allocation(self, request: RequestFacts, known: bool,
-                           computed: tuple[list[int], ...] | None, *, local: int, total: int,
-                           main: int, need: int, num_lookahead_tokens: int,
-                           num_external_computed_tokens: int, delay_cache_blocks: bool,
-                           num_encoder_tokens: int, full_sequence_must_fit: bool) -> KVCacheBlocks | None:
-        """Steps 3 to 9 of ``allocate_slots``, on validated arguments."""
-        coordinator = self._coordinator
-        request_id = request.request_id
-        # 3. Remove skipped blocks, even if the allocation is then refused:
-        # they are dead weight either way, and releasing them first spares
-        # cached blocks from eviction (D-API-6).
-        if known:  # on the settled basis: an in-flight step still reads its window (D-API-14)
-            settled = total - num_in_flight_tokens
-            coordinator.remove_skipped_blocks(request_id=request_id,
-                                              num_total_computed_tokens=settled if settled > 0 else 0)
-        # 4-5. Capacity (the Mamba step rule counts as a refusal here).
-        demand = coordinator.get_num_blocks_to_allocate(
-            request_id=request_id, num_tokens=need, new_computed_blocks=computed,
-            num_total_computed_tokens=total, num_main_tokens=main,
-            num_encoder_tokens=num_encoder_tokens,
-            num_external_computed_tokens=num_external_computed_tokens)
-        if full_sequence_must_fit:
-            whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
-            demand = max(demand, coordinator.full_sequence_demand(
-                request_id=request_id, num_tokens=whole, new_computed_blocks=computed,
-                num_encoder_tokens=num_encoder_tokens))
-        if demand + reserved_blocks > self._pool.get_num_free_blocks():  # D-API-13
-            return None
-        # 6. Admit computed blocks (a new request only).
-        if not known:
-            coordinator.admit(request_id=request_id, new_computed_blocks=computed,
-                              num_local_computed_tokens=local,
-                              num_external_computed_tokens=num_external_computed_tokens)
-        # 7. Allocate.
-        new_blocks = coordinator.allocate_new_blocks(
-            request_id=request_id, num_tokens=need, num_main_tokens=main,
-            num_encoder_tokens=num_encoder_tokens)
-        # 8. Cache.
-        if self.enable_caching and not delay_cache_blocks:
-            coordinator.cache_blocks(request=request, request_id=request_id,
-                                     num_tokens=min(main, request.num_tokens))
-        # 9. Return the blocks of step 7.
-        if not any(new_blocks):
-            return self._empty
-        return KVCacheBlocks(new_blocks, self._pool.block_hashes)
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
         """Cache the request's blocks that ``num_computed_tokens`` tokens

@@ -74,14 +74,19 @@ BlockHasher = Callable[["Request"], list[BlockHash]]
 ``block_hashes`` (possibly none)."""
 
 
-@dataclass(frozen=True, slots=True)
 class RequestFacts:
     """A request's attributes read once: what an operation works from after
     it has read the engine's object (spec/operations.md, "Exception
     safety": engine code runs before the first change, never after).
 
-    The sequences are the request's own objects, not copies.
+    The sequences are the request's own objects, not copies. Read-only by
+    convention (a plain slotted class: building one costs a fifth of a
+    frozen dataclass, and it is built on every general ``allocate_slots``).
     """
+
+    __slots__ = ("request_id", "all_token_ids", "num_tokens", "num_prompt_tokens", "num_computed_tokens",
+                 "block_hashes", "num_preemptions", "lora_id", "lora_name", "cache_salt", "mm_features",
+                 "skip_reading_prefix_cache")
 
     request_id: str
     all_token_ids: Sequence[int]
@@ -96,8 +101,7 @@ class RequestFacts:
     mm_features: Sequence[MultiModalFeature]
     skip_reading_prefix_cache: bool
 
-    @classmethod
-    def capture(cls, request: RequestView) -> RequestFacts:
+    def __init__(self, request: RequestView) -> None:
         """Read every attribute of ``request`` now.
 
         Raises:
@@ -105,15 +109,27 @@ class RequestFacts:
                 :class:`RequestView`, or its ``request_id`` is not a str.
         """
         try:
-            facts = cls(request.request_id, request.all_token_ids, request.num_tokens, request.num_prompt_tokens,
-                   request.num_computed_tokens, request.block_hashes, request.num_preemptions,
-                   request.lora_id, request.lora_name, request.cache_salt, request.mm_features,
-                   request.skip_reading_prefix_cache)
+            self.request_id = request.request_id
+            self.all_token_ids = request.all_token_ids
+            self.num_tokens = request.num_tokens
+            self.num_prompt_tokens = request.num_prompt_tokens
+            self.num_computed_tokens = request.num_computed_tokens
+            self.block_hashes = request.block_hashes
+            self.num_preemptions = request.num_preemptions
+            self.lora_id = request.lora_id
+            self.lora_name = request.lora_name
+            self.cache_salt = request.cache_salt
+            self.mm_features = request.mm_features
+            self.skip_reading_prefix_cache = request.skip_reading_prefix_cache
         except AttributeError as error:
             raise InvalidArgumentError(f"request must have the attributes of RequestView: {error}") from None
-        if not isinstance(facts.request_id, str):
-            raise InvalidArgumentError(f"request.request_id must be a str, got {facts.request_id!r}")
-        return facts
+        if not isinstance(self.request_id, str):
+            raise InvalidArgumentError(f"request.request_id must be a str, got {self.request_id!r}")
+
+    @classmethod
+    def capture(cls, request: RequestView) -> RequestFacts:
+        """``RequestFacts(request)``."""
+        return cls(request)
 
 
 @dataclass(frozen=True, slots=True)
