@@ -80,6 +80,7 @@ bench: install
 	$(PY) -m bench $(BENCH_ARGS)
 
 # Not part of verify: one test run per sampled mutant (tools/mutate.py; triage in tools/mutation_triage.md).
+.PHONY: mutation
 mutation: install
 	$(PY) tools/mutate.py $(MUTATION_ARGS)
 

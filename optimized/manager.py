@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats

@@ -12,14 +12,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.reference import rules, validation
-from pagedkv.reference.recovery import recover
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
 from pagedkv.reference.hasher import make_block_hasher
+from pagedkv.reference.recovery import recover
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.hashing import normalize_hash_fn
 from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.hashing import normalize_hash_fn
 from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot

@@ -21,6 +21,7 @@ to it, then the operation runs with a fault armed:
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -192,6 +193,11 @@ class LineFuse:
         return self.local_trace
 
 
+def _counting(request: Any, counter: list[int]) -> FlakyRequest:
+    """A request that counts its attribute reads and never fails."""
+    return FlakyRequest(request, counter, 0)
+
+
 class EngineFault(Exception):
     """Raised by an engine's request object (not a pagedkv error)."""
 
@@ -343,14 +349,15 @@ def run_engine_faults(impl_name: str, config_name: str) -> Result:
     for index, (label, operation) in enumerate(OPERATIONS):
         counter = [0]
         engine = _replay(impl, config_name, index)
-        operation(engine, lambda r: FlakyRequest(r, counter, 0))
+        operation(engine, functools.partial(_counting, counter=counter))
         for fire_at in range(1, counter[0] + 1):
             engine = _replay(impl, config_name, index)
             tries = [0]
             failure = None
             before: list[Any] = []
 
-            def wrap(request: Any) -> FlakyRequest:
+            def wrap(request: Any, engine: Engine = engine, before: list[Any] = before,
+                     tries: list[int] = tries, fire_at: int = fire_at) -> FlakyRequest:
                 # The state just before the call that gets the flaky request.
                 before[:] = [engine.manager.snapshot()]
                 return FlakyRequest(request, tries, fire_at)

@@ -168,7 +168,8 @@ def _evict(block_ids: Any) -> Callable[[World], object]:
 
 
 E = errors
-CONFIG, TOKENS, UNKNOWN, BLOCK = E.InvalidConfigError, E.InvalidTokenCountError, E.UnknownRequestError, E.UnknownBlockError
+CONFIG, TOKENS = E.InvalidConfigError, E.InvalidTokenCountError
+UNKNOWN, BLOCK = E.UnknownRequestError, E.UnknownBlockError
 
 CASES: list[Case] = [
     # --- constructor -------------------------------------------------------------------------
@@ -429,7 +430,8 @@ def test_bad_input_is_refused_alike(case: Case) -> None:
     for impl, outcome in outcomes.items():
         assert outcome.kind == "typed", f"{impl}: {outcome.kind} {outcome.error!r}"
         assert isinstance(outcome.error, case.expected), f"{impl}: {outcome.error!r}, expected {case.expected.__name__}"
-        assert case.param.lower() in str(outcome.error).lower(), f"{impl}: message does not name {case.param!r}: {outcome.error}"
+        assert case.param.lower() in str(outcome.error).lower(), (
+            f"{impl}: message does not name {case.param!r}: {outcome.error}")
         assert not outcome.changed, f"{impl}: the refused call changed the state"
     classes = {impl: type(outcome.error) for impl, outcome in outcomes.items()}
     assert len(set(classes.values())) == 1, f"implementations disagree: {classes}"

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from tests.faults import CONFIGS, run_async_faults, run_engine_faults
+from tests.faults import CONFIGS, Result, run_async_faults, run_engine_faults
 from tests.implementations import IMPLEMENTATIONS
 
 THOROUGH = os.environ.get("PAGEDKV_FAULTS") == "all" or os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
@@ -37,12 +37,10 @@ def _params(known_failing: set[tuple[str, str]], reason: str) -> list[object]:
             for impl in IMPLEMENTATIONS for config in CONFIGS]
 
 
-def _report(result: object, what: str) -> str:
-    failures = getattr(result, "failures")
-    points = getattr(result, "points")
+def _report(result: Result, what: str) -> str:
     lines = [f"{what}:"]
-    for label, messages in failures.items():
-        lines.append(f"  {label}: {len(messages)} of {points[label]} points, e.g. {messages[0]}")
+    for label, messages in result.failures.items():
+        lines.append(f"  {label}: {len(messages)} of {result.points[label]} points, e.g. {messages[0]}")
     return "\n".join(lines)
 
 

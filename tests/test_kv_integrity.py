@@ -187,7 +187,8 @@ class KVIntegrityMachine(RuleBasedStateMachine):
         external = data.draw(st.integers(0, remaining - 1)) if data.draw(st.integers(0, 3)) == 0 else 0
         chunk = data.draw(st.integers(1, remaining - external))
         delay = data.draw(st.integers(0, 4)) == 0
-        out = self.manager.allocate_slots(request, chunk, num_hit, hit, num_lookahead_tokens=data.draw(st.integers(0, 2)),
+        lookahead = data.draw(st.integers(0, 2))
+        out = self.manager.allocate_slots(request, chunk, num_hit, hit, num_lookahead_tokens=lookahead,
                                           num_external_computed_tokens=external, delay_cache_blocks=delay)
         if out is None:
             return
