@@ -198,3 +198,12 @@ def test_retained_window_tail_of_a_one_token_prompt_is_cached(impl: ModuleType) 
     window = manager.get_block_ids("a")[1]
     hashes = manager.snapshot().pool.block_hashes
     assert [hashes[block] is not None for block in window] == [True, False]
+
+
+def test_optimized_blocks_length_is_group_zeros() -> None:
+    """``len(KVCacheBlocks)`` (optimized only): the blocks of group 0, 0 without groups."""
+    optimized = IMPLEMENTATIONS["optimized"]
+    manager = optimized.KVCacheManager(_full_config(16, groups=2), 64, enable_caching=False)
+    blocks = manager.allocate_slots(manager.make_request("a", [1] * 6), 6)
+    assert len(blocks) == 2
+    assert len(optimized.KVCacheBlocks((), [])) == 0
