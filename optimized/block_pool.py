@@ -444,7 +444,7 @@ class BlockPool(PoolView):
                 self._evict(block)
 
     def recover(self, holders: Mapping[int, int]) -> None:
-        """Make the pool consistent after an interrupted change (D-API-14):
+        """Make the pool consistent after an interrupted change (D-API-24):
         ref counts from ``holders`` (id -> holding positions over all
         requests) plus the reserved blocks; the cache map from the blocks'
         own hashes; the free queue from the ref counts, in its old order as

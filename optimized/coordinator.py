@@ -228,7 +228,7 @@ class KVCacheCoordinator:
         if cache and pool.enable_kv_cache_events:
             request = RequestFacts.capture(request)  # events read tokens and LoRA
         # The changes: an exception from here on leaves a consistent manager
-        # (D-API-14).
+        # (D-API-24).
         try:
             missing = -(-total // block_size) - len(blocks)
             new_blocks: list[int] | None = None

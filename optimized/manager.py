@@ -156,13 +156,13 @@ class KVCacheManager:
             InvalidArgumentError: as ``Request`` does (bad ids, tokens,
                 multimodal ranges; xxh3_128 tokens >= 2**32), an option
                 ``Request`` does not take, or the id of a request this
-                manager holds (D-API-12).
+                manager holds (D-API-22).
         """
         check_request_options(extra)
         request = Request(request_id, prompt_token_ids, block_hasher=self._hasher, **extra)
         if request_id in self._coordinator.requests:
             raise InvalidArgumentError(
-                f"request_id {request_id!r} belongs to a live request (allocated, not freed) (D-API-12)")
+                f"request_id {request_id!r} belongs to a live request (allocated, not freed) (D-API-22)")
         return request
 
     def get_computed_blocks(self, request: RequestView) -> tuple[KVCacheBlocks, int]:

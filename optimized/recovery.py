@@ -1,5 +1,5 @@
 """Recovery after an exception interrupted a change (spec/operations.md,
-"Exception safety"; D-API-14).
+"Exception safety"; D-API-24).
 
 The request lists are the source of truth: every request id any group (or
 the coordinator) still tracks is known again, with a list and a cached count

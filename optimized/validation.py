@@ -48,7 +48,7 @@ def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
 
 
 def _block_lists(blocks: Any) -> tuple[list[int], ...]:
-    # Only this implementation's KVCacheBlocks (D-API-15): a foreign object's
+    # Only this implementation's KVCacheBlocks (D-API-25): a foreign object's
     # get_block_ids() would be engine code run during validation, and its
     # ids are not checked against a pool it came from.
     if not isinstance(blocks, KVCacheBlocks):
@@ -59,8 +59,8 @@ def _block_lists(blocks: Any) -> tuple[list[int], ...]:
 
 def computed_tokens(*, request: RequestView, known_request: bool) -> None:
     """The request's ``num_computed_tokens`` (an int ``>= 0``) is 0 for a
-    request the manager does not know (D-API-11); it may exceed
-    ``num_tokens`` for a known one (tokens in flight, D-API-16). Cost: O(1).
+    request the manager does not know (D-API-21); it may exceed
+    ``num_tokens`` for a known one (tokens in flight, D-API-26). Cost: O(1).
 
     Raises:
         InvalidTokenCountError, InvalidArgumentError.
@@ -72,7 +72,7 @@ def computed_tokens(*, request: RequestView, known_request: bool) -> None:
         raise InvalidArgumentError(
             f"request {request.request_id!r} holds no blocks, so its num_computed_tokens must be 0, "
             f"got {computed} (reset it on free or preemption; a prefix hit goes in "
-            f"num_new_computed_tokens) (D-API-11)")
+            f"num_new_computed_tokens) (D-API-21)")
 
 
 def allocate_args(
@@ -109,7 +109,7 @@ def allocate_args(
                         ("request.num_computed_tokens", request.num_computed_tokens)):
         if type(value) is not int or value < 0:
             raise InvalidTokenCountError(f"{name} must be an int >= 0, got {value!r}")
-    # 1b, continued: the request's own count (spec/operations.md Part D).
+    # 1b, continued: the request's own count (spec/operations.md Part E).
     computed_tokens(request=request, known_request=known_request)
     request_id = request.request_id
     num_groups = len(coordinator.managers)
@@ -157,7 +157,7 @@ def allocate_args(
                 if not block and no_null:
                     raise InvalidArgumentError(
                         f"new_computed_blocks: group {group_id} position {index} is the null "
-                        f"block, which a full-attention hit never holds (D-API-13)")
+                        f"block, which a full-attention hit never holds (D-API-23)")
         # 1i. the hit is still cached (D-API-8).
         stale = coordinator.stale_hit(request.block_hashes, computed)
         if stale is not None:

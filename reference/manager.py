@@ -89,7 +89,7 @@ class KVCacheManager:
         Raises:
             InvalidArgumentError: as ``Request`` does, an option ``Request``
                 does not take, or the id of a request this manager holds
-                (one live request per id, D-API-12).
+                (one live request per id, D-API-22).
         """
         check_request_options(extra)
         hasher = None if self.hash_block_size is None else make_block_hasher(
@@ -97,7 +97,7 @@ class KVCacheManager:
         request = Request(request_id, prompt_token_ids, block_hasher=hasher, **extra)
         if request_id in self.coordinator.known:
             raise InvalidArgumentError(
-                f"request_id {request_id!r} belongs to a live request (allocated, not freed) (D-API-12)")
+                f"request_id {request_id!r} belongs to a live request (allocated, not freed) (D-API-22)")
         return request
 
     @property
@@ -179,7 +179,8 @@ class KVCacheManager:
                 num_lookahead_tokens=num_lookahead_tokens,
                 num_external_computed_tokens=num_external_computed_tokens,
                 delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
-                full_sequence_must_fit=full_sequence_must_fit)
+                full_sequence_must_fit=full_sequence_must_fit, reserved_blocks=reserved_blocks,
+                num_in_flight_tokens=num_in_flight_tokens)
         except BaseException:
             recover(coordinator)
             raise
@@ -188,7 +189,8 @@ class KVCacheManager:
                            hits: tuple[tuple[KVCacheBlock, ...], ...], *, local: int, total: int,
                            main: int, need: int, num_lookahead_tokens: int,
                            num_external_computed_tokens: int, delay_cache_blocks: bool,
-                           num_encoder_tokens: int, full_sequence_must_fit: bool) -> KVCacheBlocks | None:
+                           num_encoder_tokens: int, full_sequence_must_fit: bool, reserved_blocks: int,
+                           num_in_flight_tokens: int) -> KVCacheBlocks | None:
         """Steps 3 to 9 of ``allocate_slots``, on validated arguments."""
         request_id = request.request_id
         coordinator = self.coordinator

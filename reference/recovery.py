@@ -1,5 +1,5 @@
 """Recovery after an exception interrupted a change (spec/operations.md,
-"Exception safety"; D-API-14).
+"Exception safety"; D-API-24).
 
 The request lists are the source of truth; everything else (ref counts, the
 cache map, the free queue, the set of known requests) is rebuilt from them

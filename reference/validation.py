@@ -61,8 +61,8 @@ def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
 def computed_tokens(*, request: RequestView, known_request: bool) -> None:
     """The request's ``num_computed_tokens`` (an int ``>= 0``) is 0 for a
     request the manager does not know (a freed or preempted request handed
-    back without the reset, D-API-11). It may exceed ``num_tokens`` for a
-    known request (tokens in flight, D-API-16).
+    back without the reset, D-API-21). It may exceed ``num_tokens`` for a
+    known request (tokens in flight, D-API-26).
 
     Raises:
         InvalidTokenCountError, InvalidArgumentError.
@@ -73,7 +73,7 @@ def computed_tokens(*, request: RequestView, known_request: bool) -> None:
         raise InvalidArgumentError(
             f"request {request.request_id!r} holds no blocks, so its num_computed_tokens must be 0, "
             f"got {computed} (reset it on free or preemption; a prefix hit goes in "
-            f"num_new_computed_tokens) (D-API-11)")
+            f"num_new_computed_tokens) (D-API-21)")
 
 
 def hit_blocks(*, coordinator: KVCacheCoordinator, hits: tuple[tuple[KVCacheBlock, ...], ...]) -> None:
@@ -94,7 +94,7 @@ def hit_blocks(*, coordinator: KVCacheCoordinator, hits: tuple[tuple[KVCacheBloc
             if block.is_null and isinstance(manager, FullAttentionManager):
                 raise InvalidArgumentError(
                     f"new_computed_blocks: group {manager.group_id} position {index} is the null "
-                    f"block, which a full-attention hit never holds (D-API-13)")
+                    f"block, which a full-attention hit never holds (D-API-23)")
 
 
 def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, known_request: bool,
@@ -124,7 +124,7 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                         ("num_in_flight_tokens", num_in_flight_tokens),
                         ("request.num_computed_tokens", request.num_computed_tokens)):
         count(name, value, 0)
-    # 1b, continued: the request's own count (spec/operations.md Part D).
+    # 1b, continued: the request's own count (spec/operations.md Part E).
     computed_tokens(request=request, known_request=known_request)
     # 1c. the hit's shape.
     num_groups = len(coordinator.managers)
@@ -155,7 +155,7 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
     if num_groups == 0 and num_new_computed_tokens:
         raise InvalidArgumentError("a model without KV cache groups has no computed blocks")
     # 1h. the hit names this pool's blocks, and no null block where the
-    # group cannot skip a position (D-API-13).
+    # group cannot skip a position (D-API-23).
     if any(hits):
         hit_blocks(coordinator=coordinator, hits=hits)
     # 1i. the hit is still cached (D-API-8).

@@ -22,7 +22,7 @@ __all__ = ["RequestView", "Request", "RequestFacts", "MMFeature", "BlockHasher",
 
 #: The keyword arguments ``Request`` (and ``KVCacheManager.make_request``) accept.
 REQUEST_OPTIONS = frozenset(
-    {"lora_id", "lora_name", "cache_salt", "mm_features", "skip_reading_prefix_cache"})
+    {"lora_id", "lora_name", "lora_path", "cache_salt", "mm_features", "skip_reading_prefix_cache"})
 
 
 def check_request_options(options: Iterable[str]) -> None:

@@ -307,8 +307,6 @@ CASES: list[Case] = [
          lambda w: _alloc_new(w, MAX_MODEL_LEN + 1), E.ExceedsMaxModelLenError),
     Case("alloc_decode_exceeds_max_model_len", "max_model_len",
          lambda w: w.m.allocate_slots(w.run, MAX_MODEL_LEN), E.ExceedsMaxModelLenError),
-    Case("alloc_missing_hashes", "block_hashes",
-         lambda w: w.m.allocate_slots(_fake_request(all_token_ids=[1] * 8, num_tokens=8), 8)),
     # --- allocate_slots: the request object ------------------------------------------------------
     Case("alloc_request_none", "request", lambda w: w.m.allocate_slots(None, 1)),
     Case("alloc_request_id_int", "request_id", lambda w: w.m.allocate_slots(_fake_request(request_id=5), 1)),

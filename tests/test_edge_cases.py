@@ -179,26 +179,6 @@ def test_mamba_align_step_needing_no_block_fits_a_full_pool(impl: ModuleType) ->
     assert out is not None and out.get_block_ids() == ([], [])
 
 
-@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
-def test_retained_window_tail_of_a_one_token_prompt_is_cached(impl: ModuleType) -> None:
-    """Retention 0 with EAGLE keeps the window tail before block
-    ``latest // b + 1`` of the prompt's latest aligned boundary (alignment
-    8, window block size 4): for a one-token prompt that is block 0, cached
-    once it fills; the next block is not worth a cache entry."""
-    specs = (FullAttentionSpec(8, 1, 8, "float16"), SlidingWindowSpec(4, 1, 8, "float16", sliding_window=5))
-    config = KVCacheConfig(32, (), tuple(KVCacheGroupSpec((f"l{g}",), s) for g, s in enumerate(specs)))
-    manager = impl.KVCacheManager(config, 64, use_eagle=True, retention_interval=0)
-    request = manager.make_request("a", [7])
-    manager.allocate_slots(request, 1)
-    request.num_computed_tokens = 1
-    for token in range(6):
-        request.append_output_token_ids(token)
-        manager.allocate_slots(request, 1)
-        request.num_computed_tokens += 1
-    window = manager.get_block_ids("a")[1]
-    hashes = manager.snapshot().pool.block_hashes
-    assert [hashes[block] is not None for block in window] == [True, False]
-
 
 def test_optimized_blocks_length_is_group_zeros() -> None:
     """``len(KVCacheBlocks)`` (optimized only): the blocks of group 0, 0 without groups."""

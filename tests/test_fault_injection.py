@@ -25,7 +25,7 @@ THOROUGH = os.environ.get("PAGEDKV_FAULTS") == "all" or os.environ.get("HYPOTHES
 STRIDE = 1 if THOROUGH else 23
 
 #: (implementation, configuration) pairs still failing, with why; empty since
-#: both implementations recover (D-API-14). Kept for the next regression.
+#: both implementations recover (D-API-24). Kept for the next regression.
 KNOWN_ASYNC_FAILING: set[tuple[str, str]] = set()
 KNOWN_ENGINE_FAILING: set[tuple[str, str]] = set()
 
