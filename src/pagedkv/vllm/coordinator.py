@@ -22,6 +22,9 @@ from pagedkv.optimized.single_type import SingleTypeManager as GroupManager
 from . import _compat
 from .blocks import BlockPoolView, BlockView
 
+# Ids of fresh blocks the engine must zero before use, drained once per step.
+ZeroingBlockIds = list[int]
+
 __all__ = ["CoordinatorView", "GroupManagerView", "make_coordinator_view"]
 
 
@@ -60,7 +63,7 @@ class GroupManagerView:
         self.records_new_block_ids = False
         self.new_block_ids: list[int] = []
 
-    def take_new_block_ids(self) -> list[int]:
+    def take_new_block_ids(self) -> ZeroingBlockIds:
         ids, self.new_block_ids = self.new_block_ids, []
         return ids
 

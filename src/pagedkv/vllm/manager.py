@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
@@ -30,7 +31,7 @@ from pagedkv.spec.types import KVCacheEvent as CoreEvent
 from . import _compat
 from .blocks import BlockPoolView, BlockView
 from .config import translate_config
-from .coordinator import make_coordinator_view
+from .coordinator import ZeroingBlockIds, make_coordinator_view
 from .requests import CappedRequest, VllmRequestView
 
 __all__ = ["KVCacheManager"]
@@ -73,7 +74,7 @@ class KVCacheManager:
         if not watermark >= 0.0:
             raise InvalidConfigError(f"watermark must be >= 0, got {watermark!r}")
         self.max_model_len = max_model_len
-        self.scheduler_block_size = scheduler_block_size
+        self.scheduler_block_size: int = scheduler_block_size
         self.hash_block_size = hash_block_size
         self.enable_caching = bool(enable_caching)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -125,8 +126,9 @@ class KVCacheManager:
     # ---------------------------------------------------------- translation
 
     def _request(self, request: Any) -> Any:
-        """The request as the core reads it (wrapped only when events need LoRA)."""
-        return VllmRequestView(request) if self.enable_kv_cache_events else request
+        """The request as the core reads it: every ``RequestView`` attribute,
+        LoRA ones included (the core reads them all once per call, D-API-24)."""
+        return VllmRequestView(request)
 
     def create_kv_cache_blocks(self, blocks: Sequence[Sequence[Any]]) -> Any:
         """vLLM's ``KVCacheBlocks`` for per-group lists of block ids or block objects."""
@@ -225,11 +227,17 @@ class KVCacheManager:
         headroom = reserved_blocks
         if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES:
             headroom += self.watermark_blocks
-        if new_computed_blocks is not None and not any(new_computed_blocks.blocks):
-            new_computed_blocks = None
+        hit: CoreBlocks | None = None
+        if new_computed_blocks is not None and any(new_computed_blocks.blocks):
+            # The core takes only its own KVCacheBlocks (D-API-25): rebuild one
+            # from the ids of vLLM's block objects (or ids) of the hit.
+            hit = CoreBlocks(
+                tuple([b if type(b) is int else int(b.block_id) for b in group]
+                      for group in new_computed_blocks.blocks),
+                self._core.block_pool.block_hashes)
         new_blocks = self._core.allocate_slots(
             self._request(request), num_new_tokens, num_new_computed_tokens,
-            new_computed_blocks, num_lookahead_tokens, num_external_computed_tokens,
+            hit, num_lookahead_tokens, num_external_computed_tokens,
             delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
             reserved_blocks=headroom,
             num_in_flight_tokens=getattr(request, "num_in_flight_tokens", 0) or 0)
@@ -345,7 +353,7 @@ class KVCacheManager:
     def new_step_starts(self) -> None:
         self._core.new_step_starts()
 
-    def take_new_block_ids(self) -> list[int]:
+    def take_new_block_ids(self) -> ZeroingBlockIds:
         """Blocks to zero: KV cache zeroing is not in pagedkv, so none."""
         return []
 

@@ -1,10 +1,9 @@
 """vLLM ``Request`` objects as pagedkv's ``RequestView``.
 
 vLLM's ``Request`` has every attribute pagedkv reads but the LoRA ones
-(``lora_id``, ``lora_name``, which vLLM keeps in ``lora_request``). pagedkv
-reads those only when it emits a ``BlockStored`` event, so a request goes to
-the core as it is unless events are on, when :class:`VllmRequestView` wraps
-it. :class:`CappedRequest` narrows the hit length of a lookup
+(``lora_id``, ``lora_name``, which vLLM keeps in ``lora_request``). The core
+reads every attribute once per call (D-API-24), so every request goes to it
+wrapped in :class:`VllmRequestView`. :class:`CappedRequest` narrows the hit length of a lookup
 (``get_computed_blocks(max_cache_hit_length=...)``) to what pagedkv's
 lookup reads: a hit never reaches ``num_tokens`` tokens.
 """
