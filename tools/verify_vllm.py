@@ -119,6 +119,33 @@ def check_venv(venv: Path) -> Path:
     return python
 
 
+def make_overlay(venv: Path, overlay: Path) -> Path:
+    """A light venv that sees vLLM's packages but holds its own editable pagedkv.
+
+    Several checkouts (git worktrees) can then run this script at once: each
+    installs pagedkv into its own overlay instead of re-pointing the shared
+    vLLM venv at itself. The overlay's ``_vllm_venv.pth`` adds the vLLM venv's
+    site-packages after the overlay's own, whose ``.pth`` files (the shared
+    venv's editable pagedkv among them) are then never processed.
+    """
+    python = overlay / "bin" / "python"
+    if not python.exists():
+        base = (venv / "bin" / "python").resolve()
+        log(f"creating the overlay venv {overlay} over {venv}")
+        subprocess.run([str(base), "-m", "venv", str(overlay)], check=True)
+        # venv's bundled pip cannot build an editable pyproject install.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-U", "pip", "setuptools",
+                        "wheel"], check=True)
+    found = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    own = subprocess.run([str(python), "-c",
+                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    (Path(own) / "_vllm_venv.pth").write_text(found + "\n", encoding="utf-8")
+    return python
+
+
 def install_pagedkv(python: Path) -> None:
     """pagedkv into vLLM's venv: editable, no dependencies (torch stays as pinned there)."""
     log(f"installing pagedkv (editable, --no-deps) into {python.parent.parent}")
@@ -193,17 +220,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-stock", action="store_true", help="run only the pagedkv side")
     parser.add_argument("--failures", type=Path, metavar="FILE",
                         help="write the node ids failing on pagedkv but passing on vLLM here")
+    parser.add_argument("--overlay", type=Path, default=(Path(os.environ["VLLM_OVERLAY"])
+                                                          if os.environ.get("VLLM_OVERLAY") else None),
+                        help="install pagedkv into this light venv layered over --venv (created "
+                             "if missing) instead of into --venv itself; lets several checkouts "
+                             "run at once")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="where result files go (default: CACHE/results)")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     args = parser.parse_args(argv)
 
     python = check_venv(args.venv)
+    if args.overlay is not None:
+        python = make_overlay(args.venv, args.overlay.resolve())
     root = fetch_tests(args.cache)
     redirect = write_model_redirect(args.cache)
     install_pagedkv(python)
     files = test_files(root, args.only)
-    results_dir = args.cache / "results"
-    results_dir.mkdir(exist_ok=True)
+    results_dir = args.results or args.cache / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
     stock_path = results_dir / "stock.json"
+    if args.reuse_stock and not stock_path.exists():
+        stock_path = args.cache / "results" / "stock.json"
     stock: dict[str, Any] = {}
     if args.skip_stock:
         pass
