@@ -1,0 +1,350 @@
+"""The host tier of HiSparse groups, the obvious way (spec/host_tier.md).
+
+Semantic model: two block pools (host and device), each a list of ref
+counts, a free list (front = next to hand out) and a hash map; per request a
+host row, a resident row (0 = host-only page), a hot region and page sets.
+Every operation is a direct transcription of spec/host_tier.md; nothing is
+fast on purpose. ``check_invariants`` checks HOST-1..HOST-10 by ID.
+"""
+
+from __future__ import annotations
+
+import pprint
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pagedkv.spec.errors import (
+    ExceedsMaxModelLenError,
+    InvalidArgumentError,
+    InvalidTokenCountError,
+    InvariantViolation,
+    UnknownRequestError,
+)
+from pagedkv.spec.hisparse import (
+    ACTIVE_TAIL_PAGES,
+    HostAllocation,
+    HostTierConfig,
+    HostTierSnapshot,
+    PageTransfer,
+    RequestResidency,
+)
+from pagedkv.spec.types import BlockHash
+
+__all__ = ["HostTierManager"]
+
+
+class _Pool:
+    """Ref counts, a free list and a hash map; block 0 is the null block."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref = [0] * num_blocks
+        self.free = list(range(1, num_blocks))
+        self.hash_of: dict[int, BlockHash] = {}
+        self.cached: dict[BlockHash, int] = {}
+
+    def take(self, n: int) -> list[int]:
+        """The first ``n`` free blocks, referenced; a hashed one is evicted."""
+        blocks = self.free[:n]
+        del self.free[:n]
+        for b in blocks:
+            self.ref[b] += 1
+            if b in self.hash_of:
+                del self.cached[self.hash_of.pop(b)]
+        return blocks
+
+    def hold(self, b: int) -> None:
+        if self.ref[b] == 0:
+            self.free.remove(b)
+        self.ref[b] += 1
+
+    def release(self, blocks: Sequence[int]) -> None:
+        for b in blocks:
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free.append(b)
+
+    def publish(self, b: int, block_hash: BlockHash) -> None:
+        # The first block cached under a hash keeps it (spec/state.md).
+        if block_hash not in self.cached and b not in self.hash_of:
+            self.cached[block_hash] = b
+            self.hash_of[b] = block_hash
+
+
+@dataclass(eq=False)
+class _Request:
+    host_row: list[int] = field(default_factory=list)
+    resident_row: list[int] = field(default_factory=list)
+    hot: list[int] = field(default_factory=list)
+    hot_required: bool = False
+    clean: set[int] = field(default_factory=set)
+    pending: dict[int, int] = field(default_factory=dict)
+    unpinned: set[int] = field(default_factory=set)
+    published: int = 0
+    block_hashes: list[BlockHash] = field(default_factory=list)
+
+
+class HostTierManager:
+    """Blocks of the HiSparse source, resident and hot groups in two pools."""
+
+    def __init__(self, config: HostTierConfig) -> None:
+        self.config = config
+        self.host = _Pool(config.host_num_blocks)
+        self.device = _Pool(config.device_num_blocks)
+        self.requests: dict[str, _Request] = {}
+        self.reader: dict[int, tuple[str, int]] = {}
+        self.transfers: dict[int, tuple[PageTransfer, _Request]] = {}
+        self.next_transfer_id = 0
+
+    # -- queries -------------------------------------------------------------
+
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
+        """The host blocks of the longest cached prefix of ``block_hashes``."""
+        hits: list[int] = []
+        if self.config.enable_caching:
+            for block_hash in block_hashes:
+                if block_hash not in self.host.cached:
+                    break
+                hits.append(self.host.cached[block_hash])
+        return tuple(hits)
+
+    def num_free_host_blocks(self) -> int:
+        return len(self.host.free)
+
+    def num_free_device_blocks(self) -> int:
+        return len(self.device.free)
+
+    def residency(self, request_id: str) -> RequestResidency:
+        req = self._get(request_id)
+        return RequestResidency(
+            tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
+            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published)
+
+    def can_read_from_host(self, request_id: str) -> bool:
+        """Whether the request holds its hot region."""
+        return len(self._get(request_id).hot) == self.config.hot_blocks_per_request
+
+    def _get(self, request_id: str) -> _Request:
+        if request_id not in self.requests:
+            raise UnknownRequestError(f"request_id {request_id!r} holds nothing in the host tier")
+        return self.requests[request_id]
+
+    # -- allocation ----------------------------------------------------------
+
+    def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                 block_hashes: Sequence[BlockHash] | None = None) -> HostAllocation | None:
+        """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
+        cfg = self.config
+        if type(num_tokens) is not int or num_tokens < 0:
+            raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if num_tokens > cfg.max_model_len:
+            raise ExceedsMaxModelLenError(
+                f"num_tokens {num_tokens} exceeds max_model_len {cfg.max_model_len}")
+        req = self.requests.get(request_id)
+        hashes = list(block_hashes) if block_hashes is not None else (
+            req.block_hashes if req is not None else [])
+        pages = -(-num_tokens // cfg.block_size)
+        if hit:
+            if req is not None and req.host_row:
+                raise InvalidArgumentError(
+                    f"hit given for request {request_id!r}, which already holds blocks")
+            if len(hit) > pages:
+                raise InvalidArgumentError(
+                    f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
+            for i, b in enumerate(hit):
+                if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
+                        self.host.hash_of.get(b) != hashes[i]):
+                    raise InvalidArgumentError(
+                        f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
+        if len(set(hit)) != len(hit):
+            raise InvalidArgumentError("hit repeats a block")
+        existing = len(req.host_row) if req is not None else 0
+        host_new = max(pages - existing - len(hit), 0)
+        free_hits = sum(1 for b in hit if self.host.ref[b] == 0)
+        if host_new > len(self.host.free) - free_hits:
+            return None  # host exhaustion defers the request (nothing changed)
+        has_hot = req is not None and bool(req.hot)
+        wants_hot = bool(hit) or (req is not None and req.hot_required)
+        hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
+        device_new = host_new
+        if device_new + hot_n > len(self.device.free):
+            return None
+        if req is None:
+            req = self.requests[request_id] = _Request()
+        req.block_hashes = hashes
+        for b in hit:
+            self.host.hold(b)
+            req.clean.add(len(req.host_row))
+            req.host_row.append(b)
+            req.resident_row.append(0)
+        if hit:
+            req.published = len(hit)
+            req.hot_required = True
+        new_host = self.host.take(host_new)
+        req.host_row.extend(new_host)
+        taken = self.device.take(device_new + hot_n)
+        for b in taken:
+            self._lose_reader(b)
+        req.resident_row.extend(taken[:device_new])
+        if hot_n:
+            req.hot = taken[device_new:]
+        return HostAllocation(tuple(hit) + tuple(new_host), tuple(taken[:device_new]),
+                              tuple(taken[device_new:]))
+
+    def _lose_reader(self, b: int) -> None:
+        """Block ``b`` was handed out: the page still reading it becomes host-only."""
+        owner = self.reader.pop(b, None)
+        if owner is None:
+            return
+        req = self.requests[owner[0]]
+        req.resident_row[owner[1]] = 0
+        req.unpinned.discard(owner[1])
+        req.hot_required = True
+
+    def require_hot(self, request_id: str) -> None:
+        """Ask for the request's hot region at its next allocation."""
+        self._get(request_id).hot_required = True
+
+    # -- write-back, restore, residency ---------------------------------------
+
+    def _new_transfer(self, request_id: str, req: _Request, page: int, device_block: int,
+                      kind: Literal["writeback", "restore"]) -> PageTransfer:
+        transfer = PageTransfer(self.next_transfer_id, request_id, page, req.host_row[page],
+                                device_block, kind)
+        self.next_transfer_id += 1
+        self.transfers[transfer.transfer_id] = (transfer, req)
+        req.pending[page] = transfer.transfer_id
+        self.host.hold(transfer.host_block)
+        return transfer
+
+    def plan_writebacks(self, request_id: str, num_computed_tokens: int,
+                        budget: int | None = None) -> list[PageTransfer]:
+        """Write-back transfers of the sealed dirty pages, lowest first."""
+        req = self._get(request_id)
+        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
+        sealed = min(num_computed_tokens // self.config.block_size, len(req.resident_row))
+        planned: list[PageTransfer] = []
+        for page in range(sealed):
+            if budget is not None and len(planned) >= budget:
+                break
+            b = req.resident_row[page]
+            if b == 0 or page in req.clean or page in req.pending:
+                continue
+            self.device.hold(b)
+            planned.append(self._new_transfer(request_id, req, page, b, "writeback"))
+        return planned
+
+    def plan_restore(self, request_id: str, page: int) -> PageTransfer | None:
+        """A restore of host-only ``page`` into a fresh device block, or None
+        when the device pool has no free block."""
+        req = self._get(request_id)
+        if not (0 <= page < len(req.resident_row)) or req.resident_row[page] != 0 or (
+                page in req.pending):
+            raise InvalidArgumentError(f"page {page!r} of {request_id!r} is not a host-only page")
+        if not self.device.free:
+            return None
+        (b,) = self.device.take(1)
+        self._lose_reader(b)
+        return self._new_transfer(request_id, req, page, b, "restore")
+
+    def complete(self, transfer_ids: Sequence[int]) -> None:
+        """The worker ran these transfers (spec/host_tier.md, complete)."""
+        if len(set(transfer_ids)) != len(transfer_ids) or any(
+                t not in self.transfers for t in transfer_ids):
+            raise InvalidArgumentError(
+                f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
+        touched: list[str] = []
+        for t in transfer_ids:
+            transfer, req = self.transfers.pop(t)
+            live = self.requests.get(transfer.request_id) is req
+            self.host.release([transfer.host_block])
+            if live:
+                del req.pending[transfer.page]
+                if transfer.request_id not in touched:
+                    touched.append(transfer.request_id)
+            if transfer.kind == "writeback":
+                self.device.release([transfer.device_block])
+                if live:
+                    req.clean.add(transfer.page)
+            elif live:
+                req.resident_row[transfer.page] = transfer.device_block  # the ref moves to the row
+            else:
+                self.device.release([transfer.device_block])
+        for request_id in touched:
+            req = self.requests[request_id]
+            self._publish(req)
+            if len(req.hot) == self.config.hot_blocks_per_request:
+                self._unpin_clean(request_id, req)
+
+    def _publish(self, req: _Request) -> None:
+        if not self.config.enable_caching:
+            return
+        while (req.published < min(len(req.block_hashes), len(req.host_row))
+               and req.published in req.clean):
+            self.host.publish(req.host_row[req.published], req.block_hashes[req.published])
+            req.published += 1
+
+    def _unpin_clean(self, request_id: str, req: _Request) -> None:
+        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
+        for page in reversed(range(tail)):
+            b = req.resident_row[page]
+            if b != 0 and page in req.clean and page not in req.unpinned:
+                self.device.release([b])
+                self.reader[b] = (request_id, page)
+                req.unpinned.add(page)
+
+    def update_residency(self, request_id: str) -> None:
+        """Release clean pages when the request can read from host, else ask
+        for a hot region when the device pool runs low."""
+        req = self._get(request_id)
+        if len(req.hot) == self.config.hot_blocks_per_request:
+            self._unpin_clean(request_id, req)
+        elif len(self.device.free) < self.config.device_watermark:
+            req.hot_required = True
+
+    # -- release -------------------------------------------------------------
+
+    def free(self, request_id: str) -> None:
+        """Release every block the request holds, each list tail first."""
+        req = self._get(request_id)
+        for page in reversed(range(len(req.resident_row))):
+            b = req.resident_row[page]
+            if b == 0:
+                continue
+            if page in req.unpinned:
+                del self.reader[b]
+            else:
+                self.device.release([b])
+        self.device.release(req.hot[::-1])
+        self.host.release(req.host_row[::-1])
+        del self.requests[request_id]
+
+    def reset_host_cache(self) -> bool:
+        """Drop every host hash; refused (False) while a host block is held."""
+        if any(self.host.ref):
+            return False
+        self.host.cached.clear()
+        self.host.hash_of.clear()
+        return True
+
+    # -- observation ----------------------------------------------------------
+
+    def snapshot(self) -> HostTierSnapshot:
+        return HostTierSnapshot(
+            tuple(self.host.free), tuple(sorted((h, b) for h, b in self.host.cached.items())),
+            tuple(self.device.free),
+            tuple((r, self.residency(r)) for r in sorted(self.requests)),
+            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)))
+
+    def check_invariants(self) -> None:
+        """HOST-1..HOST-10, by ID (raises InvariantViolation with a state dump)."""
+        from pagedkv.reference.hisparse_invariants import check_host_tier
+
+        check_host_tier(self)
+
+    def _fail(self, invariant: str, message: str) -> InvariantViolation:
+        return InvariantViolation(
+            f"{invariant}: {message}\nstate:\n{pprint.pformat(self.snapshot(), width=120)}")

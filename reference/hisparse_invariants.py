@@ -1,0 +1,86 @@
+"""HOST-1..HOST-10 of spec/host_tier.md, checked over the reference host tier."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from pagedkv.spec.hisparse import ACTIVE_TAIL_PAGES
+
+if TYPE_CHECKING:
+    from pagedkv.reference.hisparse import HostTierManager, _Pool
+
+__all__ = ["check_host_tier"]
+
+
+def _check_pool(tier: HostTierManager, pool: _Pool, name: str, expected: Counter[int]) -> None:
+    # HOST-1: the null block is inert; free <=> ref 0.
+    if pool.ref[0] != 0 or 0 in pool.free or 0 in pool.hash_of:
+        raise tier._fail("HOST-1", f"{name} null block is referenced, free-listed or cached")
+    if len(set(pool.free)) != len(pool.free):
+        raise tier._fail("HOST-1", f"{name} free list repeats a block")
+    free = set(pool.free)
+    for b in range(1, pool.num_blocks):
+        if (b in free) != (pool.ref[b] == 0) or pool.ref[b] < 0:
+            raise tier._fail("HOST-1", f"{name} block {b} has ref {pool.ref[b]}, free={b in free}")
+    # HOST-2 / HOST-3: every reference has an owner.
+    for b in range(1, pool.num_blocks):
+        if pool.ref[b] != expected[b]:
+            inv = "HOST-2" if name == "host" else "HOST-3"
+            raise tier._fail(inv, f"{name} block {b} has ref {pool.ref[b]}, owners {expected[b]}")
+    if {b: h for h, b in pool.cached.items()} != pool.hash_of:
+        raise tier._fail("HOST-9", f"{name} cache map and block hashes disagree")
+
+
+def check_host_tier(tier: HostTierManager) -> None:
+    host_refs: Counter[int] = Counter()
+    device_refs: Counter[int] = Counter()
+    readers: dict[int, tuple[str, int]] = {}
+    hot_n = tier.config.hot_blocks_per_request
+    for transfer, _ in tier.transfers.values():
+        host_refs[transfer.host_block] += 1
+        device_refs[transfer.device_block] += 1
+    for request_id, req in tier.requests.items():
+        host_refs.update(req.host_row)
+        device_refs.update(req.hot)
+        # HOST-4: every page has a host block.
+        if len(req.host_row) != len(req.resident_row) or 0 in req.host_row:
+            raise tier._fail("HOST-4", f"{request_id}: host row and resident row disagree")
+        # HOST-7: the hot region is all or nothing.
+        if len(req.hot) not in (0, hot_n):
+            raise tier._fail("HOST-7", f"{request_id}: hot region of {len(req.hot)} blocks")
+        for page, b in enumerate(req.resident_row):
+            restoring = page in req.pending and tier.transfers[req.pending[page]][0].kind == "restore"
+            # HOST-5: host-only pages are clean; pending pages have their state.
+            if b == 0 and page not in req.clean:
+                raise tier._fail("HOST-5", f"{request_id}: host-only page {page} is not clean")
+            if page in req.pending and (b == 0) != restoring:
+                raise tier._fail("HOST-5", f"{request_id}: pending page {page} in the wrong tier")
+            if page in req.pending and not restoring and (page in req.clean or page in req.unpinned):
+                raise tier._fail("HOST-5", f"{request_id}: write-back page {page} is not dirty")
+            if b == 0:
+                continue
+            if page in req.unpinned:
+                # HOST-6 / HOST-10: unpinned pages are clean, outside the tail.
+                if page not in req.clean:
+                    raise tier._fail("HOST-6", f"{request_id}: unpinned page {page} is dirty")
+                if page >= len(req.resident_row) - ACTIVE_TAIL_PAGES:
+                    raise tier._fail("HOST-10", f"{request_id}: tail page {page} is unpinned")
+                readers[b] = (request_id, page)
+            else:
+                device_refs[b] += 1
+        # HOST-8: reading from host needs the hot region.
+        if req.unpinned and not req.hot:
+            raise tier._fail("HOST-8", f"{request_id}: unpinned pages without a hot region")
+        if 0 in req.resident_row and not (req.hot or req.hot_required):
+            raise tier._fail("HOST-8", f"{request_id}: host-only pages, no hot region asked for")
+        # HOST-9: only a clean prefix is published.
+        if any(page not in req.clean for page in range(req.published)):
+            raise tier._fail("HOST-9", f"{request_id}: published {req.published} pages, not all clean")
+    if readers != tier.reader:
+        raise tier._fail("HOST-6", f"readers {tier.reader} != unpinned pages {readers}")
+    for b in readers:
+        if tier.device.ref[b] != 0:
+            raise tier._fail("HOST-6", f"unpinned block {b} is referenced")
+    _check_pool(tier, tier.host, "host", host_refs)
+    _check_pool(tier, tier.device, "device", device_refs)
