@@ -1,0 +1,353 @@
+"""The host tier of HiSparse groups, built for speed (spec/host_tier.md).
+
+Same observable behaviour as ``pagedkv.reference.hisparse`` (the lockstep
+test runs both), different structures:
+
+- each pool's free queue is an insertion-ordered dict, so taking a hit block
+  out of the middle of the queue is O(1) instead of a list scan;
+- each request keeps the set of its clean *pinned* pages, so releasing clean
+  pages costs O(pages released) rather than a walk over the whole row;
+- allocation counts free hit blocks without copying anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pagedkv.spec.errors import (
+    ExceedsMaxModelLenError,
+    InvalidArgumentError,
+    InvalidTokenCountError,
+    UnknownRequestError,
+)
+from pagedkv.spec.hisparse import (
+    ACTIVE_TAIL_PAGES,
+    HostAllocation,
+    HostTierConfig,
+    HostTierSnapshot,
+    PageTransfer,
+    RequestResidency,
+)
+from pagedkv.spec.types import BlockHash
+
+__all__ = ["HostTierManager"]
+
+
+class _Pool:
+    """Ref counts and an ordered free queue (dict keys, front first)."""
+
+    __slots__ = ("ref", "free", "hash_of", "cached")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.ref = [0] * num_blocks
+        self.free: dict[int, None] = dict.fromkeys(range(1, num_blocks))
+        self.hash_of: dict[int, BlockHash] = {}
+        self.cached: dict[BlockHash, int] = {}
+
+    def take(self, n: int) -> list[int]:
+        """O(n): the first ``n`` free blocks, referenced, hashes evicted."""
+        free, ref, hash_of = self.free, self.ref, self.hash_of  # hot path: locals
+        blocks: list[int] = []
+        for _ in range(n):
+            b = next(iter(free))
+            del free[b]
+            ref[b] = 1
+            if b in hash_of:
+                del self.cached[hash_of.pop(b)]
+            blocks.append(b)
+        return blocks
+
+    def hold(self, b: int) -> None:
+        """O(1)."""
+        if self.ref[b] == 0:
+            del self.free[b]
+        self.ref[b] += 1
+
+    def release(self, b: int) -> None:
+        """O(1)."""
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            self.free[b] = None
+
+
+class _Request:
+    __slots__ = ("host_row", "resident_row", "hot", "hot_required", "clean", "pending",
+                 "unpinned", "pinned_clean", "published", "block_hashes")
+
+    def __init__(self) -> None:
+        self.host_row: list[int] = []
+        self.resident_row: list[int] = []
+        self.hot: list[int] = []
+        self.hot_required = False
+        self.clean: set[int] = set()
+        self.pending: dict[int, int] = {}
+        self.unpinned: set[int] = set()
+        self.pinned_clean: set[int] = set()  # clean pages holding their device block
+        self.published = 0
+        self.block_hashes: list[BlockHash] = []
+
+
+class HostTierManager:
+    """Blocks of the HiSparse source, resident and hot groups in two pools."""
+
+    def __init__(self, config: HostTierConfig) -> None:
+        self.config = config
+        self._block_size = config.block_size
+        self._hot_n = config.hot_blocks_per_request
+        self.host = _Pool(config.host_num_blocks)
+        self.device = _Pool(config.device_num_blocks)
+        self.requests: dict[str, _Request] = {}
+        self.reader: dict[int, tuple[str, int]] = {}
+        self.transfers: dict[int, tuple[PageTransfer, _Request]] = {}
+        self.next_transfer_id = 0
+
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
+        """O(hit length): host blocks of the longest cached prefix."""
+        if not self.config.enable_caching:
+            return ()
+        cached = self.host.cached
+        hits: list[int] = []
+        for block_hash in block_hashes:
+            b = cached.get(block_hash)
+            if b is None:
+                break
+            hits.append(b)
+        return tuple(hits)
+
+    def num_free_host_blocks(self) -> int:
+        return len(self.host.free)
+
+    def num_free_device_blocks(self) -> int:
+        return len(self.device.free)
+
+    def residency(self, request_id: str) -> RequestResidency:
+        req = self._get(request_id)
+        return RequestResidency(
+            tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
+            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published)
+
+    def can_read_from_host(self, request_id: str) -> bool:
+        return len(self._get(request_id).hot) == self._hot_n
+
+    def _get(self, request_id: str) -> _Request:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"request_id {request_id!r} holds nothing in the host tier")
+        return req
+
+    def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                 block_hashes: Sequence[BlockHash] | None = None) -> HostAllocation | None:
+        """O(new blocks + hit). Validate, count, then commit (nothing changes on None)."""
+        cfg = self.config
+        if type(num_tokens) is not int or num_tokens < 0:
+            raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if num_tokens > cfg.max_model_len:
+            raise ExceedsMaxModelLenError(
+                f"num_tokens {num_tokens} exceeds max_model_len {cfg.max_model_len}")
+        req = self.requests.get(request_id)
+        if block_hashes is not None:
+            hashes = list(block_hashes)
+        else:
+            hashes = req.block_hashes if req is not None else []
+        pages = -(-num_tokens // self._block_size)
+        host = self.host
+        if hit:
+            if req is not None and req.host_row:
+                raise InvalidArgumentError(
+                    f"hit given for request {request_id!r}, which already holds blocks")
+            if len(hit) > pages:
+                raise InvalidArgumentError(
+                    f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
+            hash_of = host.hash_of
+            for i, b in enumerate(hit):
+                if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
+                        hash_of.get(b) != hashes[i]):
+                    raise InvalidArgumentError(
+                        f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
+            if len(set(hit)) != len(hit):
+                raise InvalidArgumentError("hit repeats a block")
+        existing = len(req.host_row) if req is not None else 0
+        host_new = pages - existing - len(hit)
+        if host_new < 0:
+            host_new = 0
+        free_hits = sum(1 for b in hit if host.ref[b] == 0)
+        if host_new > len(host.free) - free_hits:
+            return None  # host exhaustion defers the request
+        wants_hot = bool(hit) or (req is not None and req.hot_required)
+        hot_n = self._hot_n if wants_hot and not (req is not None and req.hot) else 0
+        if host_new + hot_n > len(self.device.free):
+            return None
+        if req is None:
+            req = self.requests[request_id] = _Request()
+        req.block_hashes = hashes
+        if hit:
+            first = len(req.host_row)
+            for b in hit:
+                host.hold(b)
+            req.host_row.extend(hit)
+            req.resident_row.extend([0] * len(hit))
+            req.clean.update(range(first, first + len(hit)))
+            req.published = len(hit)
+            req.hot_required = True
+        new_host = host.take(host_new)
+        req.host_row.extend(new_host)
+        taken = self.device.take(host_new + hot_n)
+        if self.reader:
+            for b in taken:
+                self._lose_reader(b)
+        resident = taken[:host_new]
+        req.resident_row.extend(resident)
+        if hot_n:
+            req.hot = taken[host_new:]
+        return HostAllocation(tuple(hit) + tuple(new_host), tuple(resident),
+                              tuple(taken[host_new:]))
+
+    def _lose_reader(self, b: int) -> None:
+        owner = self.reader.pop(b, None)
+        if owner is None:
+            return
+        req = self.requests[owner[0]]
+        req.resident_row[owner[1]] = 0
+        req.unpinned.discard(owner[1])
+        req.hot_required = True
+
+    def require_hot(self, request_id: str) -> None:
+        self._get(request_id).hot_required = True
+
+    def _new_transfer(self, request_id: str, req: _Request, page: int, device_block: int,
+                      kind: Literal["writeback", "restore"]) -> PageTransfer:
+        transfer = PageTransfer(self.next_transfer_id, request_id, page, req.host_row[page],
+                                device_block, kind)
+        self.next_transfer_id += 1
+        self.transfers[transfer.transfer_id] = (transfer, req)
+        req.pending[page] = transfer.transfer_id
+        self.host.hold(transfer.host_block)
+        return transfer
+
+    def plan_writebacks(self, request_id: str, num_computed_tokens: int,
+                        budget: int | None = None) -> list[PageTransfer]:
+        """O(sealed pages)."""
+        req = self._get(request_id)
+        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
+        sealed = min(num_computed_tokens // self._block_size, len(req.resident_row))
+        planned: list[PageTransfer] = []
+        row, clean, pending = req.resident_row, req.clean, req.pending
+        for page in range(sealed):
+            if budget is not None and len(planned) >= budget:
+                break
+            b = row[page]
+            if b == 0 or page in clean or page in pending:
+                continue
+            self.device.hold(b)
+            planned.append(self._new_transfer(request_id, req, page, b, "writeback"))
+        return planned
+
+    def plan_restore(self, request_id: str, page: int) -> PageTransfer | None:
+        """O(1)."""
+        req = self._get(request_id)
+        if not (0 <= page < len(req.resident_row)) or req.resident_row[page] != 0 or (
+                page in req.pending):
+            raise InvalidArgumentError(f"page {page!r} of {request_id!r} is not a host-only page")
+        if not self.device.free:
+            return None
+        (b,) = self.device.take(1)
+        self._lose_reader(b)
+        return self._new_transfer(request_id, req, page, b, "restore")
+
+    def complete(self, transfer_ids: Sequence[int]) -> None:
+        """O(transfers + pages published + pages released)."""
+        if len(set(transfer_ids)) != len(transfer_ids) or any(
+                t not in self.transfers for t in transfer_ids):
+            raise InvalidArgumentError(
+                f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
+        touched: dict[str, _Request] = {}
+        for t in transfer_ids:
+            transfer, req = self.transfers.pop(t)
+            live = self.requests.get(transfer.request_id) is req
+            self.host.release(transfer.host_block)
+            page = transfer.page
+            if live:
+                del req.pending[page]
+                touched.setdefault(transfer.request_id, req)
+            if transfer.kind == "writeback":
+                self.device.release(transfer.device_block)
+                if live:
+                    req.clean.add(page)
+                    req.pinned_clean.add(page)
+            elif live:
+                req.resident_row[page] = transfer.device_block
+                req.pinned_clean.add(page)
+            else:
+                self.device.release(transfer.device_block)
+        for request_id, req in touched.items():
+            self._publish(req)
+            if len(req.hot) == self._hot_n:
+                self._unpin_clean(request_id, req)
+
+    def _publish(self, req: _Request) -> None:
+        if not self.config.enable_caching:
+            return
+        limit = min(len(req.block_hashes), len(req.host_row))
+        cached, hash_of = self.host.cached, self.host.hash_of
+        while req.published < limit and req.published in req.clean:
+            b, block_hash = req.host_row[req.published], req.block_hashes[req.published]
+            if block_hash not in cached and b not in hash_of:
+                cached[block_hash] = b
+                hash_of[b] = block_hash
+            req.published += 1
+
+    def _unpin_clean(self, request_id: str, req: _Request) -> None:
+        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
+        movable = [page for page in req.pinned_clean if page < tail]
+        if not movable:
+            return
+        movable.sort(reverse=True)  # tail first: a context loses its tail before its head
+        row = req.resident_row
+        for page in movable:
+            b = row[page]
+            self.device.release(b)
+            self.reader[b] = (request_id, page)
+            req.unpinned.add(page)
+            req.pinned_clean.discard(page)
+
+    def update_residency(self, request_id: str) -> None:
+        req = self._get(request_id)
+        if len(req.hot) == self._hot_n:
+            self._unpin_clean(request_id, req)
+        elif len(self.device.free) < self.config.device_watermark:
+            req.hot_required = True
+
+    def free(self, request_id: str) -> None:
+        """O(pages + hot)."""
+        req = self._get(request_id)
+        row, unpinned, reader, device = req.resident_row, req.unpinned, self.reader, self.device
+        for page in range(len(row) - 1, -1, -1):
+            b = row[page]
+            if b == 0:
+                continue
+            if page in unpinned:
+                del reader[b]
+            else:
+                device.release(b)
+        for b in reversed(req.hot):
+            device.release(b)
+        for b in reversed(req.host_row):
+            self.host.release(b)
+        del self.requests[request_id]
+
+    def reset_host_cache(self) -> bool:
+        if len(self.host.free) != len(self.host.ref) - 1:
+            return False
+        self.host.cached.clear()
+        self.host.hash_of.clear()
+        return True
+
+    def snapshot(self) -> HostTierSnapshot:
+        return HostTierSnapshot(
+            tuple(self.host.free), tuple(sorted((h, b) for h, b in self.host.cached.items())),
+            tuple(self.device.free),
+            tuple((r, self.residency(r)) for r in sorted(self.requests)),
+            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)))
