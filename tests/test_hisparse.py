@@ -1,0 +1,227 @@
+"""Scenarios of the host tier (spec/host_tier.md), run on both implementations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from pagedkv.optimized.hisparse import HostTierManager as OptimizedTier
+from pagedkv.reference.hisparse import HostTierManager as ReferenceTier
+from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.errors import (
+    ExceedsMaxModelLenError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    UnknownRequestError,
+)
+from pagedkv.spec.hisparse import (
+    HiSparseHotSpec,
+    HiSparseResidentSpec,
+    HostTierConfig,
+    device_groups,
+    host_groups,
+    host_tier_config,
+)
+from pagedkv.spec.kv_cache_spec import FullAttentionSpec
+from pagedkv.spec.setting import ModelSetting
+from pagedkv.spec.types import BlockHash
+
+Tier = ReferenceTier | OptimizedTier
+B = 4
+
+
+def _hashes(n: int, tag: int = 0) -> list[BlockHash]:
+    return [BlockHash(bytes([tag, i])) for i in range(n)]
+
+
+@pytest.fixture(params=[ReferenceTier, OptimizedTier], ids=["reference", "optimized"])
+def make(request: pytest.FixtureRequest) -> Callable[..., Tier]:
+    def build(host: int = 16, device: int = 16, hot: int = 2, **kwargs: object) -> Tier:
+        tier: Tier = request.param(HostTierConfig(
+            block_size=B, host_num_blocks=host, device_num_blocks=device,
+            hot_blocks_per_request=hot, max_model_len=64, **kwargs))  # type: ignore[arg-type]
+        return tier
+    return build
+
+
+def _check(tier: Tier) -> None:
+    if isinstance(tier, ReferenceTier):
+        tier.check_invariants()
+
+
+def test_every_page_gets_a_host_block_and_a_resident_block(make: Callable[..., Tier]) -> None:
+    tier = make()
+    allocation = tier.allocate("r", 10)
+    assert allocation is not None
+    assert len(allocation.host_blocks) == len(allocation.resident_blocks) == 3
+    assert allocation.hot_blocks == ()  # a cold prefill needs no hot region
+    assert tier.num_free_host_blocks() == 12 and tier.num_free_device_blocks() == 12
+    _check(tier)
+
+
+def test_host_exhaustion_defers_allocation_and_changes_nothing(make: Callable[..., Tier]) -> None:
+    tier = make(host=4, device=16)  # 3 usable host blocks
+    assert tier.allocate("a", 8) is not None
+    before = tier.snapshot()
+    assert tier.allocate("b", 8) is None  # 2 pages, 1 host block left
+    assert tier.snapshot() == before
+    assert tier.allocate("a", 13) is None  # growth is deferred the same way
+    assert tier.snapshot() == before
+    assert tier.allocate("a", 12) is not None
+    _check(tier)
+
+
+def test_device_exhaustion_refuses_even_when_the_host_has_room(make: Callable[..., Tier]) -> None:
+    tier = make(host=16, device=3)
+    before = tier.snapshot()
+    assert tier.allocate("a", 12) is None
+    assert tier.snapshot() == before
+
+
+def test_writeback_then_publication_then_host_hit(make: Callable[..., Tier]) -> None:
+    tier = make()
+    hashes = _hashes(3)
+    tier.allocate("a", 14, block_hashes=hashes)
+    transfers = tier.plan_writebacks("a", 14)
+    # Only sealed pages (14 // 4 = 3) are written back; each is pending once.
+    assert [t.page for t in transfers] == [0, 1, 2]
+    assert tier.plan_writebacks("a", 14) == []
+    assert tier.lookup(hashes) == ()  # nothing is published before it is durable
+    tier.complete([transfers[1].transfer_id])
+    assert tier.lookup(hashes) == ()  # page 0 is not clean yet: the prefix stops there
+    tier.complete([transfers[0].transfer_id, transfers[2].transfer_id])
+    hit = tier.lookup(hashes)
+    assert hit == tier.residency("a").host_row[:3]
+    tier.free("a")
+    allocation = tier.allocate("b", 16, hit=hit, block_hashes=hashes + _hashes(1, 9))
+    assert allocation is not None
+    row = tier.residency("b")
+    assert row.resident_row[:3] == (0, 0, 0)  # hit pages are host-only
+    assert len(allocation.resident_blocks) == 1
+    assert len(allocation.hot_blocks) == 2  # reading host-backed history needs the hot region
+    _check(tier)
+
+
+def test_clean_pages_are_released_only_with_a_hot_region_and_outside_the_tail(
+        make: Callable[..., Tier]) -> None:
+    tier = make()
+    tier.allocate("a", 20)
+    ids = [t.transfer_id for t in tier.plan_writebacks("a", 20)]
+    tier.complete(ids)
+    assert tier.residency("a").unpinned == frozenset()  # no hot region: all stay pinned
+    tier.require_hot("a")
+    assert tier.allocate("a", 20) is not None
+    tier.update_residency("a")
+    # 5 pages, the last 2 are the active tail; the rest are released.
+    assert tier.residency("a").unpinned == frozenset({0, 1, 2})
+    _check(tier)
+
+
+def test_a_reused_unpinned_block_loses_its_page(make: Callable[..., Tier]) -> None:
+    tier = make(device=10, hot=1)
+    tier.allocate("a", 20)
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("a", 20)])
+    tier.require_hot("a")
+    tier.allocate("a", 20)
+    tier.update_residency("a")
+    unpinned_block = tier.residency("a").resident_row[2]  # released first: tail first
+    never_used = tier.num_free_device_blocks() - 3  # pages 0..2 were released behind them
+    assert tier.allocate("b", 4 * never_used) is not None  # takes never-used blocks only
+    assert tier.residency("a").resident_row[2] == unpinned_block
+    assert tier.allocate("b", 4 * (never_used + 1)) is not None  # now one released block goes
+    row = tier.residency("a")
+    assert row.resident_row[2] == 0 and 2 not in row.unpinned and row.hot_required
+    _check(tier)
+
+
+def test_low_device_pool_asks_for_a_hot_region(make: Callable[..., Tier]) -> None:
+    tier = make(device=8, hot=1, watermark=4)
+    tier.allocate("a", 16)  # 4 of 7 free blocks used
+    tier.update_residency("a")
+    assert tier.residency("a").hot_required
+    assert tier.allocate("a", 16) is not None
+    assert tier.can_read_from_host("a")
+
+
+def test_restore_brings_a_host_page_back(make: Callable[..., Tier]) -> None:
+    tier = make()
+    hashes = _hashes(2)
+    tier.allocate("a", 8, block_hashes=hashes)
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("a", 8)])
+    tier.free("a")
+    tier.allocate("b", 8, hit=tier.lookup(hashes), block_hashes=hashes)
+    transfer = tier.plan_restore("b", 1)
+    assert transfer is not None and transfer.kind == "restore"
+    assert tier.residency("b").resident_row[1] == 0  # not readable until it completes
+    tier.complete([transfer.transfer_id])
+    assert tier.residency("b").resident_row[1] == transfer.device_block
+    with pytest.raises(InvalidArgumentError, match="host-only"):
+        tier.plan_restore("b", 1)
+    _check(tier)
+
+
+def test_free_keeps_in_flight_transfers_alive(make: Callable[..., Tier]) -> None:
+    tier = make()
+    tier.allocate("a", 8, block_hashes=_hashes(2))
+    transfers = tier.plan_writebacks("a", 8)
+    tier.free("a")
+    _check(tier)
+    assert tier.num_free_host_blocks() == 13  # the two transfers still hold their host blocks
+    tier.complete([t.transfer_id for t in transfers])
+    assert tier.num_free_host_blocks() == 15
+    assert tier.lookup(_hashes(2)) == ()  # a freed request's late copies are not published
+    _check(tier)
+
+
+def test_refusals_are_typed_and_change_nothing(make: Callable[..., Tier]) -> None:
+    tier = make()
+    tier.allocate("a", 8, block_hashes=_hashes(2))
+    before = tier.snapshot()
+    with pytest.raises(ExceedsMaxModelLenError):
+        tier.allocate("a", 65)
+    with pytest.raises(InvalidArgumentError, match="hit"):
+        tier.allocate("b", 8, hit=(1,), block_hashes=_hashes(2))  # block 1 carries no hash
+    with pytest.raises(InvalidArgumentError, match="transfer"):
+        tier.complete([99])
+    with pytest.raises(UnknownRequestError):
+        tier.free("nobody")
+    assert tier.snapshot() == before
+    assert tier.reset_host_cache() is False
+    tier.free("a")
+    assert tier.reset_host_cache() is True
+
+
+def test_derived_specs_sizes_and_planning_excludes_host_groups() -> None:
+    hot = HiSparseHotSpec(16, page_size=64, blocks_per_request=2)
+    resident = HiSparseResidentSpec(16, page_size=64)
+    setting = ModelSetting(max_model_len=32768, max_num_batched_tokens=2048)
+    assert hot.page_size_bytes == 64 and hot.max_memory_usage_bytes(setting) == 128
+    assert resident.max_memory_usage_bytes(setting) == 128 * 64  # capped at the in-flight window
+    source = FullAttentionSpec(16, 1, 1, "float32")
+    groups = (
+        KVCacheGroupSpec(("source",), source, host_resident=True, role="hisparse_source"),
+        KVCacheGroupSpec(("indexer",), source, role="hisparse_indexer"),
+        KVCacheGroupSpec(("resident",), resident),
+        KVCacheGroupSpec(("hot",), hot),
+    )
+    assert host_groups(groups) == (0,)
+    assert [g.layer_names for g in device_groups(groups)] == [("indexer",), ("resident",), ("hot",)]
+    config = KVCacheConfig(32, (), groups)
+    tier = host_tier_config(config, host_num_blocks=16, max_model_len=128)
+    assert (tier.block_size, tier.host_num_blocks, tier.device_num_blocks,
+            tier.hot_blocks_per_request, tier.device_watermark) == (16, 16, 32, 2, 3)
+
+
+def test_bad_hisparse_configs_are_refused() -> None:
+    source = FullAttentionSpec(16, 1, 1, "float32")
+    hot = KVCacheGroupSpec(("hot",), HiSparseHotSpec(16, page_size=64, blocks_per_request=2))
+    with pytest.raises(InvalidConfigError, match="role"):
+        KVCacheGroupSpec(("x",), source, role="leader")
+    with pytest.raises(InvalidConfigError, match="blocks_per_request"):
+        HiSparseHotSpec(16, page_size=64, blocks_per_request=0)
+    with pytest.raises(InvalidConfigError, match="exactly one"):
+        host_tier_config(KVCacheConfig(8, (), (hot,)), 8, 64)
+    not_source = KVCacheGroupSpec(("s",), source, host_resident=True)
+    with pytest.raises(InvalidConfigError, match="hisparse_source"):
+        host_tier_config(KVCacheConfig(8, (), (not_source, hot)), 8, 64)
