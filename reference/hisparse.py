@@ -302,7 +302,9 @@ class HostTierManager:
         req = self._get(request_id)
         if len(req.hot) == self.config.hot_blocks_per_request:
             self._unpin_clean(request_id, req)
-        elif len(self.device.free) < self.config.device_watermark:
+        elif len(self.device.free) < self.config.device_watermark or (
+                self.config.admission_window is not None
+                and len(req.resident_row) >= self.config.admission_window):
             req.hot_required = True
 
     # -- release -------------------------------------------------------------

@@ -123,6 +123,9 @@ class HostTierConfig:
     ``watermark``: below this many free device blocks a request without a hot
     region asks for one (``update_residency``); ``None`` is vLLM 0.33's
     ``max(hot_blocks_per_request, device_num_blocks // 10)``.
+    ``admission_window``: resident pages a request may keep pinned before it
+    must read from host (``HiSparseResidentSpec.max_admission_blocks_per_request``);
+    ``None``: no such limit.
     """
 
     block_size: int
@@ -132,8 +135,11 @@ class HostTierConfig:
     max_model_len: int
     enable_caching: bool = True
     watermark: int | None = None
+    admission_window: int | None = None
 
     def __post_init__(self) -> None:
+        if self.admission_window is not None:
+            _positive(self, "admission_window", self.admission_window)
         for name in ("block_size", "host_num_blocks", "device_num_blocks",
                      "hot_blocks_per_request", "max_model_len"):
             _positive(self, name, getattr(self, name))
@@ -165,14 +171,16 @@ def device_groups(groups: Sequence[KVCacheGroupSpec]) -> tuple[KVCacheGroupSpec,
 
 
 def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len: int,
-                     enable_caching: bool = True) -> HostTierConfig:
+                     enable_caching: bool = True,
+                     max_num_batched_tokens: int | None = None) -> HostTierConfig:
     """The host tier a HiSparse ``KVCacheConfig`` describes.
 
     Exactly one group must be host-resident with role ``hisparse_source``;
     resident and hot groups must share its block size (vLLM 0.33 refuses the
     same configurations). The hot region is the sum over hot groups of
     ``blocks_per_request`` (D-HOST-2: one resident and one hot group are
-    modelled; several are folded into one).
+    modelled; several are folded into one). With ``max_num_batched_tokens``
+    the admission window is the resident spec's in-flight bound.
 
     Raises:
         InvalidConfigError: no or several host groups, a host group that is
@@ -200,7 +208,13 @@ def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len:
             raise InvalidConfigError(
                 f"resident group {i} has block_size {groups[i].kv_cache_spec.block_size}, "
                 f"the source group {block_size}")
+    window: int | None = None
+    if residents and max_num_batched_tokens is not None:
+        resident = groups[residents[0]].kv_cache_spec
+        assert isinstance(resident, HiSparseResidentSpec)
+        window = resident.max_admission_blocks_per_request(max_num_batched_tokens, max_model_len)
     return HostTierConfig(
+        admission_window=window,
         block_size=block_size, host_num_blocks=host_num_blocks,
         device_num_blocks=config.num_blocks,
         hot_blocks_per_request=sum(spec.blocks_per_request for spec in hots

@@ -144,6 +144,16 @@ def test_low_device_pool_asks_for_a_hot_region(make: Callable[..., Tier]) -> Non
     assert tier.can_read_from_host("a")
 
 
+def test_filling_the_admission_window_asks_for_a_hot_region(make: Callable[..., Tier]) -> None:
+    tier = make(device=32, hot=1, watermark=0, admission_window=3)
+    tier.allocate("a", 8)
+    tier.update_residency("a")
+    assert not tier.residency("a").hot_required  # 2 pages: inside the window, plenty free
+    tier.allocate("a", 12)
+    tier.update_residency("a")
+    assert tier.residency("a").hot_required  # 3 pages fill the window
+
+
 def test_restore_brings_a_host_page_back(make: Callable[..., Tier]) -> None:
     tier = make()
     hashes = _hashes(2)
@@ -211,6 +221,9 @@ def test_derived_specs_sizes_and_planning_excludes_host_groups() -> None:
     tier = host_tier_config(config, host_num_blocks=16, max_model_len=128)
     assert (tier.block_size, tier.host_num_blocks, tier.device_num_blocks,
             tier.hot_blocks_per_request, tier.device_watermark) == (16, 16, 32, 2, 3)
+    assert tier.admission_window is None
+    windowed = host_tier_config(config, 16, max_model_len=128, max_num_batched_tokens=40)
+    assert windowed.admission_window == 3  # cdiv(min(40, 128), 16)
 
 
 def test_bad_hisparse_configs_are_refused() -> None:

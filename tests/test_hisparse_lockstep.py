@@ -48,11 +48,12 @@ class HostTierMachine(RuleBasedStateMachine):
     opt: OptimizedTier
 
     @initialize(host=st.integers(3, 14), device=st.integers(3, 14), hot=st.integers(1, 3),
-                caching=st.booleans())
-    def setup(self, host: int, device: int, hot: int, caching: bool) -> None:
+                caching=st.booleans(), window=st.one_of(st.none(), st.integers(1, 6)))
+    def setup(self, host: int, device: int, hot: int, caching: bool, window: int | None) -> None:
         config = HostTierConfig(block_size=BLOCK_SIZE, host_num_blocks=host,
                                 device_num_blocks=device, hot_blocks_per_request=hot,
-                                max_model_len=32, enable_caching=caching)
+                                max_model_len=32, enable_caching=caching,
+                                admission_window=window)
         self.ref = ReferenceTier(config)
         self.opt = OptimizedTier(config)
         self.prompt: dict[str, int] = {}
