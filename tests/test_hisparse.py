@@ -238,3 +238,61 @@ def test_bad_hisparse_configs_are_refused() -> None:
     not_source = KVCacheGroupSpec(("s",), source, host_resident=True)
     with pytest.raises(InvalidConfigError, match="hisparse_source"):
         host_tier_config(KVCacheConfig(8, (), (not_source, hot)), 8, 64)
+
+
+# -- vLLM's HiSparse configuration, read without vLLM (class names as vLLM's) --
+
+class FullAttentionSpec_:  # noqa: N801 - renamed below to vLLM's class name
+    def __init__(self) -> None:
+        self.block_size, self.num_kv_heads, self.head_size, self.dtype = 16, 1, 1, "torch.float32"
+
+
+class HiSparseResidentSpec_:  # noqa: N801
+    block_size, page_size = 16, 64
+
+
+class HiSparseHotSpec_:  # noqa: N801
+    block_size, page_size, blocks_per_request = 16, 64, 2
+
+
+for _fake in (FullAttentionSpec_, HiSparseResidentSpec_, HiSparseHotSpec_):
+    _fake.__name__ = _fake.__name__.rstrip("_")
+
+
+class _Role:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+class _Group:
+    def __init__(self, name: str, spec: object, host_resident: bool = False,
+                 role: str = "default") -> None:
+        self.layer_names, self.kv_cache_spec = [name], spec
+        self.host_resident, self.role = host_resident, _Role(role)
+
+
+class _VllmConfig:
+    def __init__(self, host_num_blocks: int | None) -> None:
+        self.num_blocks, self.hisparse_host_num_blocks = 32, host_num_blocks
+        self.kv_cache_groups = [
+            _Group("source", FullAttentionSpec_(), True, "hisparse_source"),
+            _Group("indexer", FullAttentionSpec_(), role="hisparse_indexer"),
+            _Group("resident", HiSparseResidentSpec_()),
+            _Group("hot", HiSparseHotSpec_()),
+        ]
+
+
+def test_vllm_hisparse_config_translates_to_a_host_tier() -> None:
+    from pagedkv.vllm.hisparse import is_hisparse_config, translate_hisparse_config
+
+    assert not is_hisparse_config(_VllmConfig(None))
+    config, tier = translate_hisparse_config(_VllmConfig(16), max_model_len=128,
+                                             max_num_batched_tokens=64)
+    assert [(g.host_resident, g.role) for g in config.kv_cache_groups] == [
+        (True, "hisparse_source"), (False, "hisparse_indexer"), (False, "default"),
+        (False, "default")]
+    assert isinstance(config.kv_cache_groups[3].kv_cache_spec, HiSparseHotSpec)
+    assert (tier.host_num_blocks, tier.device_num_blocks, tier.hot_blocks_per_request,
+            tier.admission_window) == (16, 32, 2, 4)
+    with pytest.raises(InvalidConfigError, match="hisparse_host_num_blocks"):
+        translate_hisparse_config(_VllmConfig(None), max_model_len=128)
