@@ -73,7 +73,7 @@ class _Pool:
 
 class _Request:
     __slots__ = ("host_row", "resident_row", "hot", "hot_required", "clean", "pending",
-                 "unpinned", "pinned_clean", "published", "block_hashes")
+                 "unpinned", "pinned_clean", "published", "block_hashes", "importing")
 
     def __init__(self) -> None:
         self.host_row: list[int] = []
@@ -86,6 +86,7 @@ class _Request:
         self.pinned_clean: set[int] = set()  # clean pages holding their device block
         self.published = 0
         self.block_hashes: list[BlockHash] = []
+        self.importing = 0  # tokens an external load is still writing into host pages
 
 
 class HostTierManager:
@@ -125,7 +126,8 @@ class HostTierManager:
         req = self._get(request_id)
         return RequestResidency(
             tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
-            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published)
+            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published,
+            req.importing)
 
     def can_read_from_host(self, request_id: str) -> bool:
         return len(self._get(request_id).hot) == self._hot_n
@@ -137,7 +139,8 @@ class HostTierManager:
         return req
 
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
-                 block_hashes: Sequence[BlockHash] | None = None) -> HostAllocation | None:
+                 block_hashes: Sequence[BlockHash] | None = None,
+                 num_external_tokens: int = 0) -> HostAllocation | None:
         """O(new blocks + hit). Validate, count, then commit (nothing changes on None)."""
         cfg = self.config
         if type(num_tokens) is not int or num_tokens < 0:
@@ -167,6 +170,17 @@ class HostTierManager:
                         f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
             if len(set(hit)) != len(hit):
                 raise InvalidArgumentError("hit repeats a block")
+        if type(num_external_tokens) is not int or num_external_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_external_tokens must be an int >= 0, got {num_external_tokens!r}")
+        block_size = self._block_size
+        imported = len(hit) * block_size + num_external_tokens if num_external_tokens else 0
+        if num_external_tokens and (
+                (req is not None and req.host_row) or imported > num_tokens):
+            raise InvalidArgumentError(
+                f"num_external_tokens {num_external_tokens}: an import needs a request holding "
+                f"nothing and hit + external tokens <= num_tokens {num_tokens}")
+        host_only = -(-imported // block_size) - 1 - len(hit) if imported else 0
         existing = len(req.host_row) if req is not None else 0
         host_new = pages - existing - len(hit)
         if host_new < 0:
@@ -174,9 +188,10 @@ class HostTierManager:
         free_hits = sum(1 for b in hit if host.ref[b] == 0)
         if host_new > len(host.free) - free_hits:
             return None  # host exhaustion defers the request
-        wants_hot = bool(hit) or (req is not None and req.hot_required)
+        wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
         hot_n = self._hot_n if wants_hot and not (req is not None and req.hot) else 0
-        if host_new + hot_n > len(self.device.free):
+        device_new = host_new - host_only
+        if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
             req = self.requests[request_id] = _Request()
@@ -189,19 +204,41 @@ class HostTierManager:
             req.resident_row.extend([0] * len(hit))
             req.clean.update(range(first, first + len(hit)))
             req.published = len(hit)
+        if hit or imported:
             req.hot_required = True
+            req.importing = imported
         new_host = host.take(host_new)
         req.host_row.extend(new_host)
-        taken = self.device.take(host_new + hot_n)
+        taken = self.device.take(device_new + hot_n)
         if self.reader:
             for b in taken:
                 self._lose_reader(b)
-        resident = taken[:host_new]
+        resident = taken[:device_new]
+        if host_only:
+            req.resident_row.extend([0] * host_only)
         req.resident_row.extend(resident)
         if hot_n:
-            req.hot = taken[host_new:]
+            req.hot = taken[device_new:]
         return HostAllocation(tuple(hit) + tuple(new_host), tuple(resident),
-                              tuple(taken[host_new:]))
+                              tuple(taken[device_new:]))
+
+    def finish_import(self, request_id: str, failed: bool = False) -> PageTransfer | None:
+        """O(imported pages). Success: sealed imported pages clean, a restore
+        of the last imported page; failure: the request is freed (D-HOST-9)."""
+        req = self._get(request_id)
+        if not req.importing:
+            raise InvalidArgumentError(f"request {request_id!r} has no import in flight")
+        if failed:
+            self.free(request_id)
+            return None
+        imported, req.importing = req.importing, 0
+        req.clean.update(range(imported // self._block_size))
+        tail = (imported - 1) // self._block_size
+        block = req.resident_row[tail]
+        self.device.hold(block)
+        transfer = self._new_transfer(request_id, req, tail, block, "restore")
+        self._publish(req)
+        return transfer
 
     def _lose_reader(self, b: int) -> None:
         owner = self.reader.pop(b, None)
@@ -233,9 +270,10 @@ class HostTierManager:
             raise InvalidTokenCountError(
                 f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
         sealed = min(num_computed_tokens // self._block_size, len(req.resident_row))
+        first = -(-req.importing // self._block_size)  # an import is writing those
         planned: list[PageTransfer] = []
         row, clean, pending = req.resident_row, req.clean, req.pending
-        for page in range(sealed):
+        for page in range(first, sealed):
             if budget is not None and len(planned) >= budget:
                 break
             b = row[page]
@@ -278,8 +316,12 @@ class HostTierManager:
                     req.clean.add(page)
                     req.pinned_clean.add(page)
             elif live:
-                req.resident_row[page] = transfer.device_block
-                req.pinned_clean.add(page)
+                if req.resident_row[page] == transfer.device_block:
+                    self.device.release(transfer.device_block)  # an import's tail: row holds it
+                else:
+                    req.resident_row[page] = transfer.device_block
+                if page in req.clean:
+                    req.pinned_clean.add(page)
             else:
                 self.device.release(transfer.device_block)
         for request_id, req in touched.items():

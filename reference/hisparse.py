@@ -83,6 +83,7 @@ class _Request:
     unpinned: set[int] = field(default_factory=set)
     published: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
+    importing: int = 0  # tokens an external load is still writing into host pages
 
 
 class HostTierManager:
@@ -119,7 +120,8 @@ class HostTierManager:
         req = self._get(request_id)
         return RequestResidency(
             tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
-            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published)
+            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published,
+            req.importing)
 
     def can_read_from_host(self, request_id: str) -> bool:
         """Whether the request holds its hot region."""
@@ -133,7 +135,8 @@ class HostTierManager:
     # -- allocation ----------------------------------------------------------
 
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
-                 block_hashes: Sequence[BlockHash] | None = None) -> HostAllocation | None:
+                 block_hashes: Sequence[BlockHash] | None = None,
+                 num_external_tokens: int = 0) -> HostAllocation | None:
         """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
         cfg = self.config
         if type(num_tokens) is not int or num_tokens < 0:
@@ -159,15 +162,28 @@ class HostTierManager:
                         f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
         if len(set(hit)) != len(hit):
             raise InvalidArgumentError("hit repeats a block")
+        if type(num_external_tokens) is not int or num_external_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_external_tokens must be an int >= 0, got {num_external_tokens!r}")
+        imported = len(hit) * cfg.block_size + num_external_tokens if num_external_tokens else 0
+        if num_external_tokens and (
+                (req is not None and req.host_row) or imported > num_tokens):
+            raise InvalidArgumentError(
+                f"num_external_tokens {num_external_tokens}: an import needs a request holding "
+                f"nothing and hit + external tokens <= num_tokens {num_tokens}")
+        # An import leaves its pages host-only except the last (the engine
+        # replays into it); later pages are resident as usual.
+        import_pages = -(-imported // cfg.block_size)
+        host_only = max(import_pages - 1 - len(hit), 0)
         existing = len(req.host_row) if req is not None else 0
         host_new = max(pages - existing - len(hit), 0)
         free_hits = sum(1 for b in hit if self.host.ref[b] == 0)
         if host_new > len(self.host.free) - free_hits:
             return None  # host exhaustion defers the request (nothing changed)
         has_hot = req is not None and bool(req.hot)
-        wants_hot = bool(hit) or (req is not None and req.hot_required)
+        wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
         hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
-        device_new = host_new
+        device_new = host_new - host_only
         if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
@@ -180,17 +196,41 @@ class HostTierManager:
             req.resident_row.append(0)
         if hit:
             req.published = len(hit)
+        if hit or imported:
             req.hot_required = True
+            req.importing = imported
         new_host = self.host.take(host_new)
         req.host_row.extend(new_host)
         taken = self.device.take(device_new + hot_n)
         for b in taken:
             self._lose_reader(b)
-        req.resident_row.extend(taken[:device_new])
+        req.resident_row.extend([0] * host_only + taken[:device_new])
         if hot_n:
             req.hot = taken[device_new:]
         return HostAllocation(tuple(hit) + tuple(new_host), tuple(taken[:device_new]),
                               tuple(taken[device_new:]))
+
+    def finish_import(self, request_id: str, failed: bool = False) -> PageTransfer | None:
+        """The external load into the request's host pages ended.
+
+        Success: its sealed pages become clean (and are published), and the
+        last imported page, which the engine replays into, gets a restore
+        from host into its device block (returned). Failure: the request is
+        freed; the engine admits it again and recomputes (D-HOST-9).
+        """
+        req = self._get(request_id)
+        if not req.importing:
+            raise InvalidArgumentError(f"request {request_id!r} has no import in flight")
+        if failed:
+            self.free(request_id)
+            return None
+        imported, req.importing = req.importing, 0
+        req.clean.update(range(imported // self.config.block_size))
+        tail = (imported - 1) // self.config.block_size
+        self.device.hold(req.resident_row[tail])
+        transfer = self._new_transfer(request_id, req, tail, req.resident_row[tail], "restore")
+        self._publish(req)
+        return transfer
 
     def _lose_reader(self, b: int) -> None:
         """Block ``b`` was handed out: the page still reading it becomes host-only."""
@@ -226,8 +266,9 @@ class HostTierManager:
             raise InvalidTokenCountError(
                 f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
         sealed = min(num_computed_tokens // self.config.block_size, len(req.resident_row))
+        first = -(-req.importing // self.config.block_size)  # an import is writing those
         planned: list[PageTransfer] = []
-        for page in range(sealed):
+        for page in range(first, sealed):
             if budget is not None and len(planned) >= budget:
                 break
             b = req.resident_row[page]
@@ -269,7 +310,7 @@ class HostTierManager:
                 self.device.release([transfer.device_block])
                 if live:
                     req.clean.add(transfer.page)
-            elif live:
+            elif live and req.resident_row[transfer.page] != transfer.device_block:
                 req.resident_row[transfer.page] = transfer.device_block  # the ref moves to the row
             else:
                 self.device.release([transfer.device_block])
@@ -291,7 +332,8 @@ class HostTierManager:
         tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
         for page in reversed(range(tail)):
             b = req.resident_row[page]
-            if b != 0 and page in req.clean and page not in req.unpinned:
+            if b != 0 and page in req.clean and page not in req.unpinned and (
+                    page not in req.pending):
                 self.device.release([b])
                 self.reader[b] = (request_id, page)
                 req.unpinned.add(page)

@@ -52,10 +52,13 @@ def check_host_tier(tier: HostTierManager) -> None:
         for page, b in enumerate(req.resident_row):
             restoring = page in req.pending and tier.transfers[req.pending[page]][0].kind == "restore"
             # HOST-5: host-only pages are clean; pending pages have their state.
-            if b == 0 and page not in req.clean:
+            importing = page < -(-req.importing // tier.config.block_size)
+            if b == 0 and page not in req.clean and not importing:
                 raise tier._fail("HOST-5", f"{request_id}: host-only page {page} is not clean")
-            if page in req.pending and (b == 0) != restoring:
-                raise tier._fail("HOST-5", f"{request_id}: pending page {page} in the wrong tier")
+            if page in req.pending and not restoring and b == 0:
+                raise tier._fail("HOST-5", f"{request_id}: write-back page {page} is host-only")
+            if restoring and b not in (0, tier.transfers[req.pending[page]][0].device_block):
+                raise tier._fail("HOST-5", f"{request_id}: restore of page {page} to another block")
             if page in req.pending and not restoring and (page in req.clean or page in req.unpinned):
                 raise tier._fail("HOST-5", f"{request_id}: write-back page {page} is not dirty")
             if b == 0:

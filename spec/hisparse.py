@@ -244,6 +244,7 @@ class RequestResidency:
     pending: frozenset[int]
     unpinned: frozenset[int]
     published: int
+    importing: int
 
 
 @dataclass(frozen=True, slots=True)

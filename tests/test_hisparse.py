@@ -184,6 +184,42 @@ def test_free_keeps_in_flight_transfers_alive(make: Callable[..., Tier]) -> None
     _check(tier)
 
 
+@pytest.mark.parametrize("num_tokens", [1, 15, 16, 17, 31, 32, 33, 63])
+def test_an_import_keeps_only_its_last_page_resident(make: Callable[..., Tier],
+                                                     num_tokens: int) -> None:
+    tier = make(host=20, device=20)
+    hashes = _hashes(num_tokens // B)
+    allocation = tier.allocate("r", num_tokens, block_hashes=hashes,
+                               num_external_tokens=num_tokens)
+    assert allocation is not None and len(allocation.resident_blocks) == 1
+    row = tier.residency("r")
+    pages = -(-num_tokens // B)
+    assert len(row.host_row) == len(row.resident_row) == pages
+    assert row.resident_row[:-1] == (0,) * (pages - 1) and row.resident_row[-1] != 0
+    assert row.hot_required and len(allocation.hot_blocks) == 2
+    assert tier.plan_writebacks("r", num_tokens) == []  # the import is writing those pages
+    _check(tier)
+    restore = tier.finish_import("r")
+    assert restore is not None and restore.kind == "restore"
+    assert (restore.host_block, restore.device_block) == (row.host_row[-1], row.resident_row[-1])
+    assert tier.residency("r").clean == frozenset(range(num_tokens // B))
+    assert tier.lookup(hashes) == row.host_row[: num_tokens // B]  # sealed pages published
+    _check(tier)
+    tier.complete([restore.transfer_id])
+    assert tier.residency("r").resident_row[-1] == row.resident_row[-1]
+    _check(tier)
+
+
+def test_a_failed_import_frees_the_request(make: Callable[..., Tier]) -> None:
+    tier = make()
+    before = tier.snapshot()
+    tier.allocate("r", 20, num_external_tokens=20)
+    assert tier.finish_import("r", failed=True) is None
+    assert tier.snapshot().requests == before.requests == ()
+    with pytest.raises(InvalidArgumentError, match="num_external_tokens"):
+        tier.allocate("r", 4, num_external_tokens=5)
+
+
 def test_refusals_are_typed_and_change_nothing(make: Callable[..., Tier]) -> None:
     tier = make()
     tier.allocate("a", 8, block_hashes=_hashes(2))

@@ -77,6 +77,30 @@ class HostTierMachine(RuleBasedStateMachine):
             self.prompt[request_id] = prompt
             self.tokens[request_id] = num_tokens
 
+    @rule(request_id=st.sampled_from(REQUEST_IDS), prompt=st.integers(0, 3),
+          num_tokens=st.integers(1, 32), external=st.integers(1, 32), use_hit=st.booleans())
+    def admit_import(self, request_id: str, prompt: int, num_tokens: int, external: int,
+                     use_hit: bool) -> None:
+        if request_id in self.ref.requests:
+            return
+        hashes = _hashes(prompt, num_tokens // BLOCK_SIZE)
+        hit = self.ref.lookup(hashes)[: num_tokens // BLOCK_SIZE] if use_hit else ()
+        external = min(external, num_tokens - len(hit) * BLOCK_SIZE) or 1
+        result = self._both("allocate (import)", "allocate", request_id, num_tokens, hit,
+                            hashes, external)
+        if result[0] == "ok" and result[1] is not None:
+            self.prompt[request_id] = prompt
+            self.tokens[request_id] = num_tokens
+
+    @precondition(lambda self: any(r.importing for r in self.ref.requests.values()))
+    @rule(data=st.data(), failed=st.booleans())
+    def finish_import(self, data: st.DataObject, failed: bool) -> None:
+        request_id = data.draw(st.sampled_from(
+            sorted(r for r, req in self.ref.requests.items() if req.importing)))
+        self._both("finish_import", "finish_import", request_id, failed)
+        if failed:
+            self.tokens.pop(request_id, None)
+
     @precondition(lambda self: bool(self.tokens))
     @rule(data=st.data(), grow=st.integers(1, 12))
     def grow(self, data: st.DataObject, grow: int) -> None:
