@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
-from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.errors import InsufficientMemoryError, InvalidConfigError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.setting import ModelSetting
 
@@ -31,6 +31,8 @@ __all__ = [
     "PageTransfer",
     "device_groups",
     "host_groups",
+    "host_pool_num_blocks",
+    "steady_state_concurrency",
     "host_tier_config",
 ]
 
@@ -257,3 +259,55 @@ class HostTierSnapshot:
     device_free: tuple[int, ...]
     requests: tuple[tuple[str, RequestResidency], ...]
     in_flight: tuple[PageTransfer, ...]
+
+
+def host_pool_num_blocks(host_budget_bytes: int, host_block_bytes: int, block_size: int,
+                         max_model_len: int) -> int:
+    """Blocks of a host pool of ``host_budget_bytes`` whose blocks take
+    ``host_block_bytes`` (the source group's pages of every layer).
+
+    Every computed page needs a host block, so one request of
+    ``max_model_len`` tokens must fit beside the null block and one spare
+    (a copy-on-write tail): at least ``cdiv(max_model_len, block_size) + 2``.
+
+    Raises:
+        InvalidConfigError: a size below 1.
+        InsufficientMemoryError: the budget holds fewer blocks than that.
+    """
+    for name, value in (("host_budget_bytes", host_budget_bytes),
+                        ("host_block_bytes", host_block_bytes), ("block_size", block_size),
+                        ("max_model_len", max_model_len)):
+        if type(value) is not int or value < 1:
+            raise InvalidConfigError(f"{name} must be an int >= 1, got {value!r}")
+    num_blocks = host_budget_bytes // host_block_bytes
+    needed = _cdiv(max_model_len, block_size) + 2
+    if num_blocks < needed:
+        raise InsufficientMemoryError(
+            f"the host pool holds {num_blocks} blocks of {host_block_bytes} bytes; "
+            f"max_model_len {max_model_len} needs {needed}: raise host_budget_bytes")
+    return num_blocks
+
+
+def steady_state_concurrency(config: KVCacheConfig, host_num_blocks: int,
+                             setting: ModelSetting) -> float:
+    """Requests of ``max_model_len`` tokens a HiSparse configuration serves
+    at once once they read from host: each pins only its active tail of
+    resident pages, but one being admitted takes its whole window; the host
+    pool bounds it too (every page has a host block)."""
+    admission = steady = host = 0
+    for group in config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        required = _cdiv(spec.max_memory_usage_bytes(setting), spec.page_size_bytes)
+        if group.host_resident:
+            host += required
+            continue
+        admission += required
+        steady += min(required, ACTIVE_TAIL_PAGES) if isinstance(
+            spec, HiSparseResidentSpec) else required
+    if host == 0 or steady == 0:
+        raise InvalidConfigError("a HiSparse configuration needs host and device groups")
+    if config.num_blocks < admission:
+        device = config.num_blocks / admission
+    else:
+        device = 1 + (config.num_blocks - admission) / steady
+    return min(device, host_num_blocks / host)

@@ -262,6 +262,27 @@ def test_derived_specs_sizes_and_planning_excludes_host_groups() -> None:
     assert windowed.admission_window == 3  # cdiv(min(40, 128), 16)
 
 
+def test_host_pool_sizing_and_steady_state_concurrency() -> None:
+    from pagedkv.spec.errors import InsufficientMemoryError
+    from pagedkv.spec.hisparse import host_pool_num_blocks, steady_state_concurrency
+
+    assert host_pool_num_blocks(64 * 100 + 63, 64, 16, 128) == 100
+    with pytest.raises(InsufficientMemoryError, match="needs 10"):
+        host_pool_num_blocks(64 * 9, 64, 16, 128)  # cdiv(128, 16) + 2 = 10
+    source = FullAttentionSpec(16, 1, 1, "float32")  # 128-byte pages
+    groups = (
+        KVCacheGroupSpec(("source",), source, host_resident=True, role="hisparse_source"),
+        KVCacheGroupSpec(("indexer",), source, role="hisparse_indexer"),
+        KVCacheGroupSpec(("resident",), HiSparseResidentSpec(16, page_size=128)),
+        KVCacheGroupSpec(("hot",), HiSparseHotSpec(16, page_size=128, blocks_per_request=2)),
+    )
+    setting = ModelSetting(max_model_len=256, max_num_batched_tokens=64)
+    # Per request: 16 indexer + 4 resident (window) + 2 hot to admit; 16 + 2 + 2 steady.
+    config = KVCacheConfig(22 + 20 * 3, (), groups)
+    assert steady_state_concurrency(config, host_num_blocks=1000, setting=setting) == 4.0
+    assert steady_state_concurrency(config, host_num_blocks=32, setting=setting) == 2.0
+
+
 def test_bad_hisparse_configs_are_refused() -> None:
     source = FullAttentionSpec(16, 1, 1, "float32")
     hot = KVCacheGroupSpec(("hot",), HiSparseHotSpec(16, page_size=64, blocks_per_request=2))
