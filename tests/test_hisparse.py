@@ -353,3 +353,80 @@ def test_vllm_hisparse_config_translates_to_a_host_tier() -> None:
             tier.admission_window) == (16, 32, 2, 4)
     with pytest.raises(InvalidConfigError, match="hisparse_host_num_blocks"):
         translate_hisparse_config(_VllmConfig(None), max_model_len=128)
+
+
+# -- planted corruptions: the reference's checker names each broken HOST-* ID --
+
+def _busy_reference() -> ReferenceTier:
+    tier = ReferenceTier(HostTierConfig(block_size=B, host_num_blocks=16, device_num_blocks=16,
+                                        hot_blocks_per_request=1, max_model_len=64))
+    tier.allocate("a", 20, block_hashes=_hashes(5))
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("a", 20)])
+    tier.require_hot("a")
+    tier.allocate("a", 20)
+    tier.update_residency("a")  # pages 0..2 unpinned, 3..4 pinned tail
+    tier.allocate("b", 8)
+    tier.plan_writebacks("b", 8)  # two write-backs in flight
+    tier.check_invariants()
+    return tier
+
+
+def _corrupt_free_null(t: ReferenceTier) -> None:
+    t.host.free.append(0)
+
+
+def _corrupt_host_ref(t: ReferenceTier) -> None:
+    t.host.ref[t.requests["a"].host_row[0]] += 1
+
+
+def _corrupt_device_ref(t: ReferenceTier) -> None:
+    t.device.ref[t.requests["a"].resident_row[4]] += 1
+
+
+def _corrupt_host_row(t: ReferenceTier) -> None:
+    t.requests["a"].host_row.pop()
+
+
+def _corrupt_dirty_host_only(t: ReferenceTier) -> None:
+    t.requests["b"].resident_row[0] = 0
+
+
+def _corrupt_unpinned_dirty(t: ReferenceTier) -> None:
+    t.requests["a"].clean.discard(1)
+
+
+def _corrupt_hot(t: ReferenceTier) -> None:
+    t.requests["a"].hot.append(t.requests["a"].hot[0])
+
+
+def _corrupt_no_hot(t: ReferenceTier) -> None:
+    t.device.release(t.requests["a"].hot)
+    t.requests["a"].hot = []
+
+
+def _corrupt_published(t: ReferenceTier) -> None:
+    t.requests["b"].published = 1
+
+
+def _corrupt_tail(t: ReferenceTier) -> None:
+    req = t.requests["a"]
+    t.device.release([req.resident_row[4]])
+    t.reader[req.resident_row[4]] = ("a", 4)
+    req.unpinned.add(4)
+
+
+@pytest.mark.parametrize(("invariant", "corrupt"), [
+    ("HOST-1", _corrupt_free_null), ("HOST-2", _corrupt_host_ref),
+    ("HOST-3", _corrupt_device_ref), ("HOST-4", _corrupt_host_row),
+    ("HOST-5", _corrupt_dirty_host_only), ("HOST-6", _corrupt_unpinned_dirty),
+    ("HOST-7", _corrupt_hot), ("HOST-8", _corrupt_no_hot), ("HOST-9", _corrupt_published),
+    ("HOST-10", _corrupt_tail),
+])
+def test_the_checker_names_each_broken_invariant(
+        invariant: str, corrupt: Callable[[ReferenceTier], None]) -> None:
+    from pagedkv.spec.errors import InvariantViolation
+
+    tier = _busy_reference()
+    corrupt(tier)
+    with pytest.raises(InvariantViolation, match=f"^{invariant}: "):
+        tier.check_invariants()
