@@ -28,6 +28,7 @@ from pagedkv.spec.hisparse import (
     HostTierSnapshot,
     PageTransfer,
     RequestResidency,
+    ResidencyUpdate,
 )
 from pagedkv.spec.types import BlockHash
 
@@ -73,7 +74,8 @@ class _Pool:
 
 class _Request:
     __slots__ = ("host_row", "resident_row", "hot", "hot_required", "clean", "pending",
-                 "unpinned", "pinned_clean", "published", "block_hashes", "importing")
+                 "unpinned", "pinned_clean", "published", "block_hashes", "importing",
+                 "synced", "stale")
 
     def __init__(self) -> None:
         self.host_row: list[int] = []
@@ -87,6 +89,8 @@ class _Request:
         self.published = 0
         self.block_hashes: list[BlockHash] = []
         self.importing = 0  # tokens an external load is still writing into host pages
+        self.synced = 0  # the worker knows the residency of pages below this...
+        self.stale: set[int] = set()  # ...except these, changed since
 
 
 class HostTierManager:
@@ -127,7 +131,7 @@ class HostTierManager:
         return RequestResidency(
             tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
             frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published,
-            req.importing)
+            req.importing, req.synced, frozenset(req.stale))
 
     def can_read_from_host(self, request_id: str) -> bool:
         return len(self._get(request_id).hot) == self._hot_n
@@ -247,6 +251,8 @@ class HostTierManager:
         req = self.requests[owner[0]]
         req.resident_row[owner[1]] = 0
         req.unpinned.discard(owner[1])
+        if owner[1] < req.synced:
+            req.stale.add(owner[1])
         req.hot_required = True
 
     def require_hot(self, request_id: str) -> None:
@@ -320,6 +326,8 @@ class HostTierManager:
                     self.device.release(transfer.device_block)  # an import's tail: row holds it
                 else:
                     req.resident_row[page] = transfer.device_block
+                    if page < req.synced:
+                        req.stale.add(page)
                 if page in req.clean:
                     req.pinned_clean.add(page)
             else:
@@ -363,6 +371,26 @@ class HostTierManager:
                 self.config.admission_window is not None
                 and len(req.resident_row) >= self.config.admission_window):
             req.hot_required = True
+
+    def take_residency_updates(self, request_ids: Sequence[str]) -> dict[str, ResidencyUpdate]:
+        """O(pages sent). What the worker lacks for each request: its stale
+        pages, then the pages appended since the last update."""
+        requests = [(request_id, self._get(request_id)) for request_id in request_ids]
+        updates: dict[str, ResidencyUpdate] = {}
+        for request_id, req in requests:
+            row = req.resident_row
+            if not req.stale and req.synced >= len(row):
+                continue
+            pages = sorted(req.stale)
+            pages.extend(range(req.synced, len(row)))
+            updates[request_id] = ResidencyUpdate(tuple(pages), tuple(row[p] for p in pages))
+            req.stale.clear()
+            req.synced = len(row)
+        return updates
+
+    def fully_resident(self, request_id: str) -> bool:
+        """Whether every page of the request can be read from the device."""
+        return 0 not in self._get(request_id).resident_row
 
     def free(self, request_id: str) -> None:
         """O(pages + hot)."""

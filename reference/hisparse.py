@@ -28,6 +28,7 @@ from pagedkv.spec.hisparse import (
     HostTierSnapshot,
     PageTransfer,
     RequestResidency,
+    ResidencyUpdate,
 )
 from pagedkv.spec.types import BlockHash
 
@@ -84,6 +85,8 @@ class _Request:
     published: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     importing: int = 0  # tokens an external load is still writing into host pages
+    synced: int = 0  # the worker knows the residency of pages below this...
+    stale: set[int] = field(default_factory=set)  # ...except these, changed since
 
 
 class HostTierManager:
@@ -121,7 +124,7 @@ class HostTierManager:
         return RequestResidency(
             tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
             frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published,
-            req.importing)
+            req.importing, req.synced, frozenset(req.stale))
 
     def can_read_from_host(self, request_id: str) -> bool:
         """Whether the request holds its hot region."""
@@ -240,6 +243,8 @@ class HostTierManager:
         req = self.requests[owner[0]]
         req.resident_row[owner[1]] = 0
         req.unpinned.discard(owner[1])
+        if owner[1] < req.synced:
+            req.stale.add(owner[1])
         req.hot_required = True
 
     def require_hot(self, request_id: str) -> None:
@@ -312,6 +317,8 @@ class HostTierManager:
                     req.clean.add(transfer.page)
             elif live and req.resident_row[transfer.page] != transfer.device_block:
                 req.resident_row[transfer.page] = transfer.device_block  # the ref moves to the row
+                if transfer.page < req.synced:
+                    req.stale.add(transfer.page)
             else:
                 self.device.release([transfer.device_block])
         for request_id in touched:
@@ -350,6 +357,26 @@ class HostTierManager:
             req.hot_required = True
 
     # -- release -------------------------------------------------------------
+
+    def take_residency_updates(self, request_ids: Sequence[str]) -> dict[str, ResidencyUpdate]:
+        """For each request with news, its stale pages then its pages the
+        worker has never seen, with their device blocks (0: host-only)."""
+        for request_id in request_ids:
+            self._get(request_id)
+        updates: dict[str, ResidencyUpdate] = {}
+        for request_id in request_ids:
+            req = self.requests[request_id]
+            pages = sorted(req.stale) + list(range(req.synced, len(req.resident_row)))
+            if pages:
+                updates[request_id] = ResidencyUpdate(
+                    tuple(pages), tuple(req.resident_row[p] for p in pages))
+            req.stale = set()
+            req.synced = len(req.resident_row)
+        return updates
+
+    def fully_resident(self, request_id: str) -> bool:
+        """Whether every page of the request can be read from the device."""
+        return all(b != 0 for b in self._get(request_id).resident_row)
 
     def free(self, request_id: str) -> None:
         """Release every block the request holds, each list tail first."""

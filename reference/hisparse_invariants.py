@@ -77,6 +77,9 @@ def check_host_tier(tier: HostTierManager) -> None:
             raise tier._fail("HOST-8", f"{request_id}: unpinned pages without a hot region")
         if 0 in req.resident_row and not (req.hot or req.hot_required):
             raise tier._fail("HOST-8", f"{request_id}: host-only pages, no hot region asked for")
+        # HOST-11: the worker's view covers pages that exist.
+        if req.synced > len(req.resident_row) or any(p >= req.synced for p in req.stale):
+            raise tier._fail("HOST-11", f"{request_id}: synced {req.synced}, stale {req.stale}")
         # HOST-9: only a clean prefix is published.
         if any(page not in req.clean for page in range(req.published)):
             raise tier._fail("HOST-9", f"{request_id}: published {req.published} pages, not all clean")

@@ -27,6 +27,7 @@ __all__ = [
     "HostAllocation",
     "HostTierSnapshot",
     "RequestResidency",
+    "ResidencyUpdate",
     "HostTierConfig",
     "PageTransfer",
     "device_groups",
@@ -247,6 +248,18 @@ class RequestResidency:
     unpinned: frozenset[int]
     published: int
     importing: int
+    synced: int
+    stale: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyUpdate:
+    """What the worker must learn about one request's residency: for each
+    page in ``pages`` (stale pages first, then pages it has never seen), the
+    device block to read it from, 0 where the page is host-only."""
+
+    pages: tuple[int, ...]
+    block_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,6 +135,28 @@ def test_a_reused_unpinned_block_loses_its_page(make: Callable[..., Tier]) -> No
     _check(tier)
 
 
+def test_residency_updates_send_only_what_changed(make: Callable[..., Tier]) -> None:
+    tier = make(device=10, hot=1)
+    tier.allocate("a", 20)
+    first = tier.take_residency_updates(["a"])["a"]
+    assert first.pages == (0, 1, 2, 3, 4) and 0 not in first.block_ids
+    assert tier.take_residency_updates(["a"]) == {}  # nothing new
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("a", 20)])
+    tier.require_hot("a")
+    tier.allocate("a", 24)  # hot region and a sixth page
+    tier.update_residency("a")  # pages 0..3 released, page 3 first
+    assert tier.fully_resident("a")
+    tier.allocate("b", 4 * (tier.num_free_device_blocks() - 4 + 1))  # reuses page 3's block
+    assert not tier.fully_resident("a")
+    update = tier.take_residency_updates(["a", "b"])
+    assert update["a"].pages == (3, 5) and update["a"].block_ids[0] == 0  # stale page, new page
+    tier.free("a")
+    tier.allocate("a", 8)
+    assert tier.take_residency_updates(["a"])["a"].pages == (0, 1)  # readmitted: everything
+    with pytest.raises(UnknownRequestError):
+        tier.take_residency_updates(["a", "nobody"])
+
+
 def test_low_device_pool_asks_for_a_hot_region(make: Callable[..., Tier]) -> None:
     tier = make(device=8, hot=1, watermark=4)
     tier.allocate("a", 16)  # 4 of 7 free blocks used
@@ -415,7 +437,12 @@ def _corrupt_tail(t: ReferenceTier) -> None:
     req.unpinned.add(4)
 
 
+def _corrupt_synced(t: ReferenceTier) -> None:
+    t.requests["b"].stale.add(0)
+
+
 @pytest.mark.parametrize(("invariant", "corrupt"), [
+    ("HOST-11", _corrupt_synced),
     ("HOST-1", _corrupt_free_null), ("HOST-2", _corrupt_host_ref),
     ("HOST-3", _corrupt_device_ref), ("HOST-4", _corrupt_host_row),
     ("HOST-5", _corrupt_dirty_host_only), ("HOST-6", _corrupt_unpinned_dirty),

@@ -143,6 +143,12 @@ class HostTierMachine(RuleBasedStateMachine):
             self._both("require_hot", "require_hot", request_id)
         self._both("update_residency", "update_residency", request_id)
 
+    @rule(ids=st.lists(st.sampled_from(REQUEST_IDS), max_size=3))
+    def residency_updates(self, ids: list[str]) -> None:
+        self._both("take_residency_updates", "take_residency_updates", ids)
+        for request_id in ids:
+            self._both("fully_resident", "fully_resident", request_id)
+
     @rule(request_id=st.sampled_from(REQUEST_IDS))
     def free(self, request_id: str) -> None:
         self._both("free", "free", request_id)
