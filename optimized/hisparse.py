@@ -38,25 +38,29 @@ __all__ = ["HostTierManager"]
 class _Pool:
     """Ref counts and an ordered free queue (dict keys, front first)."""
 
-    __slots__ = ("ref", "free", "hash_of", "cached")
+    __slots__ = ("ref", "free", "hash_of", "cached", "evicted")
 
     def __init__(self, num_blocks: int) -> None:
         self.ref = [0] * num_blocks
         self.free: dict[int, None] = dict.fromkeys(range(1, num_blocks))
         self.hash_of: dict[int, BlockHash] = {}
         self.cached: dict[BlockHash, int] = {}
+        self.evicted: list[BlockHash] = []  # hashes the last ``take`` evicted
 
     def take(self, n: int) -> list[int]:
         """O(n): the first ``n`` free blocks, referenced, hashes evicted."""
         free, ref, hash_of = self.free, self.ref, self.hash_of  # hot path: locals
         blocks: list[int] = []
+        evicted: list[BlockHash] = []
         for _ in range(n):
             b = next(iter(free))
             del free[b]
             ref[b] = 1
             if b in hash_of:
-                del self.cached[hash_of.pop(b)]
+                evicted.append(hash_of.pop(b))
+                del self.cached[evicted[-1]]
             blocks.append(b)
+        self.evicted = evicted
         return blocks
 
     def hold(self, b: int) -> None:
@@ -103,7 +107,9 @@ class HostTierManager:
         self.host = _Pool(config.host_num_blocks)
         self.device = _Pool(config.device_num_blocks)
         self.requests: dict[str, _Request] = {}
-        self.reader: dict[int, tuple[str, int]] = {}
+        self.readers: dict[int, set[tuple[str, int]]] = {}
+        self.copies: dict[BlockHash, int] = {}
+        self._copy_of: dict[int, BlockHash] = {}  # the reverse of ``copies``
         self.transfers: dict[int, tuple[PageTransfer, _Request]] = {}
         self.next_transfer_id = 0
 
@@ -211,18 +217,23 @@ class HostTierManager:
         if hit or imported:
             req.hot_required = True
             req.importing = imported
-        new_host = host.take(host_new)
+        new_host = self._take_host(host_new)
         req.host_row.extend(new_host)
-        taken = self.device.take(device_new + hot_n)
-        if self.reader:
-            for b in taken:
-                self._lose_reader(b)
+        taken = self._take_device(device_new + hot_n)
         resident = taken[:device_new]
         if host_only:
             req.resident_row.extend([0] * host_only)
         req.resident_row.extend(resident)
         if hot_n:
             req.hot = taken[device_new:]
+        if hit and self.copies:
+            copies, hash_of, row = self.copies, host.hash_of, req.resident_row
+            for page, host_block in enumerate(hit):
+                copy = copies.get(hash_of[host_block])
+                if copy is not None:
+                    self.device.hold(copy)
+                    row[page] = copy
+                    req.pinned_clean.add(page)
         return HostAllocation(tuple(hit) + tuple(new_host), tuple(resident),
                               tuple(taken[device_new:]))
 
@@ -244,16 +255,48 @@ class HostTierManager:
         self._publish(req)
         return transfer
 
-    def _lose_reader(self, b: int) -> None:
-        owner = self.reader.pop(b, None)
-        if owner is None:
-            return
-        req = self.requests[owner[0]]
-        req.resident_row[owner[1]] = 0
-        req.unpinned.discard(owner[1])
-        if owner[1] < req.synced:
-            req.stale.add(owner[1])
-        req.hot_required = True
+    def _take_host(self, n: int) -> list[int]:
+        blocks = self.host.take(n)
+        for block_hash in self.host.evicted:
+            copy = self.copies.pop(block_hash, None)
+            if copy is not None:
+                del self._copy_of[copy]
+        return blocks
+
+    def _take_device(self, n: int) -> list[int]:
+        """O(n + pages lost): each taken block's copy and readers are lost."""
+        blocks = self.device.take(n)
+        if not (self._copy_of or self.readers):
+            return blocks
+        for b in blocks:
+            block_hash = self._copy_of.pop(b, None)
+            if block_hash is not None:
+                del self.copies[block_hash]
+            owners = self.readers.pop(b, None)
+            if owners is None:
+                continue
+            for request_id, page in owners:
+                req = self.requests[request_id]
+                req.resident_row[page] = 0
+                req.unpinned.discard(page)
+                if page < req.synced:
+                    req.stale.add(page)
+                req.hot_required = True
+        return blocks
+
+    def _record_copy(self, req: _Request, page: int) -> None:
+        b = req.resident_row[page]
+        block_hash = self.host.hash_of.get(req.host_row[page])
+        if b == 0 or block_hash is None or page in req.pending:
+            return  # no device page, unpublished, or a restore is still filling it
+        old = self.copies.get(block_hash)
+        if old is not None:
+            del self._copy_of[old]
+        old_hash = self._copy_of.get(b)
+        if old_hash is not None:
+            del self.copies[old_hash]
+        self.copies[block_hash] = b
+        self._copy_of[b] = block_hash
 
     def require_hot(self, request_id: str) -> None:
         self._get(request_id).hot_required = True
@@ -293,12 +336,12 @@ class HostTierManager:
         """O(1)."""
         req = self._get(request_id)
         if not (0 <= page < len(req.resident_row)) or req.resident_row[page] != 0 or (
-                page in req.pending):
-            raise InvalidArgumentError(f"page {page!r} of {request_id!r} is not a host-only page")
+                page in req.pending) or page not in req.clean:
+            raise InvalidArgumentError(
+                f"page {page!r} of {request_id!r} is not a clean host-only page")
         if not self.device.free:
             return None
-        (b,) = self.device.take(1)
-        self._lose_reader(b)
+        (b,) = self._take_device(1)
         return self._new_transfer(request_id, req, page, b, "restore")
 
     def complete(self, transfer_ids: Sequence[int]) -> None:
@@ -330,6 +373,7 @@ class HostTierManager:
                         req.stale.add(page)
                 if page in req.clean:
                     req.pinned_clean.add(page)
+                    self._record_copy(req, page)
             else:
                 self.device.release(transfer.device_block)
         for request_id, req in touched.items():
@@ -347,6 +391,7 @@ class HostTierManager:
             if block_hash not in cached and b not in hash_of:
                 cached[block_hash] = b
                 hash_of[b] = block_hash
+            self._record_copy(req, req.published)
             req.published += 1
 
     def _unpin_clean(self, request_id: str, req: _Request) -> None:
@@ -359,7 +404,7 @@ class HostTierManager:
         for page in movable:
             b = row[page]
             self.device.release(b)
-            self.reader[b] = (request_id, page)
+            self.readers.setdefault(b, set()).add((request_id, page))
             req.unpinned.add(page)
             req.pinned_clean.discard(page)
 
@@ -395,13 +440,16 @@ class HostTierManager:
     def free(self, request_id: str) -> None:
         """O(pages + hot)."""
         req = self._get(request_id)
-        row, unpinned, reader, device = req.resident_row, req.unpinned, self.reader, self.device
+        row, unpinned, readers, device = req.resident_row, req.unpinned, self.readers, self.device
         for page in range(len(row) - 1, -1, -1):
             b = row[page]
             if b == 0:
                 continue
             if page in unpinned:
-                del reader[b]
+                owners = readers[b]
+                owners.discard((request_id, page))
+                if not owners:
+                    del readers[b]
             else:
                 device.release(b)
         for b in reversed(req.hot):
@@ -415,6 +463,8 @@ class HostTierManager:
             return False
         self.host.cached.clear()
         self.host.hash_of.clear()
+        self.copies.clear()
+        self._copy_of.clear()
         return True
 
     def snapshot(self) -> HostTierSnapshot:
@@ -422,4 +472,5 @@ class HostTierManager:
             tuple(self.host.free), tuple(sorted((h, b) for h, b in self.host.cached.items())),
             tuple(self.device.free),
             tuple((r, self.residency(r)) for r in sorted(self.requests)),
-            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)))
+            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
+            tuple(sorted(self.copies.items())))

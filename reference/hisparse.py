@@ -44,15 +44,18 @@ class _Pool:
         self.free = list(range(1, num_blocks))
         self.hash_of: dict[int, BlockHash] = {}
         self.cached: dict[BlockHash, int] = {}
+        self.evicted: list[BlockHash] = []  # hashes the last ``take`` evicted
 
     def take(self, n: int) -> list[int]:
         """The first ``n`` free blocks, referenced; a hashed one is evicted."""
         blocks = self.free[:n]
         del self.free[:n]
+        self.evicted = []
         for b in blocks:
             self.ref[b] += 1
             if b in self.hash_of:
-                del self.cached[self.hash_of.pop(b)]
+                self.evicted.append(self.hash_of.pop(b))
+                del self.cached[self.evicted[-1]]
         return blocks
 
     def hold(self, b: int) -> None:
@@ -97,7 +100,11 @@ class HostTierManager:
         self.host = _Pool(config.host_num_blocks)
         self.device = _Pool(config.device_num_blocks)
         self.requests: dict[str, _Request] = {}
-        self.reader: dict[int, tuple[str, int]] = {}
+        # Released device block -> the (request, page) pairs still reading it.
+        self.readers: dict[int, set[tuple[str, int]]] = {}
+        # Published host hash -> a device block holding the same page, readable
+        # until the pool hands the block out (D-HOST-7).
+        self.copies: dict[BlockHash, int] = {}
         self.transfers: dict[int, tuple[PageTransfer, _Request]] = {}
         self.next_transfer_id = 0
 
@@ -202,14 +209,19 @@ class HostTierManager:
         if hit or imported:
             req.hot_required = True
             req.importing = imported
-        new_host = self.host.take(host_new)
+        new_host = self._take_host(host_new)
         req.host_row.extend(new_host)
-        taken = self.device.take(device_new + hot_n)
-        for b in taken:
-            self._lose_reader(b)
+        taken = self._take_device(device_new + hot_n)
         req.resident_row.extend([0] * host_only + taken[:device_new])
         if hot_n:
             req.hot = taken[device_new:]
+        # Hit pages adopt surviving device copies, after the new blocks were
+        # taken (admission did not count on them).
+        for page in range(len(hit)):
+            copy = self.copies.get(self.host.hash_of[req.host_row[page]])
+            if copy is not None:
+                self.device.hold(copy)
+                req.resident_row[page] = copy
         return HostAllocation(tuple(hit) + tuple(new_host), tuple(taken[:device_new]),
                               tuple(taken[device_new:]))
 
@@ -235,17 +247,34 @@ class HostTierManager:
         self._publish(req)
         return transfer
 
-    def _lose_reader(self, b: int) -> None:
-        """Block ``b`` was handed out: the page still reading it becomes host-only."""
-        owner = self.reader.pop(b, None)
-        if owner is None:
-            return
-        req = self.requests[owner[0]]
-        req.resident_row[owner[1]] = 0
-        req.unpinned.discard(owner[1])
-        if owner[1] < req.synced:
-            req.stale.add(owner[1])
-        req.hot_required = True
+    def _take_host(self, n: int) -> list[int]:
+        blocks = self.host.take(n)
+        for block_hash in self.host.evicted:
+            self.copies.pop(block_hash, None)  # a copy of a page no hit can find
+        return blocks
+
+    def _take_device(self, n: int) -> list[int]:
+        """``n`` free device blocks; each one's copy and readers are lost."""
+        blocks = self.device.take(n)
+        for b in blocks:
+            for block_hash in [h for h, c in self.copies.items() if c == b]:
+                del self.copies[block_hash]
+            for request_id, page in sorted(self.readers.pop(b, set())):
+                req = self.requests[request_id]
+                req.resident_row[page] = 0
+                req.unpinned.discard(page)
+                if page < req.synced:
+                    req.stale.add(page)
+                req.hot_required = True
+        return blocks
+
+    def _record_copy(self, req: _Request, page: int) -> None:
+        b, host_block = req.resident_row[page], req.host_row[page]
+        # A page a restore is still filling must not become a hit's copy.
+        if b != 0 and host_block in self.host.hash_of and page not in req.pending:
+            for block_hash in [h for h, c in self.copies.items() if c == b]:
+                del self.copies[block_hash]
+            self.copies[self.host.hash_of[host_block]] = b
 
     def require_hot(self, request_id: str) -> None:
         """Ask for the request's hot region at its next allocation."""
@@ -288,12 +317,12 @@ class HostTierManager:
         when the device pool has no free block."""
         req = self._get(request_id)
         if not (0 <= page < len(req.resident_row)) or req.resident_row[page] != 0 or (
-                page in req.pending):
-            raise InvalidArgumentError(f"page {page!r} of {request_id!r} is not a host-only page")
+                page in req.pending) or page not in req.clean:
+            raise InvalidArgumentError(
+                f"page {page!r} of {request_id!r} is not a clean host-only page")
         if not self.device.free:
             return None
-        (b,) = self.device.take(1)
-        self._lose_reader(b)
+        (b,) = self._take_device(1)
         return self._new_transfer(request_id, req, page, b, "restore")
 
     def complete(self, transfer_ids: Sequence[int]) -> None:
@@ -321,6 +350,8 @@ class HostTierManager:
                     req.stale.add(transfer.page)
             else:
                 self.device.release([transfer.device_block])
+            if live and transfer.kind == "restore" and transfer.page in req.clean:
+                self._record_copy(req, transfer.page)
         for request_id in touched:
             req = self.requests[request_id]
             self._publish(req)
@@ -333,6 +364,7 @@ class HostTierManager:
         while (req.published < min(len(req.block_hashes), len(req.host_row))
                and req.published in req.clean):
             self.host.publish(req.host_row[req.published], req.block_hashes[req.published])
+            self._record_copy(req, req.published)
             req.published += 1
 
     def _unpin_clean(self, request_id: str, req: _Request) -> None:
@@ -342,7 +374,7 @@ class HostTierManager:
             if b != 0 and page in req.clean and page not in req.unpinned and (
                     page not in req.pending):
                 self.device.release([b])
-                self.reader[b] = (request_id, page)
+                self.readers.setdefault(b, set()).add((request_id, page))
                 req.unpinned.add(page)
 
     def update_residency(self, request_id: str) -> None:
@@ -386,7 +418,9 @@ class HostTierManager:
             if b == 0:
                 continue
             if page in req.unpinned:
-                del self.reader[b]
+                self.readers[b].discard((request_id, page))
+                if not self.readers[b]:
+                    del self.readers[b]
             else:
                 self.device.release([b])
         self.device.release(req.hot[::-1])
@@ -399,6 +433,7 @@ class HostTierManager:
             return False
         self.host.cached.clear()
         self.host.hash_of.clear()
+        self.copies.clear()
         return True
 
     # -- observation ----------------------------------------------------------
@@ -408,10 +443,11 @@ class HostTierManager:
             tuple(self.host.free), tuple(sorted((h, b) for h, b in self.host.cached.items())),
             tuple(self.device.free),
             tuple((r, self.residency(r)) for r in sorted(self.requests)),
-            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)))
+            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
+            tuple(sorted(self.copies.items())))
 
     def check_invariants(self) -> None:
-        """HOST-1..HOST-10, by ID (raises InvariantViolation with a state dump)."""
+        """HOST-1..HOST-12, by ID (raises InvariantViolation with a state dump)."""
         from pagedkv.reference.hisparse_invariants import check_host_tier
 
         check_host_tier(self)

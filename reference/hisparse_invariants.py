@@ -1,4 +1,4 @@
-"""HOST-1..HOST-10 of spec/host_tier.md, checked over the reference host tier."""
+"""HOST-1..HOST-12 of spec/host_tier.md, checked over the reference host tier."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ def _check_pool(tier: HostTierManager, pool: _Pool, name: str, expected: Counter
 def check_host_tier(tier: HostTierManager) -> None:
     host_refs: Counter[int] = Counter()
     device_refs: Counter[int] = Counter()
-    readers: dict[int, tuple[str, int]] = {}
+    readers: dict[int, set[tuple[str, int]]] = {}
+    hot_blocks: set[int] = set()
+    dirty_blocks: set[int] = set()
     hot_n = tier.config.hot_blocks_per_request
     for transfer, _ in tier.transfers.values():
         host_refs[transfer.host_block] += 1
@@ -43,6 +45,8 @@ def check_host_tier(tier: HostTierManager) -> None:
     for request_id, req in tier.requests.items():
         host_refs.update(req.host_row)
         device_refs.update(req.hot)
+        hot_blocks.update(req.hot)
+        dirty_blocks.update(b for p, b in enumerate(req.resident_row) if p not in req.clean)
         # HOST-4: every page has a host block.
         if len(req.host_row) != len(req.resident_row) or 0 in req.host_row:
             raise tier._fail("HOST-4", f"{request_id}: host row and resident row disagree")
@@ -69,7 +73,7 @@ def check_host_tier(tier: HostTierManager) -> None:
                     raise tier._fail("HOST-6", f"{request_id}: unpinned page {page} is dirty")
                 if page >= len(req.resident_row) - ACTIVE_TAIL_PAGES:
                     raise tier._fail("HOST-10", f"{request_id}: tail page {page} is unpinned")
-                readers[b] = (request_id, page)
+                readers.setdefault(b, set()).add((request_id, page))
             else:
                 device_refs[b] += 1
         # HOST-8: reading from host needs the hot region.
@@ -83,10 +87,16 @@ def check_host_tier(tier: HostTierManager) -> None:
         # HOST-9: only a clean prefix is published.
         if any(page not in req.clean for page in range(req.published)):
             raise tier._fail("HOST-9", f"{request_id}: published {req.published} pages, not all clean")
-    if readers != tier.reader:
-        raise tier._fail("HOST-6", f"readers {tier.reader} != unpinned pages {readers}")
-    for b in readers:
-        if tier.device.ref[b] != 0:
-            raise tier._fail("HOST-6", f"unpinned block {b} is referenced")
+    if readers != tier.readers:
+        raise tier._fail("HOST-6", f"readers {tier.readers} != unpinned pages {readers}")
+    # HOST-12: a copy holds a published page and nothing else.
+    for block_hash, b in tier.copies.items():
+        if tier.host.cached.get(block_hash) is None or not 0 < b < tier.device.num_blocks:
+            raise tier._fail("HOST-12", f"copy {b} of an unpublished hash")
+        if b in hot_blocks or b in dirty_blocks or any(
+                t.device_block == b for t, _ in tier.transfers.values()):
+            raise tier._fail("HOST-12", f"copy block {b} is used for something else")
+    if len(set(tier.copies.values())) != len(tier.copies):
+        raise tier._fail("HOST-12", "one device block copies two pages")
     _check_pool(tier, tier.host, "host", host_refs)
     _check_pool(tier, tier.device, "device", device_refs)

@@ -272,6 +272,7 @@ class HostTierSnapshot:
     device_free: tuple[int, ...]
     requests: tuple[tuple[str, RequestResidency], ...]
     in_flight: tuple[PageTransfer, ...]
+    copies: tuple[tuple[bytes, int], ...]
 
 
 def host_pool_num_blocks(host_budget_bytes: int, host_block_bytes: int, block_size: int,

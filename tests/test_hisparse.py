@@ -92,15 +92,38 @@ def test_writeback_then_publication_then_host_hit(make: Callable[..., Tier]) -> 
     assert tier.lookup(hashes) == ()  # page 0 is not clean yet: the prefix stops there
     tier.complete([transfers[0].transfer_id, transfers[2].transfer_id])
     hit = tier.lookup(hashes)
-    assert hit == tier.residency("a").host_row[:3]
+    original = tier.residency("a")
+    assert hit == original.host_row[:3]
     tier.free("a")
     allocation = tier.allocate("b", 16, hit=hit, block_hashes=hashes + _hashes(1, 9))
     assert allocation is not None
     row = tier.residency("b")
-    assert row.resident_row[:3] == (0, 0, 0)  # hit pages are host-only
+    # The freed pages' device blocks survived in the free queue: the hit adopts them.
+    assert row.resident_row[:3] == original.resident_row[:3]
     assert len(allocation.resident_blocks) == 1
     assert len(allocation.hot_blocks) == 2  # reading host-backed history needs the hot region
     _check(tier)
+
+
+def test_a_hit_adopts_only_copies_the_pool_has_not_handed_out(make: Callable[..., Tier]) -> None:
+    tier = make(device=8, hot=1)
+    hashes = _hashes(3)
+    tier.allocate("a", 12, block_hashes=hashes)
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("a", 12)])
+    original = tier.residency("a").resident_row
+    tier.free("a")
+    assert len(tier.snapshot().copies) == 3  # clean pages of a finished request stay readable
+    tier.allocate("filler", 4 * 5)  # 4 never-used blocks, then page 2's copy (freed first)
+    assert len(tier.snapshot().copies) == 2
+    tier.free("filler")
+    assert tier.allocate("b", 12, hit=tier.lookup(hashes), block_hashes=hashes) is not None
+    row = tier.residency("b").resident_row
+    # Page 2's copy went to the filler, page 1's to b's own hot region (taken before
+    # adoption: admission did not count on copies); page 0's survives and is adopted.
+    assert row == (original[0], 0, 0)
+    _check(tier)
+    tier.free("b")
+    assert tier.reset_host_cache() and tier.snapshot().copies == ()  # reset forgets copies
 
 
 def test_clean_pages_are_released_only_with_a_hot_region_and_outside_the_tail(
@@ -177,12 +200,15 @@ def test_filling_the_admission_window_asks_for_a_hot_region(make: Callable[..., 
 
 
 def test_restore_brings_a_host_page_back(make: Callable[..., Tier]) -> None:
-    tier = make()
+    tier = make(device=6)
     hashes = _hashes(2)
     tier.allocate("a", 8, block_hashes=hashes)
     tier.complete([t.transfer_id for t in tier.plan_writebacks("a", 8)])
     tier.free("a")
+    tier.allocate("filler", 20)  # every device block: the device copies are gone
+    tier.free("filler")
     tier.allocate("b", 8, hit=tier.lookup(hashes), block_hashes=hashes)
+    assert tier.residency("b").resident_row == (0, 0)
     transfer = tier.plan_restore("b", 1)
     assert transfer is not None and transfer.kind == "restore"
     assert tier.residency("b").resident_row[1] == 0  # not readable until it completes
@@ -433,7 +459,7 @@ def _corrupt_published(t: ReferenceTier) -> None:
 def _corrupt_tail(t: ReferenceTier) -> None:
     req = t.requests["a"]
     t.device.release([req.resident_row[4]])
-    t.reader[req.resident_row[4]] = ("a", 4)
+    t.readers[req.resident_row[4]] = {("a", 4)}
     req.unpinned.add(4)
 
 
@@ -441,8 +467,12 @@ def _corrupt_synced(t: ReferenceTier) -> None:
     t.requests["b"].stale.add(0)
 
 
+def _corrupt_copy(t: ReferenceTier) -> None:
+    t.copies[next(iter(t.host.cached))] = t.requests["a"].hot[0]
+
+
 @pytest.mark.parametrize(("invariant", "corrupt"), [
-    ("HOST-11", _corrupt_synced),
+    ("HOST-11", _corrupt_synced), ("HOST-12", _corrupt_copy),
     ("HOST-1", _corrupt_free_null), ("HOST-2", _corrupt_host_ref),
     ("HOST-3", _corrupt_device_ref), ("HOST-4", _corrupt_host_row),
     ("HOST-5", _corrupt_dirty_host_only), ("HOST-6", _corrupt_unpinned_dirty),

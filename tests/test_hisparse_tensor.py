@@ -28,7 +28,7 @@ DEVICES = [
         pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]),
 ]
 SPEC = FullAttentionSpec(4, 1, 2, "float32")  # 64-byte pages
-DEVICE_BLOCKS, HOST_BLOCKS = 12, 10
+DEVICE_BLOCKS, HOST_BLOCKS = 12, 16
 
 
 def _device_cache(device: str) -> KVCacheMemory:
@@ -76,9 +76,12 @@ def test_writeback_and_restore_move_the_pages_the_manager_planned(device: str) -
         assert torch.all(host_pages[block] == page + 1)
 
     tier.free("a")
+    assert tier.allocate("filler", 4 * (DEVICE_BLOCKS - 1)) is not None  # device copies reused
+    tier.free("filler")
     hit = tier.lookup(hashes)
     assert hit == allocation.host_blocks
     assert tier.allocate("b", 12, hit=hit, block_hashes=hashes) is not None
+    assert tier.residency("b").resident_row == (0, 0, 0)
     restore = tier.plan_restore("b", 2)
     assert restore is not None
     pages[restore.device_block].zero_()
