@@ -13,6 +13,7 @@ test runs both), different structures:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pagedkv.spec.errors import (
@@ -97,6 +98,17 @@ class _Request:
         self.stale: set[int] = set()  # ...except these, changed since
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    req: _Request | None
+    hashes: list[BlockHash]
+    imported: int  # tokens an import covers (hit included), 0 without one
+    host_only: int  # imported pages left host-only
+    host_new: int
+    free_hits: int  # hit blocks now in the free queue
+    hot_n: int
+
+
 class HostTierManager:
     """Blocks of the HiSparse source, resident and hot groups in two pools."""
 
@@ -148,10 +160,9 @@ class HostTierManager:
             raise UnknownRequestError(f"request_id {request_id!r} holds nothing in the host tier")
         return req
 
-    def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
-                 block_hashes: Sequence[BlockHash] | None = None,
-                 num_external_tokens: int = 0) -> HostAllocation | None:
-        """O(new blocks + hit). Validate, count, then commit (nothing changes on None)."""
+    def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
+              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> _Plan:
+        """Validate an allocation and count what it needs (changes nothing)."""
         cfg = self.config
         if type(num_tokens) is not int or num_tokens < 0:
             raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
@@ -196,10 +207,28 @@ class HostTierManager:
         if host_new < 0:
             host_new = 0
         free_hits = sum(1 for b in hit if host.ref[b] == 0)
-        if host_new > len(host.free) - free_hits:
-            return None  # host exhaustion defers the request
         wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
         hot_n = self._hot_n if wants_hot and not (req is not None and req.hot) else 0
+        return _Plan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+
+    def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                      block_hashes: Sequence[BlockHash] | None = None,
+                      num_external_tokens: int = 0) -> tuple[int, int]:
+        """O(hit). Read-only: the (host, device) free blocks ``allocate`` with
+        these arguments would take; it succeeds iff both are available."""
+        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        return plan.host_new + plan.free_hits, plan.host_new - plan.host_only + plan.hot_n
+
+    def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                 block_hashes: Sequence[BlockHash] | None = None,
+                 num_external_tokens: int = 0) -> HostAllocation | None:
+        """O(new blocks + hit). Validate, count, then commit (nothing changes on None)."""
+        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        req, hashes, imported, host_only = plan.req, plan.hashes, plan.imported, plan.host_only
+        host_new, hot_n = plan.host_new, plan.hot_n
+        host = self.host
+        if host_new > len(host.free) - plan.free_hits:
+            return None  # host exhaustion defers the request
         device_new = host_new - host_only
         if device_new + hot_n > len(self.device.free):
             return None

@@ -92,6 +92,17 @@ class _Request:
     stale: set[int] = field(default_factory=set)  # ...except these, changed since
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    req: _Request | None
+    hashes: list[BlockHash]
+    imported: int  # tokens an import covers (hit included), 0 without one
+    host_only: int  # imported pages left host-only
+    host_new: int
+    free_hits: int  # hit blocks now in the free queue
+    hot_n: int
+
+
 class HostTierManager:
     """Blocks of the HiSparse source, resident and hot groups in two pools."""
 
@@ -144,10 +155,9 @@ class HostTierManager:
 
     # -- allocation ----------------------------------------------------------
 
-    def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
-                 block_hashes: Sequence[BlockHash] | None = None,
-                 num_external_tokens: int = 0) -> HostAllocation | None:
-        """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
+    def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
+              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> _Plan:
+        """Validate an allocation and count what it needs (changes nothing)."""
         cfg = self.config
         if type(num_tokens) is not int or num_tokens < 0:
             raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
@@ -188,11 +198,28 @@ class HostTierManager:
         existing = len(req.host_row) if req is not None else 0
         host_new = max(pages - existing - len(hit), 0)
         free_hits = sum(1 for b in hit if self.host.ref[b] == 0)
-        if host_new > len(self.host.free) - free_hits:
-            return None  # host exhaustion defers the request (nothing changed)
         has_hot = req is not None and bool(req.hot)
         wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
         hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
+        return _Plan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+
+    def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                      block_hashes: Sequence[BlockHash] | None = None,
+                      num_external_tokens: int = 0) -> tuple[int, int]:
+        """Read-only: the (host, device) free blocks ``allocate`` with these
+        arguments would take; it succeeds iff both are available."""
+        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        return plan.host_new + plan.free_hits, plan.host_new - plan.host_only + plan.hot_n
+
+    def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                 block_hashes: Sequence[BlockHash] | None = None,
+                 num_external_tokens: int = 0) -> HostAllocation | None:
+        """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
+        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        req, hashes, imported, host_only = plan.req, plan.hashes, plan.imported, plan.host_only
+        host_new, hot_n = plan.host_new, plan.hot_n
+        if host_new > len(self.host.free) - plan.free_hits:
+            return None  # host exhaustion defers the request (nothing changed)
         device_new = host_new - host_only
         if device_new + hot_n > len(self.device.free):
             return None

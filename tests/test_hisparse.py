@@ -72,6 +72,19 @@ def test_host_exhaustion_defers_allocation_and_changes_nothing(make: Callable[..
     _check(tier)
 
 
+def test_blocks_needed_predicts_allocate_and_changes_nothing(make: Callable[..., Tier]) -> None:
+    tier = make(host=6, device=6, hot=2)
+    before = tier.snapshot()
+    assert tier.blocks_needed("a", 12) == (3, 3)
+    assert tier.blocks_needed("a", 12, num_external_tokens=12) == (3, 3)  # 1 resident + hot 2
+    assert tier.snapshot() == before  # a query asks for no hot region and takes nothing
+    assert tier.blocks_needed("a", 24) == (6, 6)
+    assert tier.allocate("a", 24) is None  # 5 free blocks per pool
+    tier.allocate("a", 12)
+    tier.require_hot("a")
+    assert tier.blocks_needed("a", 16) == (1, 3)  # one page and the hot region
+
+
 def test_device_exhaustion_refuses_even_when_the_host_has_room(make: Callable[..., Tier]) -> None:
     tier = make(host=16, device=3)
     before = tier.snapshot()

@@ -64,6 +64,27 @@ class HostTierMachine(RuleBasedStateMachine):
         opt = _outcome(lambda: getattr(self.opt, method)(*args))
         return _same(ref, opt, what)
 
+    def _allocate(self, what: str, *args: Any) -> Any:
+        """``allocate`` on both, after ``blocks_needed`` predicted its outcome."""
+        before = self.ref.snapshot()
+        need = self._both("blocks_needed", "blocks_needed", *args)
+        assert self.ref.snapshot() == before, "blocks_needed changed the state"
+        free = (self.ref.num_free_host_blocks(), self.ref.num_free_device_blocks())
+        result = self._both(what, "allocate", *args)
+        if need[0] == "ok":
+            fits = need[1][0] <= free[0] and need[1][1] <= free[1]
+            assert result[0] == "ok" and (result[1] is not None) == fits, (need, free, result)
+            if result[1] is not None:
+                after = (self.ref.num_free_host_blocks(), self.ref.num_free_device_blocks())
+                adopted = sum(1 for page, b in enumerate(self.ref.residency(args[0]).resident_row)
+                              if page < len(args[2]) and b != 0)
+                assert free[0] - after[0] == need[1][0]
+                assert free[1] - after[1] >= need[1][1]  # adopted copies come on top
+                assert free[1] - after[1] <= need[1][1] + adopted
+        else:
+            assert result == need, "blocks_needed and allocate refuse alike"
+        return result
+
     @rule(request_id=st.sampled_from(REQUEST_IDS), prompt=st.integers(0, 3),
           num_tokens=st.integers(1, 32), use_hit=st.booleans())
     def admit(self, request_id: str, prompt: int, num_tokens: int, use_hit: bool) -> None:
@@ -72,7 +93,7 @@ class HostTierMachine(RuleBasedStateMachine):
         hashes = _hashes(prompt, num_tokens // BLOCK_SIZE)
         hit = _same(self.ref.lookup(hashes), self.opt.lookup(hashes), "lookup")
         hit = hit[: -(-num_tokens // BLOCK_SIZE)] if use_hit else ()
-        result = self._both("allocate", "allocate", request_id, num_tokens, hit, hashes)
+        result = self._allocate("allocate", request_id, num_tokens, hit, hashes)
         if result[0] == "ok" and result[1] is not None:
             self.prompt[request_id] = prompt
             self.tokens[request_id] = num_tokens
@@ -86,8 +107,8 @@ class HostTierMachine(RuleBasedStateMachine):
         hashes = _hashes(prompt, num_tokens // BLOCK_SIZE)
         hit = self.ref.lookup(hashes)[: num_tokens // BLOCK_SIZE] if use_hit else ()
         external = min(external, num_tokens - len(hit) * BLOCK_SIZE) or 1
-        result = self._both("allocate (import)", "allocate", request_id, num_tokens, hit,
-                            hashes, external)
+        result = self._allocate("allocate (import)", request_id, num_tokens, hit, hashes,
+                                external)
         if result[0] == "ok" and result[1] is not None:
             self.prompt[request_id] = prompt
             self.tokens[request_id] = num_tokens
@@ -107,7 +128,7 @@ class HostTierMachine(RuleBasedStateMachine):
         request_id = data.draw(st.sampled_from(sorted(self.tokens)))
         num_tokens = min(self.tokens[request_id] + grow, 32)
         hashes = _hashes(self.prompt[request_id], num_tokens // BLOCK_SIZE)
-        result = self._both("grow", "allocate", request_id, num_tokens, (), hashes)
+        result = self._allocate("grow", request_id, num_tokens, (), hashes)
         if result[0] == "ok" and result[1] is not None:
             self.tokens[request_id] = num_tokens
 
