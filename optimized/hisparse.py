@@ -80,7 +80,7 @@ class _Pool:
 class _Request:
     __slots__ = ("host_row", "resident_row", "hot", "hot_required", "clean", "pending",
                  "unpinned", "pinned_clean", "published", "block_hashes", "importing",
-                 "synced", "stale")
+                 "synced", "stale", "held")
 
     def __init__(self) -> None:
         self.host_row: list[int] = []
@@ -96,6 +96,7 @@ class _Request:
         self.importing = 0  # tokens an external load is still writing into host pages
         self.synced = 0  # the worker knows the residency of pages below this...
         self.stale: set[int] = set()  # ...except these, changed since
+        self.held: list[int] = []  # host blocks kept for a finished request's late publication
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,9 @@ class HostTierManager:
         self._copy_of: dict[int, BlockHash] = {}  # the reverse of ``copies``
         self.transfers: dict[int, tuple[PageTransfer, _Request]] = {}
         self.next_transfer_id = 0
+        # Finished requests whose last write-backs are in flight: their durable
+        # prefix is published when those land (D-HOST-5).
+        self.detached: list[_Request] = []
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
         """O(hit length): host blocks of the longest cached prefix."""
@@ -380,6 +384,7 @@ class HostTierManager:
             raise InvalidArgumentError(
                 f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
         touched: dict[str, _Request] = {}
+        finished_detached: list[_Request] = []
         for t in transfer_ids:
             transfer, req = self.transfers.pop(t)
             live = self.requests.get(transfer.request_id) is req
@@ -388,6 +393,12 @@ class HostTierManager:
             if live:
                 del req.pending[page]
                 touched.setdefault(transfer.request_id, req)
+            elif req.held:
+                del req.pending[page]
+                if transfer.kind == "writeback":
+                    req.clean.add(page)
+                if not req.pending:
+                    finished_detached.append(req)
             if transfer.kind == "writeback":
                 self.device.release(transfer.device_block)
                 if live:
@@ -405,6 +416,8 @@ class HostTierManager:
                     self._record_copy(req, page)
             else:
                 self.device.release(transfer.device_block)
+        for req in finished_detached:
+            self._finish_detached(req)
         for request_id, req in touched.items():
             self._publish(req)
             if len(req.hot) == self._hot_n:
@@ -466,9 +479,11 @@ class HostTierManager:
         """Whether every page of the request can be read from the device."""
         return 0 not in self._get(request_id).resident_row
 
-    def free(self, request_id: str) -> None:
-        """O(pages + hot)."""
+    def free(self, request_id: str, finished: bool = False) -> None:
+        """O(pages + hot). ``finished``: the request ended (not preempted), so
+        its durable prefix is published once its in-flight write-backs land."""
         req = self._get(request_id)
+        self._detach_if_publishing(req, finished)
         row, unpinned, readers, device = req.resident_row, req.unpinned, self.readers, self.device
         for page in range(len(row) - 1, -1, -1):
             b = row[page]
@@ -486,6 +501,27 @@ class HostTierManager:
         for b in reversed(req.host_row):
             self.host.release(b)
         del self.requests[request_id]
+        if req.held:
+            req.resident_row = [0] * len(req.resident_row)  # its device pages are gone
+            self.detached.append(req)
+
+    def _detach_if_publishing(self, req: _Request, finished: bool) -> None:
+        """Keep the publishable host blocks of a finished request with write-backs
+        in flight referenced, so nothing evicts them before they are published."""
+        limit = min(len(req.block_hashes), len(req.host_row))
+        if finished and self.config.enable_caching and req.published < limit and any(
+                self.transfers[t][0].kind == "writeback" for t in req.pending.values()):
+            req.held = req.host_row[:limit]
+            for b in req.held:
+                self.host.hold(b)
+
+    def _finish_detached(self, req: _Request) -> None:
+        """The last in-flight transfer of a detached request landed."""
+        self._publish(req)
+        for b in reversed(req.held):
+            self.host.release(b)
+        req.held = []
+        self.detached.remove(req)
 
     def reset_host_cache(self) -> bool:
         if len(self.host.free) != len(self.host.ref) - 1:
@@ -502,4 +538,5 @@ class HostTierManager:
             tuple(self.device.free),
             tuple((r, self.residency(r)) for r in sorted(self.requests)),
             tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
-            tuple(sorted(self.copies.items())))
+            tuple(sorted(self.copies.items())),
+            tuple(tuple(req.held) for req in self.detached))

@@ -90,6 +90,7 @@ class _Request:
     importing: int = 0  # tokens an external load is still writing into host pages
     synced: int = 0  # the worker knows the residency of pages below this...
     stale: set[int] = field(default_factory=set)  # ...except these, changed since
+    held: list[int] = field(default_factory=list)  # host blocks kept for a late publication
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,9 @@ class HostTierManager:
         self.copies: dict[BlockHash, int] = {}
         self.transfers: dict[int, tuple[PageTransfer, _Request]] = {}
         self.next_transfer_id = 0
+        # Finished requests whose last write-backs are in flight: their durable
+        # prefix is published when those land (D-HOST-5).
+        self.detached: list[_Request] = []
 
     # -- queries -------------------------------------------------------------
 
@@ -359,6 +363,7 @@ class HostTierManager:
             raise InvalidArgumentError(
                 f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
         touched: list[str] = []
+        finished_detached: list[_Request] = []
         for t in transfer_ids:
             transfer, req = self.transfers.pop(t)
             live = self.requests.get(transfer.request_id) is req
@@ -367,6 +372,12 @@ class HostTierManager:
                 del req.pending[transfer.page]
                 if transfer.request_id not in touched:
                     touched.append(transfer.request_id)
+            elif req.held:
+                del req.pending[transfer.page]
+                if transfer.kind == "writeback":
+                    req.clean.add(transfer.page)
+                if not req.pending:
+                    finished_detached.append(req)
             if transfer.kind == "writeback":
                 self.device.release([transfer.device_block])
                 if live:
@@ -379,6 +390,8 @@ class HostTierManager:
                 self.device.release([transfer.device_block])
             if live and transfer.kind == "restore" and transfer.page in req.clean:
                 self._record_copy(req, transfer.page)
+        for req in finished_detached:
+            self._finish_detached(req)
         for request_id in touched:
             req = self.requests[request_id]
             self._publish(req)
@@ -437,9 +450,12 @@ class HostTierManager:
         """Whether every page of the request can be read from the device."""
         return all(b != 0 for b in self._get(request_id).resident_row)
 
-    def free(self, request_id: str) -> None:
-        """Release every block the request holds, each list tail first."""
+    def free(self, request_id: str, finished: bool = False) -> None:
+        """Release every block the request holds, each list tail first.
+        ``finished``: the request ended (it was not preempted), so its durable
+        prefix is published once its in-flight write-backs land (D-HOST-5)."""
         req = self._get(request_id)
+        self._detach_if_publishing(req, finished)
         for page in reversed(range(len(req.resident_row))):
             b = req.resident_row[page]
             if b == 0:
@@ -453,6 +469,27 @@ class HostTierManager:
         self.device.release(req.hot[::-1])
         self.host.release(req.host_row[::-1])
         del self.requests[request_id]
+        if req.held:
+            req.resident_row = [0] * len(req.resident_row)  # its device pages are gone
+            self.detached.append(req)
+
+    def _detach_if_publishing(self, req: _Request, finished: bool) -> None:
+        """Keep the publishable host blocks of a finished request with write-backs
+        in flight referenced, so nothing evicts them before they are published."""
+        limit = min(len(req.block_hashes), len(req.host_row))
+        if finished and self.config.enable_caching and req.published < limit and any(
+                self.transfers[t][0].kind == "writeback" for t in req.pending.values()):
+            req.held = req.host_row[:limit]
+            for b in req.held:
+                self.host.hold(b)
+
+    def _finish_detached(self, req: _Request) -> None:
+        """The last in-flight transfer of a detached request landed."""
+        self._publish(req)
+        for b in reversed(req.held):
+            self.host.release([b])
+        req.held = []
+        self.detached.remove(req)
 
     def reset_host_cache(self) -> bool:
         """Drop every host hash; refused (False) while a host block is held."""
@@ -471,7 +508,8 @@ class HostTierManager:
             tuple(self.device.free),
             tuple((r, self.residency(r)) for r in sorted(self.requests)),
             tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
-            tuple(sorted(self.copies.items())))
+            tuple(sorted(self.copies.items())),
+            tuple(tuple(req.held) for req in self.detached))
 
     def check_invariants(self) -> None:
         """HOST-1..HOST-12, by ID (raises InvariantViolation with a state dump)."""

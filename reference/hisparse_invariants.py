@@ -39,6 +39,8 @@ def check_host_tier(tier: HostTierManager) -> None:
     hot_blocks: set[int] = set()
     dirty_blocks: set[int] = set()
     hot_n = tier.config.hot_blocks_per_request
+    for held in tier.detached:
+        host_refs.update(held.held)
     for transfer, _ in tier.transfers.values():
         host_refs[transfer.host_block] += 1
         device_refs[transfer.device_block] += 1

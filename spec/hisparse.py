@@ -273,6 +273,7 @@ class HostTierSnapshot:
     requests: tuple[tuple[str, RequestResidency], ...]
     in_flight: tuple[PageTransfer, ...]
     copies: tuple[tuple[bytes, int], ...]
+    detached: tuple[tuple[int, ...], ...]
 
 
 def host_pool_num_blocks(host_budget_bytes: int, host_block_bytes: int, block_size: int,

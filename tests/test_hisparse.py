@@ -281,6 +281,26 @@ def test_a_failed_import_frees_the_request(make: Callable[..., Tier]) -> None:
         tier.allocate("r", 4, num_external_tokens=5)
 
 
+def test_a_finished_request_publishes_its_prefix_when_its_copies_land(
+        make: Callable[..., Tier]) -> None:
+    tier = make()
+    hashes = _hashes(3)
+    tier.allocate("a", 12, block_hashes=hashes)
+    first, *rest = tier.plan_writebacks("a", 12)
+    tier.complete([first.transfer_id])
+    assert tier.lookup(hashes) == tier.residency("a").host_row[:1]
+    host_row = tier.residency("a").host_row
+    tier.free("a", finished=True)
+    assert tier.num_free_host_blocks() == 15 - 3  # held for the late publication
+    tier.complete([rest[0].transfer_id])
+    assert len(tier.lookup(hashes)) == 1  # page 2 is still in flight: nothing more yet
+    _check(tier)
+    tier.complete([rest[1].transfer_id])
+    assert tier.lookup(hashes) == host_row  # the whole durable prefix, once all landed
+    assert tier.num_free_host_blocks() == 15 and tier.snapshot().detached == ()
+    _check(tier)
+
+
 def test_refusals_are_typed_and_change_nothing(make: Callable[..., Tier]) -> None:
     tier = make()
     tier.allocate("a", 8, block_hashes=_hashes(2))

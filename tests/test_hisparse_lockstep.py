@@ -170,9 +170,9 @@ class HostTierMachine(RuleBasedStateMachine):
         for request_id in ids:
             self._both("fully_resident", "fully_resident", request_id)
 
-    @rule(request_id=st.sampled_from(REQUEST_IDS))
-    def free(self, request_id: str) -> None:
-        self._both("free", "free", request_id)
+    @rule(request_id=st.sampled_from(REQUEST_IDS), finished=st.booleans())
+    def free(self, request_id: str, finished: bool) -> None:
+        self._both("free", "free", request_id, finished)
         self.tokens.pop(request_id, None)
 
     @rule()
