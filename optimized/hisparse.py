@@ -13,9 +13,9 @@ test runs both), different structures:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
+from pagedkv.optimized.hisparse_state import AllocationPlan, RequestState, TierPool
 from pagedkv.spec.errors import (
     ExceedsMaxModelLenError,
     InvalidArgumentError,
@@ -36,80 +36,6 @@ from pagedkv.spec.types import BlockHash
 __all__ = ["HostTierManager"]
 
 
-class _Pool:
-    """Ref counts and an ordered free queue (dict keys, front first)."""
-
-    __slots__ = ("ref", "free", "hash_of", "cached", "evicted")
-
-    def __init__(self, num_blocks: int) -> None:
-        self.ref = [0] * num_blocks
-        self.free: dict[int, None] = dict.fromkeys(range(1, num_blocks))
-        self.hash_of: dict[int, BlockHash] = {}
-        self.cached: dict[BlockHash, int] = {}
-        self.evicted: list[BlockHash] = []  # hashes the last ``take`` evicted
-
-    def take(self, n: int) -> list[int]:
-        """O(n): the first ``n`` free blocks, referenced, hashes evicted."""
-        free, ref, hash_of = self.free, self.ref, self.hash_of  # hot path: locals
-        blocks: list[int] = []
-        evicted: list[BlockHash] = []
-        for _ in range(n):
-            b = next(iter(free))
-            del free[b]
-            ref[b] = 1
-            if b in hash_of:
-                evicted.append(hash_of.pop(b))
-                del self.cached[evicted[-1]]
-            blocks.append(b)
-        self.evicted = evicted
-        return blocks
-
-    def hold(self, b: int) -> None:
-        """O(1)."""
-        if self.ref[b] == 0:
-            del self.free[b]
-        self.ref[b] += 1
-
-    def release(self, b: int) -> None:
-        """O(1)."""
-        self.ref[b] -= 1
-        if self.ref[b] == 0:
-            self.free[b] = None
-
-
-class _Request:
-    __slots__ = ("host_row", "resident_row", "hot", "hot_required", "clean", "pending",
-                 "unpinned", "pinned_clean", "published", "block_hashes", "importing",
-                 "synced", "stale", "held")
-
-    def __init__(self) -> None:
-        self.host_row: list[int] = []
-        self.resident_row: list[int] = []
-        self.hot: list[int] = []
-        self.hot_required = False
-        self.clean: set[int] = set()
-        self.pending: dict[int, int] = {}
-        self.unpinned: set[int] = set()
-        self.pinned_clean: set[int] = set()  # clean pages holding their device block
-        self.published = 0
-        self.block_hashes: list[BlockHash] = []
-        self.importing = 0  # tokens an external load is still writing into host pages
-        self.synced = 0  # the worker knows the residency of pages below this...
-        self.stale: set[int] = set()  # ...except these, changed since
-        self.held: list[int] = []  # host blocks kept for a finished request's late publication
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    req: _Request | None
-    hashes: list[BlockHash]
-    imported: int  # tokens an import covers (hit included), 0 without one
-    host_only: int  # imported pages left host-only
-    host_new: int
-    free_hits: int  # hit blocks now in the free queue
-    hot_n: int
-
-
 class HostTierManager:
     """Blocks of the HiSparse source, resident and hot groups in two pools."""
 
@@ -117,17 +43,17 @@ class HostTierManager:
         self.config = config
         self._block_size = config.block_size
         self._hot_n = config.hot_blocks_per_request
-        self.host = _Pool(config.host_num_blocks)
-        self.device = _Pool(config.device_num_blocks)
-        self.requests: dict[str, _Request] = {}
+        self.host = TierPool(config.host_num_blocks)
+        self.device = TierPool(config.device_num_blocks)
+        self.requests: dict[str, RequestState] = {}
         self.readers: dict[int, set[tuple[str, int]]] = {}
         self.copies: dict[BlockHash, int] = {}
         self._copy_of: dict[int, BlockHash] = {}  # the reverse of ``copies``
-        self.transfers: dict[int, tuple[PageTransfer, _Request]] = {}
+        self.transfers: dict[int, tuple[PageTransfer, RequestState]] = {}
         self.next_transfer_id = 0
         # Finished requests whose last write-backs are in flight: their durable
         # prefix is published when those land (D-HOST-5).
-        self.detached: list[_Request] = []
+        self.detached: list[RequestState] = []
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
         """O(hit length): host blocks of the longest cached prefix."""
@@ -158,14 +84,14 @@ class HostTierManager:
     def can_read_from_host(self, request_id: str) -> bool:
         return len(self._get(request_id).hot) == self._hot_n
 
-    def _get(self, request_id: str) -> _Request:
+    def _get(self, request_id: str) -> RequestState:
         req = self.requests.get(request_id)
         if req is None:
             raise UnknownRequestError(f"request_id {request_id!r} holds nothing in the host tier")
         return req
 
     def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
-              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> _Plan:
+              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> AllocationPlan:
         """Validate an allocation and count what it needs (changes nothing)."""
         cfg = self.config
         if type(num_tokens) is not int or num_tokens < 0:
@@ -213,7 +139,7 @@ class HostTierManager:
         free_hits = sum(1 for b in hit if host.ref[b] == 0)
         wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
         hot_n = self._hot_n if wants_hot and not (req is not None and req.hot) else 0
-        return _Plan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+        return AllocationPlan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
 
     def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                       block_hashes: Sequence[BlockHash] | None = None,
@@ -237,7 +163,7 @@ class HostTierManager:
         if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
-            req = self.requests[request_id] = _Request()
+            req = self.requests[request_id] = RequestState()
         req.block_hashes = hashes
         if hit:
             first = len(req.host_row)
@@ -317,7 +243,7 @@ class HostTierManager:
                 req.hot_required = True
         return blocks
 
-    def _record_copy(self, req: _Request, page: int) -> None:
+    def _record_copy(self, req: RequestState, page: int) -> None:
         b = req.resident_row[page]
         block_hash = self.host.hash_of.get(req.host_row[page])
         if b == 0 or block_hash is None or page in req.pending:
@@ -334,7 +260,7 @@ class HostTierManager:
     def require_hot(self, request_id: str) -> None:
         self._get(request_id).hot_required = True
 
-    def _new_transfer(self, request_id: str, req: _Request, page: int, device_block: int,
+    def _new_transfer(self, request_id: str, req: RequestState, page: int, device_block: int,
                       kind: Literal["writeback", "restore"]) -> PageTransfer:
         transfer = PageTransfer(self.next_transfer_id, request_id, page, req.host_row[page],
                                 device_block, kind)
@@ -383,8 +309,8 @@ class HostTierManager:
                 t not in self.transfers for t in transfer_ids):
             raise InvalidArgumentError(
                 f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
-        touched: dict[str, _Request] = {}
-        finished_detached: list[_Request] = []
+        touched: dict[str, RequestState] = {}
+        finished_detached: list[RequestState] = []
         for t in transfer_ids:
             transfer, req = self.transfers.pop(t)
             live = self.requests.get(transfer.request_id) is req
@@ -423,7 +349,7 @@ class HostTierManager:
             if len(req.hot) == self._hot_n:
                 self._unpin_clean(request_id, req)
 
-    def _publish(self, req: _Request) -> None:
+    def _publish(self, req: RequestState) -> None:
         if not self.config.enable_caching:
             return
         limit = min(len(req.block_hashes), len(req.host_row))
@@ -436,7 +362,7 @@ class HostTierManager:
             self._record_copy(req, req.published)
             req.published += 1
 
-    def _unpin_clean(self, request_id: str, req: _Request) -> None:
+    def _unpin_clean(self, request_id: str, req: RequestState) -> None:
         tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
         movable = [page for page in req.pinned_clean if page < tail]
         if not movable:
@@ -505,7 +431,7 @@ class HostTierManager:
             req.resident_row = [0] * len(req.resident_row)  # its device pages are gone
             self.detached.append(req)
 
-    def _detach_if_publishing(self, req: _Request, finished: bool) -> None:
+    def _detach_if_publishing(self, req: RequestState, finished: bool) -> None:
         """Keep the publishable host blocks of a finished request with write-backs
         in flight referenced, so nothing evicts them before they are published."""
         limit = min(len(req.block_hashes), len(req.host_row))
@@ -515,7 +441,7 @@ class HostTierManager:
             for b in req.held:
                 self.host.hold(b)
 
-    def _finish_detached(self, req: _Request) -> None:
+    def _finish_detached(self, req: RequestState) -> None:
         """The last in-flight transfer of a detached request landed."""
         self._publish(req)
         for b in reversed(req.held):

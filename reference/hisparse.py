@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pprint
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
+from pagedkv.reference.hisparse_state import AllocationPlan, RequestState, TierPool
 from pagedkv.spec.errors import (
     ExceedsMaxModelLenError,
     InvalidArgumentError,
@@ -35,93 +35,24 @@ from pagedkv.spec.types import BlockHash
 __all__ = ["HostTierManager"]
 
 
-class _Pool:
-    """Ref counts, a free list and a hash map; block 0 is the null block."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self.ref = [0] * num_blocks
-        self.free = list(range(1, num_blocks))
-        self.hash_of: dict[int, BlockHash] = {}
-        self.cached: dict[BlockHash, int] = {}
-        self.evicted: list[BlockHash] = []  # hashes the last ``take`` evicted
-
-    def take(self, n: int) -> list[int]:
-        """The first ``n`` free blocks, referenced; a hashed one is evicted."""
-        blocks = self.free[:n]
-        del self.free[:n]
-        self.evicted = []
-        for b in blocks:
-            self.ref[b] += 1
-            if b in self.hash_of:
-                self.evicted.append(self.hash_of.pop(b))
-                del self.cached[self.evicted[-1]]
-        return blocks
-
-    def hold(self, b: int) -> None:
-        if self.ref[b] == 0:
-            self.free.remove(b)
-        self.ref[b] += 1
-
-    def release(self, blocks: Sequence[int]) -> None:
-        for b in blocks:
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                self.free.append(b)
-
-    def publish(self, b: int, block_hash: BlockHash) -> None:
-        # The first block cached under a hash keeps it (spec/state.md).
-        if block_hash not in self.cached and b not in self.hash_of:
-            self.cached[block_hash] = b
-            self.hash_of[b] = block_hash
-
-
-@dataclass(eq=False)
-class _Request:
-    host_row: list[int] = field(default_factory=list)
-    resident_row: list[int] = field(default_factory=list)
-    hot: list[int] = field(default_factory=list)
-    hot_required: bool = False
-    clean: set[int] = field(default_factory=set)
-    pending: dict[int, int] = field(default_factory=dict)
-    unpinned: set[int] = field(default_factory=set)
-    published: int = 0
-    block_hashes: list[BlockHash] = field(default_factory=list)
-    importing: int = 0  # tokens an external load is still writing into host pages
-    synced: int = 0  # the worker knows the residency of pages below this...
-    stale: set[int] = field(default_factory=set)  # ...except these, changed since
-    held: list[int] = field(default_factory=list)  # host blocks kept for a late publication
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    req: _Request | None
-    hashes: list[BlockHash]
-    imported: int  # tokens an import covers (hit included), 0 without one
-    host_only: int  # imported pages left host-only
-    host_new: int
-    free_hits: int  # hit blocks now in the free queue
-    hot_n: int
-
-
 class HostTierManager:
     """Blocks of the HiSparse source, resident and hot groups in two pools."""
 
     def __init__(self, config: HostTierConfig) -> None:
         self.config = config
-        self.host = _Pool(config.host_num_blocks)
-        self.device = _Pool(config.device_num_blocks)
-        self.requests: dict[str, _Request] = {}
+        self.host = TierPool(config.host_num_blocks)
+        self.device = TierPool(config.device_num_blocks)
+        self.requests: dict[str, RequestState] = {}
         # Released device block -> the (request, page) pairs still reading it.
         self.readers: dict[int, set[tuple[str, int]]] = {}
         # Published host hash -> a device block holding the same page, readable
         # until the pool hands the block out (D-HOST-7).
         self.copies: dict[BlockHash, int] = {}
-        self.transfers: dict[int, tuple[PageTransfer, _Request]] = {}
+        self.transfers: dict[int, tuple[PageTransfer, RequestState]] = {}
         self.next_transfer_id = 0
         # Finished requests whose last write-backs are in flight: their durable
         # prefix is published when those land (D-HOST-5).
-        self.detached: list[_Request] = []
+        self.detached: list[RequestState] = []
 
     # -- queries -------------------------------------------------------------
 
@@ -152,7 +83,7 @@ class HostTierManager:
         """Whether the request holds its hot region."""
         return len(self._get(request_id).hot) == self.config.hot_blocks_per_request
 
-    def _get(self, request_id: str) -> _Request:
+    def _get(self, request_id: str) -> RequestState:
         if request_id not in self.requests:
             raise UnknownRequestError(f"request_id {request_id!r} holds nothing in the host tier")
         return self.requests[request_id]
@@ -160,7 +91,7 @@ class HostTierManager:
     # -- allocation ----------------------------------------------------------
 
     def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
-              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> _Plan:
+              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> AllocationPlan:
         """Validate an allocation and count what it needs (changes nothing)."""
         cfg = self.config
         if type(num_tokens) is not int or num_tokens < 0:
@@ -205,7 +136,7 @@ class HostTierManager:
         has_hot = req is not None and bool(req.hot)
         wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
         hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
-        return _Plan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+        return AllocationPlan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
 
     def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                       block_hashes: Sequence[BlockHash] | None = None,
@@ -228,7 +159,7 @@ class HostTierManager:
         if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
-            req = self.requests[request_id] = _Request()
+            req = self.requests[request_id] = RequestState()
         req.block_hashes = hashes
         for b in hit:
             self.host.hold(b)
@@ -299,7 +230,7 @@ class HostTierManager:
                 req.hot_required = True
         return blocks
 
-    def _record_copy(self, req: _Request, page: int) -> None:
+    def _record_copy(self, req: RequestState, page: int) -> None:
         b, host_block = req.resident_row[page], req.host_row[page]
         # A page a restore is still filling must not become a hit's copy.
         if b != 0 and host_block in self.host.hash_of and page not in req.pending:
@@ -313,7 +244,7 @@ class HostTierManager:
 
     # -- write-back, restore, residency ---------------------------------------
 
-    def _new_transfer(self, request_id: str, req: _Request, page: int, device_block: int,
+    def _new_transfer(self, request_id: str, req: RequestState, page: int, device_block: int,
                       kind: Literal["writeback", "restore"]) -> PageTransfer:
         transfer = PageTransfer(self.next_transfer_id, request_id, page, req.host_row[page],
                                 device_block, kind)
@@ -363,7 +294,7 @@ class HostTierManager:
             raise InvalidArgumentError(
                 f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
         touched: list[str] = []
-        finished_detached: list[_Request] = []
+        finished_detached: list[RequestState] = []
         for t in transfer_ids:
             transfer, req = self.transfers.pop(t)
             live = self.requests.get(transfer.request_id) is req
@@ -398,7 +329,7 @@ class HostTierManager:
             if len(req.hot) == self.config.hot_blocks_per_request:
                 self._unpin_clean(request_id, req)
 
-    def _publish(self, req: _Request) -> None:
+    def _publish(self, req: RequestState) -> None:
         if not self.config.enable_caching:
             return
         while (req.published < min(len(req.block_hashes), len(req.host_row))
@@ -407,7 +338,7 @@ class HostTierManager:
             self._record_copy(req, req.published)
             req.published += 1
 
-    def _unpin_clean(self, request_id: str, req: _Request) -> None:
+    def _unpin_clean(self, request_id: str, req: RequestState) -> None:
         tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
         for page in reversed(range(tail)):
             b = req.resident_row[page]
@@ -473,7 +404,7 @@ class HostTierManager:
             req.resident_row = [0] * len(req.resident_row)  # its device pages are gone
             self.detached.append(req)
 
-    def _detach_if_publishing(self, req: _Request, finished: bool) -> None:
+    def _detach_if_publishing(self, req: RequestState, finished: bool) -> None:
         """Keep the publishable host blocks of a finished request with write-backs
         in flight referenced, so nothing evicts them before they are published."""
         limit = min(len(req.block_hashes), len(req.host_row))
@@ -483,7 +414,7 @@ class HostTierManager:
             for b in req.held:
                 self.host.hold(b)
 
-    def _finish_detached(self, req: _Request) -> None:
+    def _finish_detached(self, req: RequestState) -> None:
         """The last in-flight transfer of a detached request landed."""
         self._publish(req)
         for b in reversed(req.held):

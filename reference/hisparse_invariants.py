@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 from pagedkv.spec.hisparse import ACTIVE_TAIL_PAGES
 
 if TYPE_CHECKING:
-    from pagedkv.reference.hisparse import HostTierManager, _Pool
+    from pagedkv.reference.hisparse import HostTierManager
+    from pagedkv.reference.hisparse_state import TierPool
 
 __all__ = ["check_host_tier"]
 
 
-def _check_pool(tier: HostTierManager, pool: _Pool, name: str, expected: Counter[int]) -> None:
+def _check_pool(tier: HostTierManager, pool: TierPool, name: str, expected: Counter[int]) -> None:
     # HOST-1: the null block is inert; free <=> ref 0.
     if pool.ref[0] != 0 or 0 in pool.free or 0 in pool.hash_of:
         raise tier._fail("HOST-1", f"{name} null block is referenced, free-listed or cached")
