@@ -85,6 +85,30 @@ def test_blocks_needed_predicts_allocate_and_changes_nothing(make: Callable[...,
     assert tier.blocks_needed("a", 16) == (1, 3)  # one page and the hot region
 
 
+def test_an_in_flight_writeback_keeps_the_host_pool_exhausted_until_it_lands(
+        make: Callable[..., Tier]) -> None:
+    # The shape of vLLM 0.33's host-exhaustion scenario, in pagedkv's API: a
+    # 4-block host pool, a one-page donor whose write-back is in flight.
+    tier = make(host=5, device=32, hot=2)
+    tier.allocate("donor", 4)
+    donor_copy = tier.plan_writebacks("donor", 4)
+    assert tier.allocate("r", 16) is None  # 4 pages, 3 free host blocks
+    tier.free("donor")
+    assert tier.allocate("r", 16) is None  # the write-back still holds the donor's host block
+    tier.complete([t.transfer_id for t in donor_copy])
+    assert tier.allocate("r", 16) is not None
+    assert 0 not in tier.residency("r").host_row
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("r", 16)])
+    tier.require_hot("r")
+    tier.allocate("r", 16)
+    tier.update_residency("r")
+    row = tier.residency("r")
+    assert row.unpinned == frozenset({0, 1})  # the two tail pages stay pinned
+    snapshot = tier.snapshot()
+    assert [b in snapshot.device_free for b in row.resident_row] == [True, True, False, False]
+    _check(tier)
+
+
 def test_device_exhaustion_refuses_even_when_the_host_has_room(make: Callable[..., Tier]) -> None:
     tier = make(host=16, device=3)
     before = tier.snapshot()
