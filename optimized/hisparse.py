@@ -1,10 +1,10 @@
-"""The host tier of HiSparse groups, built for speed (spec/host_tier.md).
+"""The host tier of HiSparse groups with cheaper structures (spec/host_tier.md).
 
 Same observable behaviour as ``pagedkv.reference.hisparse`` (the lockstep
 test runs both), different structures:
 
-- each pool's free queue is an insertion-ordered dict, so taking a hit block
-  out of the middle of the queue is O(1) instead of a list scan;
+- each pool's free queue is an ``OrderedDict``, so taking a hit block out of
+  the middle of the queue, or a block off its front, is O(1), not a list scan;
 - each request keeps the set of its clean *pinned* pages, so releasing clean
   pages costs O(pages released) rather than a walk over the whole row;
 - allocation counts free hit blocks without copying anything.

@@ -4,6 +4,7 @@ allocation's plan."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from pagedkv.spec.types import BlockHash
@@ -12,13 +13,19 @@ __all__ = ["TierPool", "RequestState", "AllocationPlan"]
 
 
 class TierPool:
-    """Ref counts and an ordered free queue (dict keys, front first)."""
+    """Ref counts and an ordered free queue (``OrderedDict`` keys, front first).
+
+    An ``OrderedDict`` rather than a plain dict: taking from the front of a
+    plain dict leaves deleted slots that every later ``next(iter(...))`` must
+    skip until the next resize, so a run of takes costs O(n^2); the linked
+    list of an ``OrderedDict`` pops its front in O(1).
+    """
 
     __slots__ = ("ref", "free", "hash_of", "cached", "evicted")
 
     def __init__(self, num_blocks: int) -> None:
         self.ref = [0] * num_blocks
-        self.free: dict[int, None] = dict.fromkeys(range(1, num_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self.hash_of: dict[int, BlockHash] = {}
         self.cached: dict[BlockHash, int] = {}
         self.evicted: list[BlockHash] = []  # hashes the last ``take`` evicted
@@ -29,8 +36,7 @@ class TierPool:
         blocks: list[int] = []
         evicted: list[BlockHash] = []
         for _ in range(n):
-            b = next(iter(free))
-            del free[b]
+            b, _ = free.popitem(last=False)
             ref[b] = 1
             if b in hash_of:
                 evicted.append(hash_of.pop(b))
