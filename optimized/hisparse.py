@@ -30,6 +30,7 @@ from pagedkv.spec.hisparse import (
     PageTransfer,
     RequestResidency,
     ResidencyUpdate,
+    RowMirror,
 )
 from pagedkv.spec.types import BlockHash
 
@@ -404,6 +405,30 @@ class HostTierManager:
     def fully_resident(self, request_id: str) -> bool:
         """Whether every page of the request can be read from the device."""
         return 0 not in self._get(request_id).resident_row
+
+    def row_mirrors(self, request_id: str, num_computed_tokens: int,
+                    num_scheduled_tokens: int) -> list[RowMirror]:
+        """O(pages spanned). Read-only: one mirror per resident page span."""
+        req = self._get(request_id)
+        if type(num_computed_tokens) is not int or type(num_scheduled_tokens) is not int or (
+                num_computed_tokens < 0 or num_scheduled_tokens < 0):
+            raise InvalidTokenCountError(
+                "num_computed_tokens and num_scheduled_tokens must be ints >= 0, got "
+                f"{num_computed_tokens!r} and {num_scheduled_tokens!r}")
+        size = self._block_size
+        row, host_row = req.resident_row, req.host_row
+        mirrors: list[RowMirror] = []
+        token, end = num_computed_tokens, num_computed_tokens + num_scheduled_tokens
+        while token < end:
+            page, offset = divmod(token, size)
+            num_rows = min(size - offset, end - token)
+            if page >= len(row):
+                break
+            if row[page] != 0:
+                mirrors.append(RowMirror(row[page] * size + offset, host_row[page] * size + offset,
+                                         num_rows))
+            token += num_rows
+        return mirrors
 
     def free(self, request_id: str, finished: bool = False) -> None:
         """O(pages + hot). ``finished``: the request ended (not preempted), so

@@ -29,6 +29,7 @@ from pagedkv.spec.hisparse import (
     PageTransfer,
     RequestResidency,
     ResidencyUpdate,
+    RowMirror,
 )
 from pagedkv.spec.types import BlockHash
 
@@ -380,6 +381,34 @@ class HostTierManager:
     def fully_resident(self, request_id: str) -> bool:
         """Whether every page of the request can be read from the device."""
         return all(b != 0 for b in self._get(request_id).resident_row)
+
+    def row_mirrors(self, request_id: str, num_computed_tokens: int,
+                    num_scheduled_tokens: int) -> list[RowMirror]:
+        """Where the rows of tokens ``[num_computed_tokens, +num_scheduled_tokens)``
+        go on the device and in the host pool, one mirror per page span; a
+        host-only page (nothing written on the device) or a page beyond the
+        row is skipped, its neighbours are not. Read-only."""
+        req = self._get(request_id)
+        if type(num_computed_tokens) is not int or type(num_scheduled_tokens) is not int or (
+                num_computed_tokens < 0 or num_scheduled_tokens < 0):
+            raise InvalidTokenCountError(
+                "num_computed_tokens and num_scheduled_tokens must be ints >= 0, got "
+                f"{num_computed_tokens!r} and {num_scheduled_tokens!r}")
+        size = self.config.block_size
+        mirrors: list[RowMirror] = []
+        for token in range(num_computed_tokens, num_computed_tokens + num_scheduled_tokens):
+            page, offset = divmod(token, size)
+            if page >= len(req.resident_row) or req.resident_row[page] == 0:
+                continue
+            device_slot = req.resident_row[page] * size + offset
+            host_slot = req.host_row[page] * size + offset
+            last = mirrors[-1] if mirrors else None
+            if last is not None and last.device_slot + last.num_rows == device_slot and (
+                    last.host_slot + last.num_rows == host_slot) and offset != 0:
+                mirrors[-1] = RowMirror(last.device_slot, last.host_slot, last.num_rows + 1)
+            else:
+                mirrors.append(RowMirror(device_slot, host_slot, 1))
+        return mirrors
 
     def free(self, request_id: str, finished: bool = False) -> None:
         """Release every block the request holds, each list tail first.

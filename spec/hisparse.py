@@ -28,6 +28,7 @@ __all__ = [
     "HostTierSnapshot",
     "RequestResidency",
     "ResidencyUpdate",
+    "RowMirror",
     "HostTierConfig",
     "PageTransfer",
     "device_groups",
@@ -223,6 +224,17 @@ def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len:
         hot_blocks_per_request=sum(spec.blocks_per_request for spec in hots
                                    if isinstance(spec, HiSparseHotSpec)),
         max_model_len=max_model_len, enable_caching=enable_caching)
+
+
+@dataclass(frozen=True, slots=True)
+class RowMirror:
+    """Token rows a step writes on the device, to be mirrored into the host
+    pool: ``num_rows`` slots from device slot ``device_slot`` (block id *
+    block size + offset) to host slot ``host_slot``."""
+
+    device_slot: int
+    host_slot: int
+    num_rows: int
 
 
 @dataclass(frozen=True, slots=True)

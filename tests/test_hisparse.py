@@ -217,6 +217,21 @@ def test_residency_updates_send_only_what_changed(make: Callable[..., Tier]) -> 
         tier.take_residency_updates(["a", "nobody"])
 
 
+def test_row_mirrors_follow_pages_across_tiers(make: Callable[..., Tier]) -> None:
+    from pagedkv.spec.hisparse import RowMirror
+
+    tier = make()
+    tier.allocate("a", 8)
+    row = tier.residency("a")
+    # Tokens 2..5 straddle pages 0 and 1: one mirror per page.
+    assert tier.row_mirrors("a", 2, 4) == [
+        RowMirror(row.resident_row[0] * B + 2, row.host_row[0] * B + 2, 2),
+        RowMirror(row.resident_row[1] * B, row.host_row[1] * B, 2),
+    ]
+    assert tier.row_mirrors("a", 6, 10) == [
+        RowMirror(row.resident_row[1] * B + 2, row.host_row[1] * B + 2, 2)]  # beyond the row
+
+
 def test_low_device_pool_asks_for_a_hot_region(make: Callable[..., Tier]) -> None:
     tier = make(device=8, hot=1, watermark=4)
     tier.allocate("a", 16)  # 4 of 7 free blocks used

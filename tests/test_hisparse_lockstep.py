@@ -164,6 +164,11 @@ class HostTierMachine(RuleBasedStateMachine):
             self._both("require_hot", "require_hot", request_id)
         self._both("update_residency", "update_residency", request_id)
 
+    @rule(request_id=st.sampled_from(REQUEST_IDS), start=st.integers(0, 34),
+          count=st.integers(0, 12))
+    def mirrors(self, request_id: str, start: int, count: int) -> None:
+        self._both("row_mirrors", "row_mirrors", request_id, start, count)
+
     @rule(ids=st.lists(st.sampled_from(REQUEST_IDS), max_size=3))
     def residency_updates(self, ids: list[str]) -> None:
         self._both("take_residency_updates", "take_residency_updates", ids)
