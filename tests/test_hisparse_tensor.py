@@ -16,8 +16,8 @@ from pagedkv.optimized.tensor.host_tier import (  # noqa: E402
 )
 from pagedkv.optimized.tensor.memory import KVCacheMemory  # noqa: E402
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor  # noqa: E402
-from pagedkv.spec.errors import InvalidConfigError  # noqa: E402
-from pagedkv.spec.hisparse import HiSparseHotSpec, HostTierConfig  # noqa: E402
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError  # noqa: E402
+from pagedkv.spec.hisparse import HiSparseHotSpec, HostTierConfig, RowMirror  # noqa: E402
 from pagedkv.spec.kv_cache_spec import FullAttentionSpec  # noqa: E402
 from pagedkv.spec.types import BlockHash  # noqa: E402
 
@@ -88,3 +88,24 @@ def test_writeback_and_restore_move_the_pages_the_manager_planned(device: str) -
     memory.run([restore])
     tier.complete([restore.transfer_id])
     assert torch.all(pages[tier.residency("b").resident_row[2]] == 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_mirrors_copy_just_the_rows_a_step_wrote(device: str) -> None:
+    tier = HostTierManager(HostTierConfig(block_size=4, host_num_blocks=HOST_BLOCKS,
+                                          device_num_blocks=DEVICE_BLOCKS,
+                                          hot_blocks_per_request=1, max_model_len=64))
+    memory = HostTierMemory(_device_cache(device), HOST_BLOCKS)
+    allocation = tier.allocate("a", 8)
+    assert allocation is not None
+    device_layer = memory.device_cache.layer("resident")
+    for block in allocation.resident_blocks:
+        device_layer["key"][block].fill_(7.0)
+        device_layer["value"][block].fill_(9.0)
+    memory.mirror_rows(tier.row_mirrors("a", 2, 4))  # tokens 2..5: rows 2-3 and 0-1
+    host = memory.host_cache.layer("resident")
+    first, second = allocation.host_blocks
+    assert host["key"][first, 2:].eq(7.0).all() and host["key"][first, :2].eq(0).all()
+    assert host["value"][second, :2].eq(9.0).all() and host["value"][second, 2:].eq(0).all()
+    with pytest.raises(InvalidArgumentError, match="does not fit"):
+        memory.mirror_rows([RowMirror(first * 4 + 3, second * 4 + 3, 2)])

@@ -5,7 +5,9 @@ host memory, and the swap path that runs the host tier's page transfers.
   ``KVCacheConfig``, allocated in host memory with ``host_num_blocks`` blocks
   (the host pool), never on the device (D-HOST-3);
 - :class:`HostTierMemory`: a device cache of resident pages and its host
-  mirror; ``run`` moves the pages of ``PageTransfer`` records between them.
+  mirror; ``run`` moves the pages of ``PageTransfer`` records between them,
+  ``mirror_rows`` copies the token rows of ``RowMirror`` records (the rows a
+  step just wrote) into the host pool.
 
 Host memory is page-locked (pinned) only where CUDA is present, because only
 then can a copy overlap with compute; on a CPU-only machine pinning is
@@ -22,7 +24,7 @@ from pagedkv.optimized.tensor.block_ops import swap_blocks
 from pagedkv.optimized.tensor.memory import KVCacheMemory
 from pagedkv.spec.config import KVCacheConfig, KVCacheTensor
 from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
-from pagedkv.spec.hisparse import PageTransfer
+from pagedkv.spec.hisparse import PageTransfer, RowMirror
 
 __all__ = ["HostTierMemory", "can_pin_host_memory", "host_group_memory"]
 
@@ -101,3 +103,30 @@ class HostTierMemory:
                                            f"{transfer.kind!r}, expected writeback or restore")
         swap_blocks(self.device_cache, self.host_cache, writebacks)
         swap_blocks(self.host_cache, self.device_cache, restores)
+
+    def mirror_rows(self, mirrors: Sequence[RowMirror]) -> None:
+        """Copy each mirror's token rows, in every layer and every per-token
+        view (key and value, or the MLA latent), from the device cache into
+        the host cache. Slots are ``block id * block_size + offset``.
+        Cost: one slice copy per mirror, view and layer.
+
+        Raises:
+            InvalidArgumentError: a mirror leaves its block or either pool.
+        """
+        caches = [(name, layer, self.host_cache.layer(name))
+                  for name, layer in self.device_cache.layers.items()]
+        for mirror in mirrors:
+            for name, device_layer, host_layer in caches:
+                size = device_layer.spec.block_size
+                device_block, offset = divmod(mirror.device_slot, size)
+                host_block, host_offset = divmod(mirror.host_slot, size)
+                if (offset != host_offset or mirror.num_rows < 1
+                        or offset + mirror.num_rows > size
+                        or not 0 < device_block < self.device_cache.num_blocks
+                        or not 0 < host_block < self.host_cache.num_blocks):
+                    raise InvalidArgumentError(f"mirror {mirror} does not fit layer {name}'s blocks")
+                rows = slice(offset, offset + mirror.num_rows)
+                for view in ("key", "value", "latent"):
+                    if view in device_layer.views:
+                        host_layer.views[view][host_block, rows] = (
+                            device_layer.views[view][device_block, rows].to(self.host_cache.device))
