@@ -232,6 +232,24 @@ def test_row_mirrors_follow_pages_across_tiers(make: Callable[..., Tier]) -> Non
         RowMirror(row.resident_row[1] * B + 2, row.host_row[1] * B + 2, 2)]  # beyond the row
 
 
+def test_the_worked_example_of_host_tier_md(make: Callable[..., Tier]) -> None:
+    tier = make(host=10, device=10, hot=1)
+    tier.allocate("a", 20)
+    assert tier.residency("a").resident_row == (1, 2, 3, 4, 5)
+    tier.take_residency_updates(["a"])
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("a", 20)])
+    tier.require_hot("a")
+    allocation = tier.allocate("a", 20)
+    assert allocation is not None and allocation.hot_blocks == (6,)
+    tier.update_residency("a")
+    assert tier.snapshot().device_free == (7, 8, 9, 3, 2, 1)
+    allocation = tier.allocate("b", 16)
+    assert allocation is not None and allocation.resident_blocks == (7, 8, 9, 3)
+    assert tier.residency("a").resident_row == (1, 2, 0, 4, 5)
+    assert tier.take_residency_updates(["a"])["a"].pages == (2,)
+    _check(tier)
+
+
 def test_low_device_pool_asks_for_a_hot_region(make: Callable[..., Tier]) -> None:
     tier = make(device=8, hot=1, watermark=4)
     tier.allocate("a", 16)  # 4 of 7 free blocks used
