@@ -421,6 +421,19 @@ def test_host_pool_sizing_and_steady_state_concurrency() -> None:
     assert steady_state_concurrency(config, host_num_blocks=32, setting=setting) == 2.0
 
 
+@pytest.mark.parametrize("implementation", ["reference", "optimized"])
+def test_the_device_manager_refuses_host_resident_groups(implementation: str) -> None:
+    import pagedkv.optimized
+    import pagedkv.reference
+
+    module = pagedkv.reference if implementation == "reference" else pagedkv.optimized
+    source = FullAttentionSpec(16, 1, 1, "float32")
+    config = KVCacheConfig(16, (), (KVCacheGroupSpec(("source",), source, host_resident=True,
+                                                     role="hisparse_source"),))
+    with pytest.raises(InvalidConfigError, match="host_resident"):
+        module.KVCacheManager(config, max_model_len=64)
+
+
 def test_bad_hisparse_configs_are_refused() -> None:
     source = FullAttentionSpec(16, 1, 1, "float32")
     hot = KVCacheGroupSpec(("hot",), HiSparseHotSpec(16, page_size=64, blocks_per_request=2))
