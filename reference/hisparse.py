@@ -147,6 +147,27 @@ class HostTierManager:
         plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
         return plan.host_new + plan.free_hits, plan.host_new - plan.host_only + plan.hot_n
 
+    def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
+        """Read-only: the (host, device) blocks the request still needs to hold
+        ``full_sequence_tokens`` tokens, for an engine that admits a request
+        only when its whole sequence fits. Every page needs a host block, but
+        resident pages count only up to the admission window: older pages move
+        to host (D-HOST-11). An unknown request holds nothing."""
+        cfg = self.config
+        if type(full_sequence_tokens) is not int or full_sequence_tokens < 0:
+            raise InvalidTokenCountError(
+                f"full_sequence_tokens must be an int >= 0, got {full_sequence_tokens!r}")
+        if full_sequence_tokens > cfg.max_model_len:
+            raise ExceedsMaxModelLenError(f"full_sequence_tokens {full_sequence_tokens} exceeds "
+                                          f"max_model_len {cfg.max_model_len}")
+        req = self.requests.get(request_id)
+        pages = -(-full_sequence_tokens // cfg.block_size)
+        held = len(req.host_row) if req is not None else 0
+        resident = pages if cfg.admission_window is None else min(pages, cfg.admission_window)
+        hot = cfg.hot_blocks_per_request if (
+            req is not None and req.hot_required and not req.hot) else 0
+        return max(pages - held, 0), max(resident - held, 0) + hot
+
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                  block_hashes: Sequence[BlockHash] | None = None,
                  num_external_tokens: int = 0) -> HostAllocation | None:

@@ -109,6 +109,19 @@ def test_an_in_flight_writeback_keeps_the_host_pool_exhausted_until_it_lands(
     _check(tier)
 
 
+def test_full_sequence_admission_caps_resident_pages_at_the_window(
+        make: Callable[..., Tier]) -> None:
+    # 8 pages of context, a 2-page in-flight window: 8 host blocks but 2 device blocks.
+    tier = make(host=9, device=3, admission_window=2)
+    assert tier.full_sequence_blocks("r", 32) == (8, 2)
+    assert tier.allocate("r", 4) is not None
+    assert tier.full_sequence_blocks("r", 32) == (7, 1)
+    tier.require_hot("r")
+    assert tier.full_sequence_blocks("r", 32) == (7, 3)  # and the hot region
+    with pytest.raises(ExceedsMaxModelLenError):
+        tier.full_sequence_blocks("r", 65)
+
+
 def test_device_exhaustion_refuses_even_when_the_host_has_room(make: Callable[..., Tier]) -> None:
     tier = make(host=16, device=3)
     before = tier.snapshot()

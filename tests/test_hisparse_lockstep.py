@@ -164,6 +164,10 @@ class HostTierMachine(RuleBasedStateMachine):
             self._both("require_hot", "require_hot", request_id)
         self._both("update_residency", "update_residency", request_id)
 
+    @rule(request_id=st.sampled_from(REQUEST_IDS), tokens=st.integers(0, 34))
+    def full_sequence(self, request_id: str, tokens: int) -> None:
+        self._both("full_sequence_blocks", "full_sequence_blocks", request_id, tokens)
+
     @rule(request_id=st.sampled_from(REQUEST_IDS), start=st.integers(0, 34),
           count=st.integers(0, 12))
     def mirrors(self, request_id: str, start: int, count: int) -> None:
