@@ -18,7 +18,7 @@ from pagedkv.optimized.tensor.memory import KVCacheMemory  # noqa: E402
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor  # noqa: E402
 from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError  # noqa: E402
 from pagedkv.spec.hisparse import HiSparseHotSpec, HostTierConfig, RowMirror  # noqa: E402
-from pagedkv.spec.kv_cache_spec import FullAttentionSpec  # noqa: E402
+from pagedkv.spec.kv_cache_spec import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec  # noqa: E402
 from pagedkv.spec.types import BlockHash  # noqa: E402
 
 DEVICES = [
@@ -31,10 +31,10 @@ SPEC = FullAttentionSpec(4, 1, 2, "float32")  # 64-byte pages
 DEVICE_BLOCKS, HOST_BLOCKS = 12, 16
 
 
-def _device_cache(device: str) -> KVCacheMemory:
+def _device_cache(device: str, spec: KVCacheSpec = SPEC) -> KVCacheMemory:
     config = KVCacheConfig(
-        DEVICE_BLOCKS, (KVCacheTensor(SPEC.page_size_bytes * DEVICE_BLOCKS, ("resident",)),),
-        (KVCacheGroupSpec(("resident",), SPEC),))
+        DEVICE_BLOCKS, (KVCacheTensor(spec.page_size_bytes * DEVICE_BLOCKS, ("resident",)),),
+        (KVCacheGroupSpec(("resident",), spec),))
     return KVCacheMemory(config, device)
 
 
@@ -109,3 +109,19 @@ def test_row_mirrors_copy_just_the_rows_a_step_wrote(device: str) -> None:
     assert host["value"][second, :2].eq(9.0).all() and host["value"][second, 2:].eq(0).all()
     with pytest.raises(InvalidArgumentError, match="does not fit"):
         memory.mirror_rows([RowMirror(first * 4 + 3, second * 4 + 3, 2)])
+
+
+def test_row_mirrors_copy_mla_latent_rows() -> None:
+    # HiSparse serves sparse MLA models: their pages hold one latent row per token.
+    spec = MLAAttentionSpec(4, 1, 8, "bfloat16")
+    tier = HostTierManager(HostTierConfig(block_size=4, host_num_blocks=HOST_BLOCKS,
+                                          device_num_blocks=DEVICE_BLOCKS,
+                                          hot_blocks_per_request=1, max_model_len=64))
+    memory = HostTierMemory(_device_cache("cpu", spec), HOST_BLOCKS)
+    allocation = tier.allocate("a", 4)
+    assert allocation is not None
+    (block,), (host_block,) = allocation.resident_blocks, allocation.host_blocks
+    memory.device_cache.layer("resident")["latent"][block].fill_(3.0)
+    memory.mirror_rows(tier.row_mirrors("a", 1, 2))
+    latent = memory.host_cache.layer("resident")["latent"][host_block]
+    assert latent[1:3].eq(3.0).all() and latent[0].eq(0).all() and latent[3].eq(0).all()
