@@ -34,9 +34,21 @@ class KVCacheGroupSpec:
 
     layer_names: tuple[str, ...]
     kv_cache_spec: KVCacheSpec
+    # HiSparse (spec/host_tier.md): a host-resident group takes its blocks
+    # from the host pool, never the device pool; ``role`` is one of
+    # ``pagedkv.spec.hisparse.GROUP_ROLES``.
+    host_resident: bool = False
+    role: str = "default"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_names", tuple(self.layer_names))
+        if type(self.host_resident) is not bool:
+            raise InvalidConfigError(
+                f"KVCacheGroupSpec.host_resident must be a bool, got {self.host_resident!r}")
+        if self.role not in ("default", "hisparse_source", "hisparse_indexer"):
+            raise InvalidConfigError(
+                "KVCacheGroupSpec.role must be 'default', 'hisparse_source' or "
+                f"'hisparse_indexer', got {self.role!r}")
         if not isinstance(self.kv_cache_spec, KVCacheSpec):
             raise InvalidConfigError(
                 f"KVCacheGroupSpec.kv_cache_spec must be a KVCacheSpec, got {self.kv_cache_spec!r}")

@@ -41,7 +41,7 @@ def check_manager_args(
             of the hit alignment, the LCM of the block sizes) or
             ``max_num_batched_tokens`` malformed, ``hash_seed`` neither a
             str nor ``None``; context parallelism with a
-            group other than full attention.
+            group other than full attention; a ``host_resident`` group.
         InvalidArgumentError: unknown ``hash_fn``.
     """
     _positive_int("max_model_len", max_model_len)
@@ -51,6 +51,11 @@ def check_manager_args(
         raise InvalidConfigError(
             f"kv_cache_config must be a KVCacheConfig, got {type(kv_cache_config).__name__}")
     groups = kv_cache_config.kv_cache_groups
+    for group_id, group in enumerate(groups):
+        if group.host_resident:  # D-HOST-1: host pools are the host tier's
+            raise InvalidConfigError(
+                f"kv_cache_groups[{group_id}] is host_resident; the KV cache manager manages "
+                "device pools only: give HiSparse groups to HostTierManager (spec/host_tier.md)")
     if scale > 1:
         for group_id, group in enumerate(groups):
             if manager_kind_for(group.kv_cache_spec) not in ("full_attention", "sink_full_attention"):

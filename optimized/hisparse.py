@@ -1,0 +1,514 @@
+"""The host tier of HiSparse groups with cheaper structures (spec/host_tier.md).
+
+Same observable behaviour as ``pagedkv.reference.hisparse`` (the lockstep
+test runs both), different structures:
+
+- each pool's free queue is an ``OrderedDict``, so taking a hit block out of
+  the middle of the queue, or a block off its front, is O(1), not a list scan;
+- each request keeps the set of its clean *pinned* pages, so releasing clean
+  pages costs O(pages released) rather than a walk over the whole row;
+- allocation counts free hit blocks without copying anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pagedkv.optimized.hisparse_state import AllocationPlan, RequestState, TierPool
+from pagedkv.spec.errors import (
+    ExceedsMaxModelLenError,
+    InvalidArgumentError,
+    InvalidTokenCountError,
+    UnknownRequestError,
+)
+from pagedkv.spec.hisparse import (
+    ACTIVE_TAIL_PAGES,
+    HostAllocation,
+    HostTierConfig,
+    HostTierSnapshot,
+    PageTransfer,
+    RequestResidency,
+    ResidencyUpdate,
+    RowMirror,
+)
+from pagedkv.spec.types import BlockHash
+
+__all__ = ["HostTierManager"]
+
+
+class HostTierManager:
+    """Blocks of the HiSparse source, resident and hot groups in two pools."""
+
+    def __init__(self, config: HostTierConfig) -> None:
+        self.config = config
+        self._block_size = config.block_size
+        self._hot_n = config.hot_blocks_per_request
+        self.host = TierPool(config.host_num_blocks)
+        self.device = TierPool(config.device_num_blocks)
+        self.requests: dict[str, RequestState] = {}
+        self.readers: dict[int, set[tuple[str, int]]] = {}
+        self.copies: dict[BlockHash, int] = {}
+        self._copy_of: dict[int, BlockHash] = {}  # the reverse of ``copies``
+        self.transfers: dict[int, tuple[PageTransfer, RequestState]] = {}
+        self.next_transfer_id = 0
+        # Finished requests whose last write-backs are in flight: their durable
+        # prefix is published when those land (D-HOST-5).
+        self.detached: list[RequestState] = []
+
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
+        """O(hit length): host blocks of the longest cached prefix."""
+        if not self.config.enable_caching:
+            return ()
+        cached = self.host.cached
+        hits: list[int] = []
+        for block_hash in block_hashes:
+            b = cached.get(block_hash)
+            if b is None:
+                break
+            hits.append(b)
+        return tuple(hits)
+
+    def num_free_host_blocks(self) -> int:
+        return len(self.host.free)
+
+    def num_free_device_blocks(self) -> int:
+        return len(self.device.free)
+
+    def residency(self, request_id: str) -> RequestResidency:
+        req = self._get(request_id)
+        return RequestResidency(
+            tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
+            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published,
+            req.importing, req.synced, frozenset(req.stale))
+
+    def can_read_from_host(self, request_id: str) -> bool:
+        return len(self._get(request_id).hot) == self._hot_n
+
+    def _get(self, request_id: str) -> RequestState:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"request_id {request_id!r} holds nothing in the host tier")
+        return req
+
+    def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
+              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> AllocationPlan:
+        """Validate an allocation and count what it needs (changes nothing)."""
+        cfg = self.config
+        if type(num_tokens) is not int or num_tokens < 0:
+            raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if num_tokens > cfg.max_model_len:
+            raise ExceedsMaxModelLenError(
+                f"num_tokens {num_tokens} exceeds max_model_len {cfg.max_model_len}")
+        req = self.requests.get(request_id)
+        if block_hashes is not None:
+            hashes = list(block_hashes)
+        else:
+            hashes = req.block_hashes if req is not None else []
+        pages = -(-num_tokens // self._block_size)
+        host = self.host
+        if hit:
+            if req is not None and req.host_row:
+                raise InvalidArgumentError(
+                    f"hit given for request {request_id!r}, which already holds blocks")
+            if len(hit) > pages:
+                raise InvalidArgumentError(
+                    f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
+            hash_of = host.hash_of
+            for i, b in enumerate(hit):
+                if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
+                        hash_of.get(b) != hashes[i]):
+                    raise InvalidArgumentError(
+                        f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
+            if len(set(hit)) != len(hit):
+                raise InvalidArgumentError("hit repeats a block")
+        if type(num_external_tokens) is not int or num_external_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_external_tokens must be an int >= 0, got {num_external_tokens!r}")
+        block_size = self._block_size
+        imported = len(hit) * block_size + num_external_tokens if num_external_tokens else 0
+        if num_external_tokens and (
+                (req is not None and req.host_row) or imported > num_tokens):
+            raise InvalidArgumentError(
+                f"num_external_tokens {num_external_tokens}: an import needs a request holding "
+                f"nothing and hit + external tokens <= num_tokens {num_tokens}")
+        host_only = -(-imported // block_size) - 1 - len(hit) if imported else 0
+        existing = len(req.host_row) if req is not None else 0
+        host_new = pages - existing - len(hit)
+        if host_new < 0:
+            host_new = 0
+        free_hits = sum(1 for b in hit if host.ref[b] == 0)
+        wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
+        hot_n = self._hot_n if wants_hot and not (req is not None and req.hot) else 0
+        return AllocationPlan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+
+    def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                      block_hashes: Sequence[BlockHash] | None = None,
+                      num_external_tokens: int = 0) -> tuple[int, int]:
+        """O(hit). Read-only: the (host, device) free blocks ``allocate`` with
+        these arguments would take; it succeeds iff both are available."""
+        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        return plan.host_new + plan.free_hits, plan.host_new - plan.host_only + plan.hot_n
+
+    def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
+        """Read-only: the (host, device) blocks the request still needs to hold
+        ``full_sequence_tokens`` tokens, for an engine that admits a request
+        only when its whole sequence fits. Every page needs a host block, but
+        resident pages count only up to the admission window: older pages move
+        to host (D-HOST-11). An unknown request holds nothing."""
+        cfg = self.config
+        if type(full_sequence_tokens) is not int or full_sequence_tokens < 0:
+            raise InvalidTokenCountError(
+                f"full_sequence_tokens must be an int >= 0, got {full_sequence_tokens!r}")
+        if full_sequence_tokens > cfg.max_model_len:
+            raise ExceedsMaxModelLenError(f"full_sequence_tokens {full_sequence_tokens} exceeds "
+                                          f"max_model_len {cfg.max_model_len}")
+        req = self.requests.get(request_id)
+        pages = -(-full_sequence_tokens // cfg.block_size)
+        held = len(req.host_row) if req is not None else 0
+        resident = pages if cfg.admission_window is None else min(pages, cfg.admission_window)
+        hot = cfg.hot_blocks_per_request if (
+            req is not None and req.hot_required and not req.hot) else 0
+        return max(pages - held, 0), max(resident - held, 0) + hot
+
+    def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                 block_hashes: Sequence[BlockHash] | None = None,
+                 num_external_tokens: int = 0) -> HostAllocation | None:
+        """O(new blocks + hit). Validate, count, then commit (nothing changes on None)."""
+        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        req, hashes, imported, host_only = plan.req, plan.hashes, plan.imported, plan.host_only
+        host_new, hot_n = plan.host_new, plan.hot_n
+        host = self.host
+        if host_new > len(host.free) - plan.free_hits:
+            return None  # host exhaustion defers the request
+        device_new = host_new - host_only
+        if device_new + hot_n > len(self.device.free):
+            return None
+        if req is None:
+            req = self.requests[request_id] = RequestState()
+        req.block_hashes = hashes
+        if hit:
+            first = len(req.host_row)
+            for b in hit:
+                host.hold(b)
+            req.host_row.extend(hit)
+            req.resident_row.extend([0] * len(hit))
+            req.clean.update(range(first, first + len(hit)))
+            req.published = len(hit)
+        if hit or imported:
+            req.hot_required = True
+            req.importing = imported
+        new_host = self._take_host(host_new)
+        req.host_row.extend(new_host)
+        taken = self._take_device(device_new + hot_n)
+        resident = taken[:device_new]
+        if host_only:
+            req.resident_row.extend([0] * host_only)
+        req.resident_row.extend(resident)
+        if hot_n:
+            req.hot = taken[device_new:]
+        if hit and self.copies:
+            copies, hash_of, row = self.copies, host.hash_of, req.resident_row
+            for page, host_block in enumerate(hit):
+                copy = copies.get(hash_of[host_block])
+                if copy is not None:
+                    self.device.hold(copy)
+                    row[page] = copy
+                    req.pinned_clean.add(page)
+        return HostAllocation(tuple(hit) + tuple(new_host), tuple(resident),
+                              tuple(taken[device_new:]))
+
+    def finish_import(self, request_id: str, failed: bool = False) -> PageTransfer | None:
+        """O(imported pages). Success: sealed imported pages clean, a restore
+        of the last imported page; failure: the request is freed (D-HOST-9)."""
+        req = self._get(request_id)
+        if not req.importing:
+            raise InvalidArgumentError(f"request {request_id!r} has no import in flight")
+        if failed:
+            self.free(request_id)
+            return None
+        imported, req.importing = req.importing, 0
+        req.clean.update(range(imported // self._block_size))
+        tail = (imported - 1) // self._block_size
+        block = req.resident_row[tail]
+        self.device.hold(block)
+        transfer = self._new_transfer(request_id, req, tail, block, "restore")
+        self._publish(req)
+        return transfer
+
+    def _take_host(self, n: int) -> list[int]:
+        blocks = self.host.take(n)
+        for block_hash in self.host.evicted:
+            copy = self.copies.pop(block_hash, None)
+            if copy is not None:
+                del self._copy_of[copy]
+        return blocks
+
+    def _take_device(self, n: int) -> list[int]:
+        """O(n + pages lost): each taken block's copy and readers are lost."""
+        blocks = self.device.take(n)
+        if not (self._copy_of or self.readers):
+            return blocks
+        for b in blocks:
+            block_hash = self._copy_of.pop(b, None)
+            if block_hash is not None:
+                del self.copies[block_hash]
+            owners = self.readers.pop(b, None)
+            if owners is None:
+                continue
+            for request_id, page in owners:
+                req = self.requests[request_id]
+                req.resident_row[page] = 0
+                req.unpinned.discard(page)
+                if page < req.synced:
+                    req.stale.add(page)
+                req.hot_required = True
+        return blocks
+
+    def _record_copy(self, req: RequestState, page: int) -> None:
+        b = req.resident_row[page]
+        block_hash = self.host.hash_of.get(req.host_row[page])
+        if b == 0 or block_hash is None or page in req.pending:
+            return  # no device page, unpublished, or a restore is still filling it
+        old = self.copies.get(block_hash)
+        if old is not None:
+            del self._copy_of[old]
+        old_hash = self._copy_of.get(b)
+        if old_hash is not None:
+            del self.copies[old_hash]
+        self.copies[block_hash] = b
+        self._copy_of[b] = block_hash
+
+    def require_hot(self, request_id: str) -> None:
+        self._get(request_id).hot_required = True
+
+    def _new_transfer(self, request_id: str, req: RequestState, page: int, device_block: int,
+                      kind: Literal["writeback", "restore"]) -> PageTransfer:
+        transfer = PageTransfer(self.next_transfer_id, request_id, page, req.host_row[page],
+                                device_block, kind)
+        self.next_transfer_id += 1
+        self.transfers[transfer.transfer_id] = (transfer, req)
+        req.pending[page] = transfer.transfer_id
+        self.host.hold(transfer.host_block)
+        return transfer
+
+    def plan_writebacks(self, request_id: str, num_computed_tokens: int,
+                        budget: int | None = None) -> list[PageTransfer]:
+        """O(sealed pages)."""
+        req = self._get(request_id)
+        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
+        sealed = min(num_computed_tokens // self._block_size, len(req.resident_row))
+        first = -(-req.importing // self._block_size)  # an import is writing those
+        planned: list[PageTransfer] = []
+        row, clean, pending = req.resident_row, req.clean, req.pending
+        for page in range(first, sealed):
+            if budget is not None and len(planned) >= budget:
+                break
+            b = row[page]
+            if b == 0 or page in clean or page in pending:
+                continue
+            self.device.hold(b)
+            planned.append(self._new_transfer(request_id, req, page, b, "writeback"))
+        return planned
+
+    def plan_restore(self, request_id: str, page: int) -> PageTransfer | None:
+        """O(1)."""
+        req = self._get(request_id)
+        if not (0 <= page < len(req.resident_row)) or req.resident_row[page] != 0 or (
+                page in req.pending) or page not in req.clean:
+            raise InvalidArgumentError(
+                f"page {page!r} of {request_id!r} is not a clean host-only page")
+        if not self.device.free:
+            return None
+        (b,) = self._take_device(1)
+        return self._new_transfer(request_id, req, page, b, "restore")
+
+    def complete(self, transfer_ids: Sequence[int]) -> None:
+        """O(transfers + pages published + pages released)."""
+        if len(set(transfer_ids)) != len(transfer_ids) or any(
+                t not in self.transfers for t in transfer_ids):
+            raise InvalidArgumentError(
+                f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
+        touched: dict[str, RequestState] = {}
+        finished_detached: list[RequestState] = []
+        for t in transfer_ids:
+            transfer, req = self.transfers.pop(t)
+            live = self.requests.get(transfer.request_id) is req
+            self.host.release(transfer.host_block)
+            page = transfer.page
+            if live:
+                del req.pending[page]
+                touched.setdefault(transfer.request_id, req)
+            elif req.held:
+                del req.pending[page]
+                if transfer.kind == "writeback":
+                    req.clean.add(page)
+                if not req.pending:
+                    finished_detached.append(req)
+            if transfer.kind == "writeback":
+                self.device.release(transfer.device_block)
+                if live:
+                    req.clean.add(page)
+                    req.pinned_clean.add(page)
+            elif live:
+                if req.resident_row[page] == transfer.device_block:
+                    self.device.release(transfer.device_block)  # an import's tail: row holds it
+                else:
+                    req.resident_row[page] = transfer.device_block
+                    if page < req.synced:
+                        req.stale.add(page)
+                if page in req.clean:
+                    req.pinned_clean.add(page)
+                    self._record_copy(req, page)
+            else:
+                self.device.release(transfer.device_block)
+        for req in finished_detached:
+            self._finish_detached(req)
+        for request_id, req in touched.items():
+            self._publish(req)
+            if len(req.hot) == self._hot_n:
+                self._unpin_clean(request_id, req)
+
+    def _publish(self, req: RequestState) -> None:
+        if not self.config.enable_caching:
+            return
+        limit = min(len(req.block_hashes), len(req.host_row))
+        cached, hash_of = self.host.cached, self.host.hash_of
+        while req.published < limit and req.published in req.clean:
+            b, block_hash = req.host_row[req.published], req.block_hashes[req.published]
+            if block_hash not in cached and b not in hash_of:
+                cached[block_hash] = b
+                hash_of[b] = block_hash
+            self._record_copy(req, req.published)
+            req.published += 1
+
+    def _unpin_clean(self, request_id: str, req: RequestState) -> None:
+        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
+        movable = [page for page in req.pinned_clean if page < tail]
+        if not movable:
+            return
+        movable.sort(reverse=True)  # tail first: a context loses its tail before its head
+        row = req.resident_row
+        for page in movable:
+            b = row[page]
+            self.device.release(b)
+            self.readers.setdefault(b, set()).add((request_id, page))
+            req.unpinned.add(page)
+            req.pinned_clean.discard(page)
+
+    def update_residency(self, request_id: str) -> None:
+        req = self._get(request_id)
+        if len(req.hot) == self._hot_n:
+            self._unpin_clean(request_id, req)
+        elif len(self.device.free) < self.config.device_watermark or (
+                self.config.admission_window is not None
+                and len(req.resident_row) >= self.config.admission_window):
+            req.hot_required = True
+
+    def take_residency_updates(self, request_ids: Sequence[str]) -> dict[str, ResidencyUpdate]:
+        """O(pages sent). What the worker lacks for each request: its stale
+        pages, then the pages appended since the last update."""
+        requests = [(request_id, self._get(request_id)) for request_id in request_ids]
+        updates: dict[str, ResidencyUpdate] = {}
+        for request_id, req in requests:
+            row = req.resident_row
+            if not req.stale and req.synced >= len(row):
+                continue
+            pages = sorted(req.stale)
+            pages.extend(range(req.synced, len(row)))
+            updates[request_id] = ResidencyUpdate(tuple(pages), tuple(row[p] for p in pages))
+            req.stale.clear()
+            req.synced = len(row)
+        return updates
+
+    def fully_resident(self, request_id: str) -> bool:
+        """Whether every page of the request can be read from the device."""
+        return 0 not in self._get(request_id).resident_row
+
+    def row_mirrors(self, request_id: str, num_computed_tokens: int,
+                    num_scheduled_tokens: int) -> list[RowMirror]:
+        """O(pages spanned). Read-only: one mirror per resident page span."""
+        req = self._get(request_id)
+        if type(num_computed_tokens) is not int or type(num_scheduled_tokens) is not int or (
+                num_computed_tokens < 0 or num_scheduled_tokens < 0):
+            raise InvalidTokenCountError(
+                "num_computed_tokens and num_scheduled_tokens must be ints >= 0, got "
+                f"{num_computed_tokens!r} and {num_scheduled_tokens!r}")
+        size = self._block_size
+        row, host_row = req.resident_row, req.host_row
+        mirrors: list[RowMirror] = []
+        token, end = num_computed_tokens, num_computed_tokens + num_scheduled_tokens
+        while token < end:
+            page, offset = divmod(token, size)
+            num_rows = min(size - offset, end - token)
+            if page >= len(row):
+                break
+            if row[page] != 0:
+                mirrors.append(RowMirror(row[page] * size + offset, host_row[page] * size + offset,
+                                         num_rows))
+            token += num_rows
+        return mirrors
+
+    def free(self, request_id: str, finished: bool = False) -> None:
+        """O(pages + hot). ``finished``: the request ended (not preempted), so
+        its durable prefix is published once its in-flight write-backs land."""
+        req = self._get(request_id)
+        self._detach_if_publishing(req, finished)
+        row, unpinned, readers, device = req.resident_row, req.unpinned, self.readers, self.device
+        for page in range(len(row) - 1, -1, -1):
+            b = row[page]
+            if b == 0:
+                continue
+            if page in unpinned:
+                owners = readers[b]
+                owners.discard((request_id, page))
+                if not owners:
+                    del readers[b]
+            else:
+                device.release(b)
+        for b in reversed(req.hot):
+            device.release(b)
+        for b in reversed(req.host_row):
+            self.host.release(b)
+        del self.requests[request_id]
+        if req.held:
+            req.resident_row = [0] * len(req.resident_row)  # its device pages are gone
+            self.detached.append(req)
+
+    def _detach_if_publishing(self, req: RequestState, finished: bool) -> None:
+        """Keep the publishable host blocks of a finished request with write-backs
+        in flight referenced, so nothing evicts them before they are published."""
+        limit = min(len(req.block_hashes), len(req.host_row))
+        if finished and self.config.enable_caching and req.published < limit and any(
+                self.transfers[t][0].kind == "writeback" for t in req.pending.values()):
+            req.held = req.host_row[:limit]
+            for b in req.held:
+                self.host.hold(b)
+
+    def _finish_detached(self, req: RequestState) -> None:
+        """The last in-flight transfer of a detached request landed."""
+        self._publish(req)
+        for b in reversed(req.held):
+            self.host.release(b)
+        req.held = []
+        self.detached.remove(req)
+
+    def reset_host_cache(self) -> bool:
+        if len(self.host.free) != len(self.host.ref) - 1:
+            return False
+        self.host.cached.clear()
+        self.host.hash_of.clear()
+        self.copies.clear()
+        self._copy_of.clear()
+        return True
+
+    def snapshot(self) -> HostTierSnapshot:
+        return HostTierSnapshot(
+            tuple(self.host.free), tuple(sorted((h, b) for h, b in self.host.cached.items())),
+            tuple(self.device.free),
+            tuple((r, self.residency(r)) for r in sorted(self.requests)),
+            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
+            tuple(sorted(self.copies.items())),
+            tuple(tuple(req.held) for req in self.detached))

@@ -1,0 +1,503 @@
+"""The host tier of HiSparse groups, the obvious way (spec/host_tier.md).
+
+Semantic model: two block pools (host and device), each a list of ref
+counts, a free list (front = next to hand out) and a hash map; per request a
+host row, a resident row (0 = host-only page), a hot region and page sets.
+Every operation is a direct transcription of spec/host_tier.md; nothing is
+fast on purpose. ``check_invariants`` checks HOST-1..HOST-10 by ID.
+"""
+
+from __future__ import annotations
+
+import pprint
+from collections.abc import Sequence
+from typing import Literal
+
+from pagedkv.reference.hisparse_state import AllocationPlan, RequestState, TierPool
+from pagedkv.spec.errors import (
+    ExceedsMaxModelLenError,
+    InvalidArgumentError,
+    InvalidTokenCountError,
+    InvariantViolation,
+    UnknownRequestError,
+)
+from pagedkv.spec.hisparse import (
+    ACTIVE_TAIL_PAGES,
+    HostAllocation,
+    HostTierConfig,
+    HostTierSnapshot,
+    PageTransfer,
+    RequestResidency,
+    ResidencyUpdate,
+    RowMirror,
+)
+from pagedkv.spec.types import BlockHash
+
+__all__ = ["HostTierManager"]
+
+
+class HostTierManager:
+    """Blocks of the HiSparse source, resident and hot groups in two pools."""
+
+    def __init__(self, config: HostTierConfig) -> None:
+        self.config = config
+        self.host = TierPool(config.host_num_blocks)
+        self.device = TierPool(config.device_num_blocks)
+        self.requests: dict[str, RequestState] = {}
+        # Released device block -> the (request, page) pairs still reading it.
+        self.readers: dict[int, set[tuple[str, int]]] = {}
+        # Published host hash -> a device block holding the same page, readable
+        # until the pool hands the block out (D-HOST-7).
+        self.copies: dict[BlockHash, int] = {}
+        self.transfers: dict[int, tuple[PageTransfer, RequestState]] = {}
+        self.next_transfer_id = 0
+        # Finished requests whose last write-backs are in flight: their durable
+        # prefix is published when those land (D-HOST-5).
+        self.detached: list[RequestState] = []
+
+    # -- queries -------------------------------------------------------------
+
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
+        """The host blocks of the longest cached prefix of ``block_hashes``."""
+        hits: list[int] = []
+        if self.config.enable_caching:
+            for block_hash in block_hashes:
+                if block_hash not in self.host.cached:
+                    break
+                hits.append(self.host.cached[block_hash])
+        return tuple(hits)
+
+    def num_free_host_blocks(self) -> int:
+        return len(self.host.free)
+
+    def num_free_device_blocks(self) -> int:
+        return len(self.device.free)
+
+    def residency(self, request_id: str) -> RequestResidency:
+        req = self._get(request_id)
+        return RequestResidency(
+            tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
+            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published,
+            req.importing, req.synced, frozenset(req.stale))
+
+    def can_read_from_host(self, request_id: str) -> bool:
+        """Whether the request holds its hot region."""
+        return len(self._get(request_id).hot) == self.config.hot_blocks_per_request
+
+    def _get(self, request_id: str) -> RequestState:
+        if request_id not in self.requests:
+            raise UnknownRequestError(f"request_id {request_id!r} holds nothing in the host tier")
+        return self.requests[request_id]
+
+    # -- allocation ----------------------------------------------------------
+
+    def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
+              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> AllocationPlan:
+        """Validate an allocation and count what it needs (changes nothing)."""
+        cfg = self.config
+        if type(num_tokens) is not int or num_tokens < 0:
+            raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if num_tokens > cfg.max_model_len:
+            raise ExceedsMaxModelLenError(
+                f"num_tokens {num_tokens} exceeds max_model_len {cfg.max_model_len}")
+        req = self.requests.get(request_id)
+        hashes = list(block_hashes) if block_hashes is not None else (
+            req.block_hashes if req is not None else [])
+        pages = -(-num_tokens // cfg.block_size)
+        if hit:
+            if req is not None and req.host_row:
+                raise InvalidArgumentError(
+                    f"hit given for request {request_id!r}, which already holds blocks")
+            if len(hit) > pages:
+                raise InvalidArgumentError(
+                    f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
+            for i, b in enumerate(hit):
+                if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
+                        self.host.hash_of.get(b) != hashes[i]):
+                    raise InvalidArgumentError(
+                        f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
+        if len(set(hit)) != len(hit):
+            raise InvalidArgumentError("hit repeats a block")
+        if type(num_external_tokens) is not int or num_external_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_external_tokens must be an int >= 0, got {num_external_tokens!r}")
+        imported = len(hit) * cfg.block_size + num_external_tokens if num_external_tokens else 0
+        if num_external_tokens and (
+                (req is not None and req.host_row) or imported > num_tokens):
+            raise InvalidArgumentError(
+                f"num_external_tokens {num_external_tokens}: an import needs a request holding "
+                f"nothing and hit + external tokens <= num_tokens {num_tokens}")
+        # An import leaves its pages host-only except the last (the engine
+        # replays into it); later pages are resident as usual.
+        import_pages = -(-imported // cfg.block_size)
+        host_only = max(import_pages - 1 - len(hit), 0)
+        existing = len(req.host_row) if req is not None else 0
+        host_new = max(pages - existing - len(hit), 0)
+        free_hits = sum(1 for b in hit if self.host.ref[b] == 0)
+        has_hot = req is not None and bool(req.hot)
+        wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
+        hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
+        return AllocationPlan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+
+    def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                      block_hashes: Sequence[BlockHash] | None = None,
+                      num_external_tokens: int = 0) -> tuple[int, int]:
+        """Read-only: the (host, device) free blocks ``allocate`` with these
+        arguments would take; it succeeds iff both are available."""
+        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        return plan.host_new + plan.free_hits, plan.host_new - plan.host_only + plan.hot_n
+
+    def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
+        """Read-only: the (host, device) blocks the request still needs to hold
+        ``full_sequence_tokens`` tokens, for an engine that admits a request
+        only when its whole sequence fits. Every page needs a host block, but
+        resident pages count only up to the admission window: older pages move
+        to host (D-HOST-11). An unknown request holds nothing."""
+        cfg = self.config
+        if type(full_sequence_tokens) is not int or full_sequence_tokens < 0:
+            raise InvalidTokenCountError(
+                f"full_sequence_tokens must be an int >= 0, got {full_sequence_tokens!r}")
+        if full_sequence_tokens > cfg.max_model_len:
+            raise ExceedsMaxModelLenError(f"full_sequence_tokens {full_sequence_tokens} exceeds "
+                                          f"max_model_len {cfg.max_model_len}")
+        req = self.requests.get(request_id)
+        pages = -(-full_sequence_tokens // cfg.block_size)
+        held = len(req.host_row) if req is not None else 0
+        resident = pages if cfg.admission_window is None else min(pages, cfg.admission_window)
+        hot = cfg.hot_blocks_per_request if (
+            req is not None and req.hot_required and not req.hot) else 0
+        return max(pages - held, 0), max(resident - held, 0) + hot
+
+    def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                 block_hashes: Sequence[BlockHash] | None = None,
+                 num_external_tokens: int = 0) -> HostAllocation | None:
+        """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
+        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        req, hashes, imported, host_only = plan.req, plan.hashes, plan.imported, plan.host_only
+        host_new, hot_n = plan.host_new, plan.hot_n
+        if host_new > len(self.host.free) - plan.free_hits:
+            return None  # host exhaustion defers the request (nothing changed)
+        device_new = host_new - host_only
+        if device_new + hot_n > len(self.device.free):
+            return None
+        if req is None:
+            req = self.requests[request_id] = RequestState()
+        req.block_hashes = hashes
+        for b in hit:
+            self.host.hold(b)
+            req.clean.add(len(req.host_row))
+            req.host_row.append(b)
+            req.resident_row.append(0)
+        if hit:
+            req.published = len(hit)
+        if hit or imported:
+            req.hot_required = True
+            req.importing = imported
+        new_host = self._take_host(host_new)
+        req.host_row.extend(new_host)
+        taken = self._take_device(device_new + hot_n)
+        req.resident_row.extend([0] * host_only + taken[:device_new])
+        if hot_n:
+            req.hot = taken[device_new:]
+        # Hit pages adopt surviving device copies, after the new blocks were
+        # taken (admission did not count on them).
+        for page in range(len(hit)):
+            copy = self.copies.get(self.host.hash_of[req.host_row[page]])
+            if copy is not None:
+                self.device.hold(copy)
+                req.resident_row[page] = copy
+        return HostAllocation(tuple(hit) + tuple(new_host), tuple(taken[:device_new]),
+                              tuple(taken[device_new:]))
+
+    def finish_import(self, request_id: str, failed: bool = False) -> PageTransfer | None:
+        """The external load into the request's host pages ended.
+
+        Success: its sealed pages become clean (and are published), and the
+        last imported page, which the engine replays into, gets a restore
+        from host into its device block (returned). Failure: the request is
+        freed; the engine admits it again and recomputes (D-HOST-9).
+        """
+        req = self._get(request_id)
+        if not req.importing:
+            raise InvalidArgumentError(f"request {request_id!r} has no import in flight")
+        if failed:
+            self.free(request_id)
+            return None
+        imported, req.importing = req.importing, 0
+        req.clean.update(range(imported // self.config.block_size))
+        tail = (imported - 1) // self.config.block_size
+        self.device.hold(req.resident_row[tail])
+        transfer = self._new_transfer(request_id, req, tail, req.resident_row[tail], "restore")
+        self._publish(req)
+        return transfer
+
+    def _take_host(self, n: int) -> list[int]:
+        blocks = self.host.take(n)
+        for block_hash in self.host.evicted:
+            self.copies.pop(block_hash, None)  # a copy of a page no hit can find
+        return blocks
+
+    def _take_device(self, n: int) -> list[int]:
+        """``n`` free device blocks; each one's copy and readers are lost."""
+        blocks = self.device.take(n)
+        for b in blocks:
+            for block_hash in [h for h, c in self.copies.items() if c == b]:
+                del self.copies[block_hash]
+            for request_id, page in sorted(self.readers.pop(b, set())):
+                req = self.requests[request_id]
+                req.resident_row[page] = 0
+                req.unpinned.discard(page)
+                if page < req.synced:
+                    req.stale.add(page)
+                req.hot_required = True
+        return blocks
+
+    def _record_copy(self, req: RequestState, page: int) -> None:
+        b, host_block = req.resident_row[page], req.host_row[page]
+        # A page a restore is still filling must not become a hit's copy.
+        if b != 0 and host_block in self.host.hash_of and page not in req.pending:
+            for block_hash in [h for h, c in self.copies.items() if c == b]:
+                del self.copies[block_hash]
+            self.copies[self.host.hash_of[host_block]] = b
+
+    def require_hot(self, request_id: str) -> None:
+        """Ask for the request's hot region at its next allocation."""
+        self._get(request_id).hot_required = True
+
+    # -- write-back, restore, residency ---------------------------------------
+
+    def _new_transfer(self, request_id: str, req: RequestState, page: int, device_block: int,
+                      kind: Literal["writeback", "restore"]) -> PageTransfer:
+        transfer = PageTransfer(self.next_transfer_id, request_id, page, req.host_row[page],
+                                device_block, kind)
+        self.next_transfer_id += 1
+        self.transfers[transfer.transfer_id] = (transfer, req)
+        req.pending[page] = transfer.transfer_id
+        self.host.hold(transfer.host_block)
+        return transfer
+
+    def plan_writebacks(self, request_id: str, num_computed_tokens: int,
+                        budget: int | None = None) -> list[PageTransfer]:
+        """Write-back transfers of the sealed dirty pages, lowest first."""
+        req = self._get(request_id)
+        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
+            raise InvalidTokenCountError(
+                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
+        sealed = min(num_computed_tokens // self.config.block_size, len(req.resident_row))
+        first = -(-req.importing // self.config.block_size)  # an import is writing those
+        planned: list[PageTransfer] = []
+        for page in range(first, sealed):
+            if budget is not None and len(planned) >= budget:
+                break
+            b = req.resident_row[page]
+            if b == 0 or page in req.clean or page in req.pending:
+                continue
+            self.device.hold(b)
+            planned.append(self._new_transfer(request_id, req, page, b, "writeback"))
+        return planned
+
+    def plan_restore(self, request_id: str, page: int) -> PageTransfer | None:
+        """A restore of host-only ``page`` into a fresh device block, or None
+        when the device pool has no free block."""
+        req = self._get(request_id)
+        if not (0 <= page < len(req.resident_row)) or req.resident_row[page] != 0 or (
+                page in req.pending) or page not in req.clean:
+            raise InvalidArgumentError(
+                f"page {page!r} of {request_id!r} is not a clean host-only page")
+        if not self.device.free:
+            return None
+        (b,) = self._take_device(1)
+        return self._new_transfer(request_id, req, page, b, "restore")
+
+    def complete(self, transfer_ids: Sequence[int]) -> None:
+        """The worker ran these transfers (spec/host_tier.md, complete)."""
+        if len(set(transfer_ids)) != len(transfer_ids) or any(
+                t not in self.transfers for t in transfer_ids):
+            raise InvalidArgumentError(
+                f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
+        touched: list[str] = []
+        finished_detached: list[RequestState] = []
+        for t in transfer_ids:
+            transfer, req = self.transfers.pop(t)
+            live = self.requests.get(transfer.request_id) is req
+            self.host.release([transfer.host_block])
+            if live:
+                del req.pending[transfer.page]
+                if transfer.request_id not in touched:
+                    touched.append(transfer.request_id)
+            elif req.held:
+                del req.pending[transfer.page]
+                if transfer.kind == "writeback":
+                    req.clean.add(transfer.page)
+                if not req.pending:
+                    finished_detached.append(req)
+            if transfer.kind == "writeback":
+                self.device.release([transfer.device_block])
+                if live:
+                    req.clean.add(transfer.page)
+            elif live and req.resident_row[transfer.page] != transfer.device_block:
+                req.resident_row[transfer.page] = transfer.device_block  # the ref moves to the row
+                if transfer.page < req.synced:
+                    req.stale.add(transfer.page)
+            else:
+                self.device.release([transfer.device_block])
+            if live and transfer.kind == "restore" and transfer.page in req.clean:
+                self._record_copy(req, transfer.page)
+        for req in finished_detached:
+            self._finish_detached(req)
+        for request_id in touched:
+            req = self.requests[request_id]
+            self._publish(req)
+            if len(req.hot) == self.config.hot_blocks_per_request:
+                self._unpin_clean(request_id, req)
+
+    def _publish(self, req: RequestState) -> None:
+        if not self.config.enable_caching:
+            return
+        while (req.published < min(len(req.block_hashes), len(req.host_row))
+               and req.published in req.clean):
+            self.host.publish(req.host_row[req.published], req.block_hashes[req.published])
+            self._record_copy(req, req.published)
+            req.published += 1
+
+    def _unpin_clean(self, request_id: str, req: RequestState) -> None:
+        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
+        for page in reversed(range(tail)):
+            b = req.resident_row[page]
+            if b != 0 and page in req.clean and page not in req.unpinned and (
+                    page not in req.pending):
+                self.device.release([b])
+                self.readers.setdefault(b, set()).add((request_id, page))
+                req.unpinned.add(page)
+
+    def update_residency(self, request_id: str) -> None:
+        """Release clean pages when the request can read from host, else ask
+        for a hot region when the device pool runs low."""
+        req = self._get(request_id)
+        if len(req.hot) == self.config.hot_blocks_per_request:
+            self._unpin_clean(request_id, req)
+        elif len(self.device.free) < self.config.device_watermark or (
+                self.config.admission_window is not None
+                and len(req.resident_row) >= self.config.admission_window):
+            req.hot_required = True
+
+    # -- release -------------------------------------------------------------
+
+    def take_residency_updates(self, request_ids: Sequence[str]) -> dict[str, ResidencyUpdate]:
+        """For each request with news, its stale pages then its pages the
+        worker has never seen, with their device blocks (0: host-only)."""
+        for request_id in request_ids:
+            self._get(request_id)
+        updates: dict[str, ResidencyUpdate] = {}
+        for request_id in request_ids:
+            req = self.requests[request_id]
+            pages = sorted(req.stale) + list(range(req.synced, len(req.resident_row)))
+            if pages:
+                updates[request_id] = ResidencyUpdate(
+                    tuple(pages), tuple(req.resident_row[p] for p in pages))
+            req.stale = set()
+            req.synced = len(req.resident_row)
+        return updates
+
+    def fully_resident(self, request_id: str) -> bool:
+        """Whether every page of the request can be read from the device."""
+        return all(b != 0 for b in self._get(request_id).resident_row)
+
+    def row_mirrors(self, request_id: str, num_computed_tokens: int,
+                    num_scheduled_tokens: int) -> list[RowMirror]:
+        """Where the rows of tokens ``[num_computed_tokens, +num_scheduled_tokens)``
+        go on the device and in the host pool, one mirror per page span; a
+        host-only page (nothing written on the device) or a page beyond the
+        row is skipped, its neighbours are not. Read-only."""
+        req = self._get(request_id)
+        if type(num_computed_tokens) is not int or type(num_scheduled_tokens) is not int or (
+                num_computed_tokens < 0 or num_scheduled_tokens < 0):
+            raise InvalidTokenCountError(
+                "num_computed_tokens and num_scheduled_tokens must be ints >= 0, got "
+                f"{num_computed_tokens!r} and {num_scheduled_tokens!r}")
+        size = self.config.block_size
+        mirrors: list[RowMirror] = []
+        for token in range(num_computed_tokens, num_computed_tokens + num_scheduled_tokens):
+            page, offset = divmod(token, size)
+            if page >= len(req.resident_row) or req.resident_row[page] == 0:
+                continue
+            device_slot = req.resident_row[page] * size + offset
+            host_slot = req.host_row[page] * size + offset
+            last = mirrors[-1] if mirrors else None
+            if last is not None and last.device_slot + last.num_rows == device_slot and (
+                    last.host_slot + last.num_rows == host_slot) and offset != 0:
+                mirrors[-1] = RowMirror(last.device_slot, last.host_slot, last.num_rows + 1)
+            else:
+                mirrors.append(RowMirror(device_slot, host_slot, 1))
+        return mirrors
+
+    def free(self, request_id: str, finished: bool = False) -> None:
+        """Release every block the request holds, each list tail first.
+        ``finished``: the request ended (it was not preempted), so its durable
+        prefix is published once its in-flight write-backs land (D-HOST-5)."""
+        req = self._get(request_id)
+        self._detach_if_publishing(req, finished)
+        for page in reversed(range(len(req.resident_row))):
+            b = req.resident_row[page]
+            if b == 0:
+                continue
+            if page in req.unpinned:
+                self.readers[b].discard((request_id, page))
+                if not self.readers[b]:
+                    del self.readers[b]
+            else:
+                self.device.release([b])
+        self.device.release(req.hot[::-1])
+        self.host.release(req.host_row[::-1])
+        del self.requests[request_id]
+        if req.held:
+            req.resident_row = [0] * len(req.resident_row)  # its device pages are gone
+            self.detached.append(req)
+
+    def _detach_if_publishing(self, req: RequestState, finished: bool) -> None:
+        """Keep the publishable host blocks of a finished request with write-backs
+        in flight referenced, so nothing evicts them before they are published."""
+        limit = min(len(req.block_hashes), len(req.host_row))
+        if finished and self.config.enable_caching and req.published < limit and any(
+                self.transfers[t][0].kind == "writeback" for t in req.pending.values()):
+            req.held = req.host_row[:limit]
+            for b in req.held:
+                self.host.hold(b)
+
+    def _finish_detached(self, req: RequestState) -> None:
+        """The last in-flight transfer of a detached request landed."""
+        self._publish(req)
+        for b in reversed(req.held):
+            self.host.release([b])
+        req.held = []
+        self.detached.remove(req)
+
+    def reset_host_cache(self) -> bool:
+        """Drop every host hash; refused (False) while a host block is held."""
+        if any(self.host.ref):
+            return False
+        self.host.cached.clear()
+        self.host.hash_of.clear()
+        self.copies.clear()
+        return True
+
+    # -- observation ----------------------------------------------------------
+
+    def snapshot(self) -> HostTierSnapshot:
+        return HostTierSnapshot(
+            tuple(self.host.free), tuple(sorted((h, b) for h, b in self.host.cached.items())),
+            tuple(self.device.free),
+            tuple((r, self.residency(r)) for r in sorted(self.requests)),
+            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
+            tuple(sorted(self.copies.items())),
+            tuple(tuple(req.held) for req in self.detached))
+
+    def check_invariants(self) -> None:
+        """HOST-1..HOST-12, by ID (raises InvariantViolation with a state dump)."""
+        from pagedkv.reference.hisparse_invariants import check_host_tier
+
+        check_host_tier(self)
+
+    def _fail(self, invariant: str, message: str) -> InvariantViolation:
+        return InvariantViolation(
+            f"{invariant}: {message}\nstate:\n{pprint.pformat(self.snapshot(), width=120)}")
