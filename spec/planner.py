@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from pagedkv.spec import sizing
+from pagedkv.spec.attention_variants import EncoderOnlyAttentionSpec
 from pagedkv.spec.capacity import (
     _check_specs,
     check_available_memory,
@@ -123,8 +124,18 @@ def unify_hybrid_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, K
 
 
 def _block_scalable(spec: KVCacheSpec) -> bool:
-    """Attention pages grow linearly with the block size (unless padded)."""
-    return isinstance(spec, AttentionSpec) and spec.page_size_padded is None
+    """Attention pages grow linearly with the block size (unless padded or
+    rounded up to an alignment, or compressed: then they do not)."""
+    return (isinstance(spec, AttentionSpec) and spec.page_size_padded is None
+            and getattr(spec, "alignment", None) is None
+            and getattr(spec, "tokens_per_state", 1) == 1)
+
+
+def without_encoder_only_layers(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """The layers that need KV cache memory: encoder-only layers keep nothing
+    between steps, so they join no group and take no bytes (D-SPEC-15)."""
+    return {name: spec for name, spec in specs.items()
+            if not isinstance(spec, EncoderOnlyAttentionSpec)}
 
 
 def unify_kv_cache_spec_page_size(specs: Mapping[str, KVCacheSpec], *,
@@ -192,7 +203,7 @@ def get_kv_cache_groups(setting: ModelSetting, specs: Mapping[str, KVCacheSpec]
     order of the first layer of each spec.
     """
     _check_specs(specs)
-    layer_specs = dict(specs)
+    layer_specs = without_encoder_only_layers(specs)
     if setting.disable_hybrid_kv_cache_manager:
         layer_specs = unify_hybrid_kv_cache_specs(layer_specs)
     if is_kv_cache_type_attention_free(layer_specs):
