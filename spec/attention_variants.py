@@ -62,7 +62,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     def __post_init__(self) -> None:
         KVCacheSpec.__post_init__(self)
-        _check_compression(self)
+        _check_compression(self, self.tokens_per_state, self.alignment)
         if type(self.bounded_replay) is not bool:
             raise InvalidConfigError(
                 f"SlidingWindowMLASpec.bounded_replay must be a bool, got {self.bounded_replay!r}")

@@ -315,7 +315,7 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     def __post_init__(self) -> None:
         KVCacheSpec.__post_init__(self)
-        _check_compression(self)
+        _check_compression(self, self.tokens_per_state, self.alignment)
         FullAttentionSpec.__post_init__(self)
         if self.head_size_v is not None:
             raise InvalidConfigError(
@@ -347,14 +347,14 @@ class MLAAttentionSpec(FullAttentionSpec):
         return aligned_page_bytes(self)
 
 
-def _check_compression(spec: KVCacheSpec) -> None:
+def _check_compression(spec: KVCacheSpec, tokens_per_state: int, alignment: int | None) -> None:
     """``tokens_per_state`` a positive int at most ``block_size``; ``alignment`` positive or None."""
-    _positive(spec, "tokens_per_state", spec.tokens_per_state)
-    _optional_positive(spec, "alignment", spec.alignment)
-    if spec.tokens_per_state > spec.block_size:
+    _positive(spec, "tokens_per_state", tokens_per_state)
+    _optional_positive(spec, "alignment", alignment)
+    if tokens_per_state > spec.block_size:
         raise InvalidConfigError(
             f"{type(spec).__name__}.tokens_per_state must be <= block_size "
-            f"{spec.block_size}, got {spec.tokens_per_state}")
+            f"{spec.block_size}, got {tokens_per_state}")
 
 
 def latent_page_bytes(spec: AttentionSpec) -> int:
