@@ -33,7 +33,7 @@ _MODEL_CONFIG = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "hidd
 
 def _vllm_spec(spec: KVCacheSpec, interface: Any, torch: Any) -> Any:
     dtype = getattr(torch, getattr(spec, "dtype", "float16"), torch.float16)
-    common = {"block_size": spec.block_size}
+    common: dict[str, Any] = {"block_size": spec.block_size}
     if isinstance(spec, MambaSpec):
         return interface.MambaSpec(block_size=spec.block_size, shapes=spec.shapes,
                                    dtypes=tuple(getattr(torch, d) for d in spec.dtypes),
