@@ -15,10 +15,11 @@
 
 Grouping example: 10 full-attention layers and 20 sliding-window layers
 repeat the pattern (1 full, 2 sliding) 10 times. The group size is 10, the
-fewest layers of any type, giving three groups (full.0-9, sw.0-9,
-sw.10-19) and 10 tensors, tensor ``i`` shared by ``full.i``, ``sw.i`` and
-``sw.10+i``: each group has its own block table, so the three layers use
-different blocks of the same tensor and never collide.
+fewest layers of any type, giving three groups (full.0-9, the even sw
+layers, the odd sw layers: a type's layers are dealt out in turn) and 10
+tensors, tensor ``i`` shared by layer ``i`` of each group: each group has its
+own block table, so the three layers use different blocks of the same
+tensor and never collide.
 """
 
 from __future__ import annotations
@@ -214,15 +215,38 @@ def get_kv_cache_groups(setting: ModelSetting, specs: Mapping[str, KVCacheSpec]
     if uniform is not None:
         return (KVCacheGroupSpec(tuple(layer_specs), uniform),), layer_specs
     layer_specs = unify_kv_cache_spec_page_size(layer_specs)
-    same_spec_layers: dict[KVCacheSpec, list[str]] = {}
-    for name, spec in layer_specs.items():
-        same_spec_layers.setdefault(spec, []).append(name)
-    group_size = sizing.group_size_for([len(names) for names in same_spec_layers.values()])
+    buckets = _mergeable_buckets(layer_specs)
+    group_size = sizing.group_size_for([len(names) for names in buckets])
     groups: list[KVCacheGroupSpec] = []
-    for names in same_spec_layers.values():
-        for start in range(0, len(names), group_size):
-            groups.append(_group(names[start:start + group_size], layer_specs))
+    for names in buckets:
+        # Strided, not consecutive: under pipeline parallelism each stage then
+        # holds about the same share of every group (vLLM 0.33's assignment).
+        num_groups = sizing.num_groups_for(len(names), group_size)
+        for index in range(num_groups):
+            groups.append(_group(names[index::num_groups], layer_specs))
     return tuple(groups), layer_specs
+
+
+def _mergeable_buckets(specs: Mapping[str, KVCacheSpec]) -> list[list[str]]:
+    """Layers bucketed by equal spec (in order of first appearance), then
+    buckets whose specs merge joined, so e.g. full-attention layers that
+    differ only in a recorded window share groups (CFG-14)."""
+    same_spec_layers: dict[KVCacheSpec, list[str]] = {}
+    for name, spec in specs.items():
+        same_spec_layers.setdefault(spec, []).append(name)
+    buckets: list[tuple[list[str], list[KVCacheSpec]]] = []
+    for spec, names in same_spec_layers.items():
+        for bucket_names, bucket_specs in buckets:
+            try:
+                type(bucket_specs[0]).merge([*bucket_specs, spec])
+            except IncompatibleSpecError:
+                continue
+            bucket_names.extend(names)
+            bucket_specs.append(spec)
+            break
+        else:
+            buckets.append((list(names), [spec]))
+    return [names for names, _ in buckets]
 
 
 def get_kv_cache_config(setting: ModelSetting, specs: Mapping[str, KVCacheSpec],

@@ -19,6 +19,10 @@ EXPECTED = {
     "gemma3": (32768, 74_896, 476_272),
     "jamba": (32768, 327_680, 2_620_880),
     "deepseek-v3": (9549, 611_136, 611_136),
+    # 61 x 64 x (656 + 132) = 3,076,352 bytes a block (one uniform-type group).
+    "deepseek-v3.2": (13961, 893_504, 893_504),
+    # 4 groups of 8 layers, 37,440-byte pages: 40 GiB // 37,440 // 8.
+    "swa-mla": (143395, 2_294_272, 9_152_128),
 }
 
 

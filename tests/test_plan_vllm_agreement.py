@@ -67,13 +67,11 @@ def _vllm_kind(spec: Any, interface: Any) -> str:
     return "full_attention"
 
 
-# vLLM 0.33 groups hybrids by its newer packing (``_get_packed_kv_cache_groups``);
-# pagedkv still plans them as the seeds did (CFG-14). Measured 24 Nov 2026, 40 GiB,
-# max_model_len 8192: gemma3's group layer counts differ (pagedkv cuts the 52 SWA layers
-# by the 10 full layers; vLLM 0.33 does not); jamba 32,768 blocks vs vLLM's 34,492.
-# Strict: a fix makes these pass loudly.
-_DISAGREE = {"gemma3": "vLLM 0.33 packs hybrid groups differently (group layer counts differ)",
-             "jamba": "vLLM 0.33 packs attention + Mamba differently (32,768 vs 34,492 blocks)"}
+# Measured 24 Nov 2026, 40 GiB, max_model_len 8192: jamba plans 32,768 blocks, vLLM 0.33
+# 34,492 (its page unification of attention + Mamba differs from CFG-15's). Strict: a fix
+# makes this pass loudly.
+_DISAGREE = {"jamba": "vLLM 0.33 unifies attention + Mamba pages differently "
+                      "(32,768 vs 34,492 blocks)"}
 
 
 @pytest.mark.parametrize("preset", [

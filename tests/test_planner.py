@@ -130,17 +130,28 @@ def test_grouping_of_10_full_and_20_sliding_window_layers() -> None:
     names = [g.layer_names for g in config.kv_cache_groups]
     assert names[0] == tuple(f"layers.{i}" for i in range(0, 30, 3))
     sw = [f"layers.{i}" for i in range(30) if i % 3]
-    assert names[1] == tuple(sw[:10]) and names[2] == tuple(sw[10:])
+    # A type's layers are dealt out to its groups in turn (vLLM 0.33).
+    assert names[1] == tuple(sw[0::2]) and names[2] == tuple(sw[1::2])
     assert len(config.kv_cache_tensors) == 10
-    assert config.kv_cache_tensors[0].shared_by == ("layers.0", "layers.1", "layers.16")
+    assert config.kv_cache_tensors[0].shared_by == ("layers.0", "layers.1", "layers.2")
     assert config.num_blocks == 4 * GiB // FULL.page_size_bytes // 10
 
 
 def test_padding_the_last_group_of_a_type() -> None:
     specs: dict[str, KVCacheSpec] = {"f0": FULL, "f1": FULL, "s0": SW, "s1": SW, "s2": SW}
     config = get_kv_cache_config(ModelSetting(1024), specs, GiB)
-    assert [g.layer_names for g in config.kv_cache_groups] == [("f0", "f1"), ("s0", "s1"), ("s2",)]
-    assert [t.shared_by for t in config.kv_cache_tensors] == [("f0", "s0", "s2"), ("f1", "s1")]
+    assert [g.layer_names for g in config.kv_cache_groups] == [("f0", "f1"), ("s0", "s2"), ("s1",)]
+    assert [t.shared_by for t in config.kv_cache_tensors] == [("f0", "s0", "s1"), ("f1", "s2")]
+
+
+def test_types_of_nearly_equal_size_share_the_larger_group_size() -> None:
+    # 3 full + 4 sliding window: 4 < 1.5 * 3, so one group per type (the full one padded).
+    specs: dict[str, KVCacheSpec] = {f"f{i}": FULL for i in range(3)}
+    specs.update({f"s{i}": SW for i in range(4)})
+    config = get_kv_cache_config(ModelSetting(1024), specs, GiB)
+    assert [g.layer_names for g in config.kv_cache_groups] == [
+        ("f0", "f1", "f2"), ("s0", "s1", "s2", "s3")]
+    assert config.num_blocks == GiB // FULL.page_size_bytes // 4
 
 
 def test_attention_free_and_uniform_type() -> None:
