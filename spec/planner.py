@@ -25,7 +25,6 @@ tensor and never collide.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -43,6 +42,7 @@ from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
@@ -143,50 +143,43 @@ def unify_kv_cache_spec_page_size(specs: Mapping[str, KVCacheSpec], *,
                                   max_block_size: int = MAX_UNIFIED_BLOCK_SIZE) -> dict[str, KVCacheSpec]:
     """The specs with one common page size (CFG-15), or ``IncompatibleSpecError``.
 
-    Attention pages scale with the block size; fixed pages (Mamba states,
-    padded pages) do not but can be padded. The target page is the smallest
-    multiple of every attention page that is at least the largest fixed
-    page (``sizing.padded_page_target``); each attention layer's block size
-    is multiplied by ``target / page``, each smaller fixed page padded to it.
+    The common page is the largest page (vLLM 0.33's rule, D-SPEC-17). A
+    smaller page is made that size by, in this order: padding a Mamba state;
+    multiplying the block size of an attention layer whose page scales with
+    it and divides the largest; padding any other non-MLA attention page.
+    MLA pages cannot be padded (sparse MLA addresses whole token rows).
 
     Example (a Jamba-like model): attention pages of 65,536 bytes (block 16,
-    4,096 bytes a token) and a Mamba state of 311,296 bytes give a target of
-    5 * 65,536 = 327,680: attention blocks of 80 tokens, Mamba pages padded
-    by 16,384 bytes.
+    4,096 bytes a token) and a Mamba state of 311,296 bytes: 65,536 does not
+    divide 311,296, so the attention pages are padded to 311,296 bytes and
+    keep blocks of 16 tokens.
     """
     result = dict(specs)
     pages = {name: spec.page_size_bytes for name, spec in result.items()}
     if len(set(pages.values())) <= 1:
         return result
-    scalable = [name for name, spec in result.items() if _block_scalable(spec)]
-    fixed = [name for name in result if name not in scalable]
-    largest_fixed = max((pages[name] for name in fixed), default=0)
-    if scalable:
-        target = sizing.padded_page_target(math.lcm(*(pages[n] for n in scalable)), largest_fixed)
-    else:
-        target = largest_fixed
-    for name in scalable:
-        spec = result[name]
-        new_block_size = spec.block_size * (target // pages[name])
-        if new_block_size > max_block_size:
-            raise IncompatibleSpecError(
-                f"cannot unify page sizes: layer {name!r} would need field 'block_size' = "
-                f"{new_block_size} (> {max_block_size}) for its page of {pages[name]} bytes to "
-                f"reach the common page of {target} bytes")
-        result[name] = spec.copy_with_new_block_size(new_block_size)
-    for name in fixed:
-        spec = result[name]
-        if pages[name] == target:
+    target = max(pages.values())
+    for name, spec in result.items():
+        page = pages[name]
+        if page == target:
             continue
-        if isinstance(spec, AttentionSpec):
+        if isinstance(spec, MambaSpec):
             result[name] = dataclasses.replace(spec, page_size_padded=target)
-        elif isinstance(spec, MambaSpec):
+        elif _block_scalable(spec) and target % page == 0:
+            new_block_size = spec.block_size * (target // page)
+            if new_block_size > max_block_size:
+                raise IncompatibleSpecError(
+                    f"cannot unify page sizes: layer {name!r} would need field 'block_size' = "
+                    f"{new_block_size} (> {max_block_size}) for its page of {page} bytes to "
+                    f"reach the common page of {target} bytes")
+            result[name] = spec.copy_with_new_block_size(new_block_size)
+        elif isinstance(spec, AttentionSpec) and not isinstance(spec, MLAAttentionSpec):
             result[name] = dataclasses.replace(spec, page_size_padded=target)
         else:
             raise IncompatibleSpecError(
                 f"cannot unify page sizes: layer {name!r} ({type(spec).__name__}) has field "
-                f"'page_size_bytes' = {pages[name]}, which neither scales with the block size "
-                f"nor can be padded to the common page of {target} bytes")
+                f"'page_size_bytes' = {page}, which neither divides the common page of "
+                f"{target} bytes nor can be padded to it (MLA pages cannot be padded)")
     return result
 
 
