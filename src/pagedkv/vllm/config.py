@@ -30,6 +30,7 @@ from pagedkv.spec.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
+from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
 
 __all__ = ["UnsupportedVllmSpecError", "translate_spec", "translate_config", "group_block_size"]
 
@@ -58,6 +59,8 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
     fields = _attention_fields(spec) if hasattr(spec, "num_kv_heads") else {}
     if block_size is not None and fields:
         fields["block_size"] = block_size
+    if kind == "UniformTypeKVCacheSpecs":
+        return _uniform_type(spec, block_size)
     if kind in _NOT_MANAGED:
         raise UnsupportedVllmSpecError(
             f"pagedkv has no manager for vLLM's {kind}: {_NOT_MANAGED[kind]} (KV cache group spec "
@@ -103,6 +106,23 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
                          num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0)))
     raise UnsupportedVllmSpecError(
         f"pagedkv has no manager for vLLM's {kind} (KV cache group spec {spec!r})")
+
+
+def _uniform_type(spec: Any, block_size: int | None) -> KVCacheSpec:
+    """vLLM's multi-layer group spec: each layer translated. pagedkv's
+    ``UniformTypeKVCacheSpecs`` when its stricter uniform-type rule holds
+    (CFG-13: one manager kind, equal token-slot keys); otherwise the first
+    layer's spec, which has the same manager kind and token geometry as the
+    group's vLLM manager uses (vLLM picks the manager from the first layer)."""
+    size = int(spec.block_size) if block_size is None else block_size
+    layers = tuple((str(name), translate_spec(layer, size))
+                   for name, layer in spec.kv_cache_specs.items())
+    if not layers:
+        raise UnsupportedVllmSpecError(f"vLLM's UniformTypeKVCacheSpecs holds no layer ({spec!r})")
+    try:
+        return UniformTypeKVCacheSpecs(size, layers)
+    except InvalidConfigError:
+        return layers[0][1]
 
 
 _NOT_MANAGED: dict[str, str] = {
