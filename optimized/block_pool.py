@@ -423,6 +423,8 @@ class BlockPool(PoolView):
                 lora_id=request.lora_id,
                 medium=MEDIUM_GPU,
                 lora_name=request.lora_name,
+                group_idx=group_id,
+                session_id=getattr(request, "session_id", None),
             ))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:

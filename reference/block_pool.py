@@ -204,6 +204,8 @@ class BlockPool:
                 block_size=block_size,
                 lora_id=request.lora_id,
                 lora_name=request.lora_name,
+                group_idx=group_id,
+                session_id=getattr(request, "session_id", None),
             ))
 
     def _evict(self, block: KVCacheBlock) -> None:

@@ -6,6 +6,12 @@ events, typed errors, the normative hash functions and the Protocols both
 specification lives beside this package in ``spec/*.md``.
 """
 
+from pagedkv.spec.attention_variants import (
+    CircularBufferSpec,
+    EncoderOnlyAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
+)
 from pagedkv.spec.capacity import (
     check_enough_kv_cache_memory,
     estimate_max_model_len,
@@ -66,6 +72,7 @@ from pagedkv.spec.types import (
 from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
 
 __all__ = [
+    "CircularBufferSpec", "EncoderOnlyAttentionSpec", "RSWASpec", "SlidingWindowMLASpec",
     "BUILTIN_MANAGER_KINDS", "ChunkedLocalAttentionSpec", "CrossAttentionSpec", "DTYPE_SIZES",
     "MAMBA_CACHE_MODES", "MLAAttentionSpec", "MambaSpec", "ModelSetting", "SinkFullAttentionSpec",
     "SlidingWindowSpec", "UniformTypeKVCacheSpecs", "check_enough_kv_cache_memory",

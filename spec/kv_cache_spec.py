@@ -41,6 +41,8 @@ __all__ = [
     "SlidingWindowSpec",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
+    "latent_page_bytes",
+    "aligned_page_bytes",
 ]
 
 DTYPE_SIZES: Final[dict[str, int]] = {
@@ -224,16 +226,26 @@ class FullAttentionSpec(AttentionSpec):
     when the hybrid manager is disabled: the manager then allocates for every
     token, as for full attention, while the model still computes over the
     window (``unify_hybrid_kv_cache_specs``).
+
+    ``non_causal`` (keyword only) marks a layer that attends both ways (a
+    prefix LM). It changes neither the page nor the manager's block
+    accounting; engines read it to turn off chunked prefill and prefix
+    caching for such models (D-SPEC-11). Merged groups are non-causal when
+    any layer is.
     """
 
     head_size_v: int | None = None
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    non_causal: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
         for name in ("head_size_v", "sliding_window", "attention_chunk_size"):
             _optional_positive(self, name, getattr(self, name))
+        if type(self.non_causal) is not bool:
+            raise InvalidConfigError(
+                f"{type(self).__name__}.non_causal must be a bool, got {self.non_causal!r}")
         if self.sliding_window is not None and self.attention_chunk_size is not None:
             raise InvalidConfigError(
                 f"{type(self).__name__} may record sliding_window or attention_chunk_size, "
@@ -263,7 +275,7 @@ class FullAttentionSpec(AttentionSpec):
         """
         typed = cls._same_type(specs)
         windows = ("sliding_window", "attention_chunk_size")
-        cls._require_equal(typed, ignore=windows)
+        cls._require_equal(typed, ignore=(*windows, "non_causal"))
         merged: dict[str, int | None] = {}
         for name in windows:
             values = sorted({v for v in (getattr(s, name) for s in typed) if v is not None})
@@ -278,7 +290,8 @@ class FullAttentionSpec(AttentionSpec):
                 f"on some layers and 'sliding_window' on others")
         return dataclasses.replace(
             typed[0], sliding_window=merged["sliding_window"],
-            attention_chunk_size=merged["attention_chunk_size"])
+            attention_chunk_size=merged["attention_chunk_size"],
+            non_causal=any(s.non_causal for s in typed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,11 +302,20 @@ class MLAAttentionSpec(FullAttentionSpec):
     ``cache_dtype_str`` names a special cache layout; ``"fp8_ds_mla"`` stores
     656 bytes per token (CFG-4) and needs ``num_kv_heads == 1`` and
     ``head_size == 576``.
+
+    Compressed MLA (DeepSeek-V4-like, keyword only): ``tokens_per_state``
+    tokens share one stored latent, so a block of ``block_size`` tokens holds
+    ``block_size // tokens_per_state`` latents; ``alignment`` rounds the page
+    up to a multiple of that many bytes (CFG-4a, D-SPEC-12).
     """
 
     cache_dtype_str: str | None = None
+    tokens_per_state: int = field(default=1, kw_only=True)
+    alignment: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
+        KVCacheSpec.__post_init__(self)
+        _check_compression(self, self.tokens_per_state, self.alignment)
         FullAttentionSpec.__post_init__(self)
         if self.head_size_v is not None:
             raise InvalidConfigError(
@@ -314,11 +336,47 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     @property
     def real_page_size_bytes(self) -> int:
-        """``block_size * 656`` for fp8_ds_mla, else
-        ``block_size * num_kv_heads * head_size * dtype size`` (CFG-4)."""
-        if self.cache_dtype_str == FP8_DS_MLA:
-            return self.block_size * FP8_DS_MLA_BYTES_PER_TOKEN
-        return self.block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
+        """``states * 656`` for fp8_ds_mla, else
+        ``states * num_kv_heads * head_size * dtype size``, with
+        ``states = block_size // tokens_per_state`` (CFG-4, CFG-4a)."""
+        return latent_page_bytes(self)
+
+    @property
+    def page_size_bytes(self) -> int:
+        """The padded page if set, else the real page rounded up to ``alignment``."""
+        return aligned_page_bytes(self)
+
+
+def _check_compression(spec: KVCacheSpec, tokens_per_state: int, alignment: int | None) -> None:
+    """``tokens_per_state`` a positive int at most ``block_size``; ``alignment`` positive or None."""
+    _positive(spec, "tokens_per_state", tokens_per_state)
+    _optional_positive(spec, "alignment", alignment)
+    if tokens_per_state > spec.block_size:
+        raise InvalidConfigError(
+            f"{type(spec).__name__}.tokens_per_state must be <= block_size "
+            f"{spec.block_size}, got {tokens_per_state}")
+
+
+def latent_page_bytes(spec: AttentionSpec) -> int:
+    """Bytes of one block of latents (MLA layouts, no K/V doubling):
+    ``block_size // tokens_per_state`` stored states of ``num_kv_heads``
+    latents each; the fp8 DeepSeek layout stores 656 bytes per state."""
+    states = spec.block_size // int(getattr(spec, "tokens_per_state", 1))
+    if getattr(spec, "cache_dtype_str", None) == FP8_DS_MLA:
+        return states * FP8_DS_MLA_BYTES_PER_TOKEN
+    return states * spec.num_kv_heads * spec.head_size * dtype_size(spec.dtype)
+
+
+def aligned_page_bytes(spec: AttentionSpec) -> int:
+    """``page_size_padded`` when set, else the real page rounded up to a
+    multiple of the spec's ``alignment`` (none: the real page)."""
+    if spec.page_size_padded is not None:
+        return spec.page_size_padded
+    real = spec.real_page_size_bytes
+    alignment: int | None = getattr(spec, "alignment", None)
+    if alignment is None:
+        return real
+    return sizing.cdiv(real, alignment) * alignment
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,20 +15,21 @@
 
 Grouping example: 10 full-attention layers and 20 sliding-window layers
 repeat the pattern (1 full, 2 sliding) 10 times. The group size is 10, the
-fewest layers of any type, giving three groups (full.0-9, sw.0-9,
-sw.10-19) and 10 tensors, tensor ``i`` shared by ``full.i``, ``sw.i`` and
-``sw.10+i``: each group has its own block table, so the three layers use
-different blocks of the same tensor and never collide.
+fewest layers of any type, giving three groups (full.0-9, the even sw
+layers, the odd sw layers: a type's layers are dealt out in turn) and 10
+tensors, tensor ``i`` shared by layer ``i`` of each group: each group has its
+own block table, so the three layers use different blocks of the same
+tensor and never collide.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Final
 
 from pagedkv.spec import sizing
+from pagedkv.spec.attention_variants import EncoderOnlyAttentionSpec
 from pagedkv.spec.capacity import (
     _check_specs,
     check_available_memory,
@@ -41,6 +42,7 @@ from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
@@ -123,58 +125,61 @@ def unify_hybrid_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, K
 
 
 def _block_scalable(spec: KVCacheSpec) -> bool:
-    """Attention pages grow linearly with the block size (unless padded)."""
-    return isinstance(spec, AttentionSpec) and spec.page_size_padded is None
+    """Attention pages grow linearly with the block size (unless padded or
+    rounded up to an alignment, or compressed: then they do not)."""
+    return (isinstance(spec, AttentionSpec) and spec.page_size_padded is None
+            and getattr(spec, "alignment", None) is None
+            and getattr(spec, "tokens_per_state", 1) == 1)
+
+
+def without_encoder_only_layers(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """The layers that need KV cache memory: encoder-only layers keep nothing
+    between steps, so they join no group and take no bytes (D-SPEC-15)."""
+    return {name: spec for name, spec in specs.items()
+            if not isinstance(spec, EncoderOnlyAttentionSpec)}
 
 
 def unify_kv_cache_spec_page_size(specs: Mapping[str, KVCacheSpec], *,
                                   max_block_size: int = MAX_UNIFIED_BLOCK_SIZE) -> dict[str, KVCacheSpec]:
     """The specs with one common page size (CFG-15), or ``IncompatibleSpecError``.
 
-    Attention pages scale with the block size; fixed pages (Mamba states,
-    padded pages) do not but can be padded. The target page is the smallest
-    multiple of every attention page that is at least the largest fixed
-    page (``sizing.padded_page_target``); each attention layer's block size
-    is multiplied by ``target / page``, each smaller fixed page padded to it.
+    The common page is the largest page (vLLM 0.33's rule, D-SPEC-17). A
+    smaller page is made that size by, in this order: padding a Mamba state;
+    multiplying the block size of an attention layer whose page scales with
+    it and divides the largest; padding any other non-MLA attention page.
+    MLA pages cannot be padded (sparse MLA addresses whole token rows).
 
     Example (a Jamba-like model): attention pages of 65,536 bytes (block 16,
-    4,096 bytes a token) and a Mamba state of 311,296 bytes give a target of
-    5 * 65,536 = 327,680: attention blocks of 80 tokens, Mamba pages padded
-    by 16,384 bytes.
+    4,096 bytes a token) and a Mamba state of 311,296 bytes: 65,536 does not
+    divide 311,296, so the attention pages are padded to 311,296 bytes and
+    keep blocks of 16 tokens.
     """
     result = dict(specs)
     pages = {name: spec.page_size_bytes for name, spec in result.items()}
     if len(set(pages.values())) <= 1:
         return result
-    scalable = [name for name, spec in result.items() if _block_scalable(spec)]
-    fixed = [name for name in result if name not in scalable]
-    largest_fixed = max((pages[name] for name in fixed), default=0)
-    if scalable:
-        target = sizing.padded_page_target(math.lcm(*(pages[n] for n in scalable)), largest_fixed)
-    else:
-        target = largest_fixed
-    for name in scalable:
-        spec = result[name]
-        new_block_size = spec.block_size * (target // pages[name])
-        if new_block_size > max_block_size:
-            raise IncompatibleSpecError(
-                f"cannot unify page sizes: layer {name!r} would need field 'block_size' = "
-                f"{new_block_size} (> {max_block_size}) for its page of {pages[name]} bytes to "
-                f"reach the common page of {target} bytes")
-        result[name] = spec.copy_with_new_block_size(new_block_size)
-    for name in fixed:
-        spec = result[name]
-        if pages[name] == target:
+    target = max(pages.values())
+    for name, spec in result.items():
+        page = pages[name]
+        if page == target:
             continue
-        if isinstance(spec, AttentionSpec):
+        if isinstance(spec, MambaSpec):
             result[name] = dataclasses.replace(spec, page_size_padded=target)
-        elif isinstance(spec, MambaSpec):
+        elif _block_scalable(spec) and target % page == 0:
+            new_block_size = spec.block_size * (target // page)
+            if new_block_size > max_block_size:
+                raise IncompatibleSpecError(
+                    f"cannot unify page sizes: layer {name!r} would need field 'block_size' = "
+                    f"{new_block_size} (> {max_block_size}) for its page of {page} bytes to "
+                    f"reach the common page of {target} bytes")
+            result[name] = spec.copy_with_new_block_size(new_block_size)
+        elif isinstance(spec, AttentionSpec) and not isinstance(spec, MLAAttentionSpec):
             result[name] = dataclasses.replace(spec, page_size_padded=target)
         else:
             raise IncompatibleSpecError(
                 f"cannot unify page sizes: layer {name!r} ({type(spec).__name__}) has field "
-                f"'page_size_bytes' = {pages[name]}, which neither scales with the block size "
-                f"nor can be padded to the common page of {target} bytes")
+                f"'page_size_bytes' = {page}, which neither divides the common page of "
+                f"{target} bytes nor can be padded to it (MLA pages cannot be padded)")
     return result
 
 
@@ -192,7 +197,7 @@ def get_kv_cache_groups(setting: ModelSetting, specs: Mapping[str, KVCacheSpec]
     order of the first layer of each spec.
     """
     _check_specs(specs)
-    layer_specs = dict(specs)
+    layer_specs = without_encoder_only_layers(specs)
     if setting.disable_hybrid_kv_cache_manager:
         layer_specs = unify_hybrid_kv_cache_specs(layer_specs)
     if is_kv_cache_type_attention_free(layer_specs):
@@ -203,15 +208,38 @@ def get_kv_cache_groups(setting: ModelSetting, specs: Mapping[str, KVCacheSpec]
     if uniform is not None:
         return (KVCacheGroupSpec(tuple(layer_specs), uniform),), layer_specs
     layer_specs = unify_kv_cache_spec_page_size(layer_specs)
-    same_spec_layers: dict[KVCacheSpec, list[str]] = {}
-    for name, spec in layer_specs.items():
-        same_spec_layers.setdefault(spec, []).append(name)
-    group_size = sizing.group_size_for([len(names) for names in same_spec_layers.values()])
+    buckets = _mergeable_buckets(layer_specs)
+    group_size = sizing.group_size_for([len(names) for names in buckets])
     groups: list[KVCacheGroupSpec] = []
-    for names in same_spec_layers.values():
-        for start in range(0, len(names), group_size):
-            groups.append(_group(names[start:start + group_size], layer_specs))
+    for names in buckets:
+        # Strided, not consecutive: under pipeline parallelism each stage then
+        # holds about the same share of every group (vLLM 0.33's assignment).
+        num_groups = sizing.num_groups_for(len(names), group_size)
+        for index in range(num_groups):
+            groups.append(_group(names[index::num_groups], layer_specs))
     return tuple(groups), layer_specs
+
+
+def _mergeable_buckets(specs: Mapping[str, KVCacheSpec]) -> list[list[str]]:
+    """Layers bucketed by equal spec (in order of first appearance), then
+    buckets whose specs merge joined, so e.g. full-attention layers that
+    differ only in a recorded window share groups (CFG-14)."""
+    same_spec_layers: dict[KVCacheSpec, list[str]] = {}
+    for name, spec in specs.items():
+        same_spec_layers.setdefault(spec, []).append(name)
+    buckets: list[tuple[list[str], list[KVCacheSpec]]] = []
+    for spec, names in same_spec_layers.items():
+        for bucket_names, bucket_specs in buckets:
+            try:
+                type(bucket_specs[0]).merge([*bucket_specs, spec])
+            except IncompatibleSpecError:
+                continue
+            bucket_names.extend(names)
+            bucket_specs.append(spec)
+            break
+        else:
+            buckets.append((list(names), [spec]))
+    return [names for names, _ in buckets]
 
 
 def get_kv_cache_config(setting: ModelSetting, specs: Mapping[str, KVCacheSpec],

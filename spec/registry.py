@@ -13,6 +13,12 @@ from __future__ import annotations
 
 from typing import Final
 
+from pagedkv.spec.attention_variants import (
+    CircularBufferSpec,
+    EncoderOnlyAttentionSpec,
+    RSWASpec,
+    SlidingWindowMLASpec,
+)
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
@@ -50,6 +56,15 @@ _REGISTRY: dict[type[KVCacheSpec], str] = {
     CrossAttentionSpec: "cross_attention",
     SinkFullAttentionSpec: "sink_full_attention",
 }
+# vLLM 0.33's newer kinds (spec/attention_variants.py): sliding-window MLA is
+# served by the sliding-window manager and R-SWA by full attention (D-SPEC-13),
+# as vLLM registers them; rings and encoder-only layers have kinds of their own.
+_REGISTRY.update({
+    SlidingWindowMLASpec: "sliding_window",
+    RSWASpec: "full_attention",
+    CircularBufferSpec: "circular_buffer",
+    EncoderOnlyAttentionSpec: "encoder_only",
+})
 
 
 def register_kv_cache_spec(spec_type: type[KVCacheSpec], manager_kind: str, *,

@@ -134,17 +134,23 @@ def num_blocks_for_memory(available_memory: int, page_size: int, num_tensors: in
 
 
 def group_size_for(layers_per_type: list[int]) -> int:
-    """Layers per KV cache group of a hybrid model with a uniform page size:
-    the fewest layers of any attention type, so that type gets one group and
-    every other type is cut into groups of that many (CFG-14).
+    """Layers per KV cache group of a hybrid model with a uniform page size
+    (CFG-14): the fewest layers of any attention type, so that type gets one
+    group and every other type is cut into groups of at most that many --
+    unless the largest type has fewer than 1.5 times the fewest (e.g. 12
+    sliding-window + 13 full layers, a draft model adding one): then the
+    largest, so the smaller types get one padded group each instead of the
+    larger type being split in two (vLLM 0.33's rule).
 
     pre: len(layers_per_type) >= 1
     pre: all(n >= 1 for n in layers_per_type)
     post: __return__ >= 1
     post: __return__ in layers_per_type
-    post: all(__return__ <= n for n in layers_per_type)
+    post: __return__ == min(layers_per_type) or __return__ == max(layers_per_type)
     """
-    return min(layers_per_type)
+    fewest, most = min(layers_per_type), max(layers_per_type)
+    # 2 * most < 3 * fewest is most < 1.5 * fewest in integers.
+    return most if 2 * most < 3 * fewest else fewest
 
 
 def num_groups_for(num_layers: int, group_size: int) -> int:

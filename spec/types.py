@@ -68,6 +68,11 @@ class BlockStored:
     lora_id: int | None
     medium: str | None = MEDIUM_GPU
     lora_name: str | None = None
+    # vLLM 0.33's routing fields (D-EVT-10): the KV cache group the blocks
+    # belong to and the session of the request that stored them (a label of
+    # the storing request only: the same blocks may serve other sessions).
+    group_idx: int | None = None
+    session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

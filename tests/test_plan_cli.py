@@ -17,8 +17,13 @@ GiB = 1 << 30
 EXPECTED = {
     "llama3-8b": (20480, 327_680, 327_680),
     "gemma3": (32768, 74_896, 476_272),
-    "jamba": (32768, 327_680, 2_620_880),
+    # Attention pages padded to the 311,296-byte Mamba state (D-SPEC-17), blocks of 16.
+    "jamba": (34492, 68_976, 551_760),
     "deepseek-v3": (9549, 611_136, 611_136),
+    # 61 x 64 x (656 + 132) = 3,076,352 bytes a block (one uniform-type group).
+    "deepseek-v3.2": (13961, 893_504, 893_504),
+    # 4 groups of 8 layers, 37,440-byte pages: 40 GiB // 37,440 // 8.
+    "swa-mla": (143395, 2_294_272, 9_152_128),
 }
 
 

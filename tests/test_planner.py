@@ -27,6 +27,7 @@ from pagedkv.spec.kv_cache_spec import (
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
@@ -130,17 +131,28 @@ def test_grouping_of_10_full_and_20_sliding_window_layers() -> None:
     names = [g.layer_names for g in config.kv_cache_groups]
     assert names[0] == tuple(f"layers.{i}" for i in range(0, 30, 3))
     sw = [f"layers.{i}" for i in range(30) if i % 3]
-    assert names[1] == tuple(sw[:10]) and names[2] == tuple(sw[10:])
+    # A type's layers are dealt out to its groups in turn (vLLM 0.33).
+    assert names[1] == tuple(sw[0::2]) and names[2] == tuple(sw[1::2])
     assert len(config.kv_cache_tensors) == 10
-    assert config.kv_cache_tensors[0].shared_by == ("layers.0", "layers.1", "layers.16")
+    assert config.kv_cache_tensors[0].shared_by == ("layers.0", "layers.1", "layers.2")
     assert config.num_blocks == 4 * GiB // FULL.page_size_bytes // 10
 
 
 def test_padding_the_last_group_of_a_type() -> None:
     specs: dict[str, KVCacheSpec] = {"f0": FULL, "f1": FULL, "s0": SW, "s1": SW, "s2": SW}
     config = get_kv_cache_config(ModelSetting(1024), specs, GiB)
-    assert [g.layer_names for g in config.kv_cache_groups] == [("f0", "f1"), ("s0", "s1"), ("s2",)]
-    assert [t.shared_by for t in config.kv_cache_tensors] == [("f0", "s0", "s2"), ("f1", "s1")]
+    assert [g.layer_names for g in config.kv_cache_groups] == [("f0", "f1"), ("s0", "s2"), ("s1",)]
+    assert [t.shared_by for t in config.kv_cache_tensors] == [("f0", "s0", "s1"), ("f1", "s2")]
+
+
+def test_types_of_nearly_equal_size_share_the_larger_group_size() -> None:
+    # 3 full + 4 sliding window: 4 < 1.5 * 3, so one group per type (the full one padded).
+    specs: dict[str, KVCacheSpec] = {f"f{i}": FULL for i in range(3)}
+    specs.update({f"s{i}": SW for i in range(4)})
+    config = get_kv_cache_config(ModelSetting(1024), specs, GiB)
+    assert [g.layer_names for g in config.kv_cache_groups] == [
+        ("f0", "f1", "f2"), ("s0", "s1", "s2", "s3")]
+    assert config.num_blocks == GiB // FULL.page_size_bytes // 4
 
 
 def test_attention_free_and_uniform_type() -> None:
@@ -207,20 +219,27 @@ def test_unify_hybrid_specs() -> None:
         unify_hybrid_kv_cache_specs({"f": FULL, "m": MambaSpec(16, ((4, 4),), (BF16,))})
 
 
-def test_page_size_unification_grows_attention_blocks_and_pads_mamba() -> None:
+def test_page_size_unification_targets_the_largest_page() -> None:
+    # vLLM 0.33's rule (D-SPEC-17): the common page is the largest one.
     mamba = MambaSpec(8192, ((8192, 3), (8192, 16)), (BF16, BF16), mamba_type="mamba1")
     specs: dict[str, KVCacheSpec] = {"attn": FULL, "m0": mamba, "m1": mamba}
     unified = unify_kv_cache_spec_page_size(specs)
-    assert unified["attn"] == FullAttentionSpec(80, 8, 128, BF16)
-    assert unified["m0"].page_size_bytes == 327_680 == unified["attn"].page_size_bytes
-    # Two attention pages that do not divide each other: their least common multiple.
-    odd = FullAttentionSpec(16, 3, 128, BF16)
-    unified = unify_kv_cache_spec_page_size({"a": FULL, "b": SlidingWindowSpec(16, 3, 128, BF16, 64)})
-    assert unified["a"].block_size == 48 and unified["b"].block_size == 128
+    # 65,536 does not divide the 311,296-byte Mamba state: the attention page is padded.
+    assert unified["attn"] == FullAttentionSpec(16, 8, 128, BF16, page_size_padded=311_296)
+    assert unified["m0"] == mamba
+    # A dividing attention page grows its block size instead.
+    quarter = FullAttentionSpec(16, 2, 128, BF16)
+    unified = unify_kv_cache_spec_page_size({"a": FULL, "b": SlidingWindowSpec(16, 2, 128, BF16, 64)})
+    assert unified["a"] == FULL and unified["b"].block_size == 64
+    assert unified["b"].page_size_bytes == FULL.page_size_bytes == 4 * quarter.page_size_bytes
     with pytest.raises(IncompatibleSpecError, match="block_size"):
-        unify_kv_cache_spec_page_size({"a": FULL, "b": SlidingWindowSpec(16, 3, 128, BF16, 64)},
-                                      max_block_size=64)
-    assert odd.page_size_bytes * 8 == unified["b"].page_size_bytes
+        unify_kv_cache_spec_page_size({"a": FULL, "b": SlidingWindowSpec(16, 2, 128, BF16, 64)},
+                                      max_block_size=32)
+    # A smaller Mamba state is padded; an MLA page that does not divide cannot be.
+    small = MambaSpec(16, ((1000,),), (BF16,))
+    assert unify_kv_cache_spec_page_size({"a": FULL, "m": small})["m"].page_size_bytes == 65_536
+    with pytest.raises(IncompatibleSpecError, match="MLA"):
+        unify_kv_cache_spec_page_size({"a": FULL, "m": MLAAttentionSpec(16, 1, 576, BF16)})
 
 
 def test_unify_configs_across_workers() -> None:

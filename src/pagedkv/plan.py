@@ -154,7 +154,13 @@ def _print_text(report: dict[str, Any], config: KVCacheConfig, largest_limit: in
     print(f"KV cache tensors      {len(config.kv_cache_tensors)}")
     for i, tensor in enumerate(config.kv_cache_tensors):
         print(f"  tensor {i}: {tensor.size:,} bytes, shared by {_short_names(tensor.shared_by)}")
-    print(f"page size             {report['page_size_bytes']:,} bytes per block per layer")
+    first = config.kv_cache_groups[0].kv_cache_spec if config.kv_cache_groups else None
+    if isinstance(first, UniformTypeKVCacheSpecs):
+        # One group of layers with their own pages: the figure is their sum.
+        print(f"page size             {report['page_size_bytes']:,} bytes per block, summed over "
+              f"the group's {len(first.kv_cache_specs)} layers")
+    else:
+        print(f"page size             {report['page_size_bytes']:,} bytes per block per layer")
     print(f"num_blocks            {report['num_blocks']:,}")
     print(f"KV cache size         {report['kv_cache_size_tokens']:,} tokens")
     concurrency = report["max_concurrency"]

@@ -12,6 +12,15 @@ everything else a model has are irrelevant to the KV cache and left out.
   16-element state and a 4-tap convolution, bf16 states.
 - ``deepseek-v3``: 61 MLA layers, one 576-element latent (512 + 64 rotary)
   per token, bf16, blocks of 64 tokens (FlashMLA's block size).
+- ``deepseek-v3.2``: DeepSeek-V3.2-like sparse MLA: 61 layers, each an MLA
+  cache in the fp8 DeepSeek layout (656 bytes a token) and a lightning
+  indexer cache (128 fp8 values + a float32 scale = 132 bytes a token),
+  blocks of 64. Device memory only: a HiSparse host tier is not counted
+  here (issue 12's host-resident groups plan it separately).
+- ``swa-mla``: a sliding-window MLA model (DeepSeek-V4-like attention
+  pattern, simplified): 32 layers, every 4th a full MLA layer, the others
+  MLA over a 128-token window, 584 bytes a token (uint8 layout) rounded to
+  576-byte pages, blocks of 64.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagedkv.spec.attention_variants import SlidingWindowMLASpec
 from pagedkv.spec.kv_cache_spec import (
     FullAttentionSpec,
     KVCacheSpec,
@@ -78,6 +88,26 @@ def _deepseek_v3(max_model_len: int, block_size: int) -> dict[str, KVCacheSpec]:
     return {f"layers.{i}": MLAAttentionSpec(block_size, 1, 576, "bfloat16") for i in range(61)}
 
 
+def _deepseek_v32(max_model_len: int, block_size: int) -> dict[str, KVCacheSpec]:
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(61):
+        specs[f"layers.{i}.attn"] = MLAAttentionSpec(block_size, 1, 576, "uint8",
+                                                     cache_dtype_str="fp8_ds_mla")
+        specs[f"layers.{i}.indexer"] = MLAAttentionSpec(block_size, 1, 132, "uint8")
+    return specs
+
+
+def _swa_mla(max_model_len: int, block_size: int) -> dict[str, KVCacheSpec]:
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(32):
+        if i % 4 == 3:
+            specs[f"layers.{i}"] = MLAAttentionSpec(block_size, 1, 584, "uint8", alignment=576)
+        else:
+            specs[f"layers.{i}"] = SlidingWindowMLASpec(block_size, 1, 584, "uint8", 128,
+                                                        alignment=576)
+    return specs
+
+
 PRESETS: dict[str, Preset] = {
     preset.name: preset for preset in (
         Preset("llama3-8b", "Llama-3-8B-like: 32 full-attention layers, 8 KV heads x 128, bf16",
@@ -88,6 +118,11 @@ PRESETS: dict[str, Preset] = {
                "(8192 x 16 state, conv 4), bf16", 16, _jamba),
         Preset("deepseek-v3", "DeepSeek-V3-like: 61 MLA layers, latent 512 + rope 64, bf16",
                64, _deepseek_v3),
+        Preset("deepseek-v3.2", "DeepSeek-V3.2-like sparse MLA: 61 x (fp8_ds_mla cache + "
+               "132-byte indexer cache); device memory only, no host tier counted", 64,
+               _deepseek_v32),
+        Preset("swa-mla", "sliding-window MLA: 32 layers, 3:1 SWA-MLA (128):MLA, 584-byte "
+               "latents on 576-byte alignment", 64, _swa_mla),
     )
 }
 

@@ -26,6 +26,7 @@ __all__ = [
     "VLLM_VERSION", "VLLM_0_32", "VLLM_0_33", "KVCacheBlocks", "BlockStored", "BlockRemoved",
     "AllBlocksCleared", "PrefixCacheStats", "RequestStatus", "VllmScheduler", "spec_classes",
     "block_hash_with_group_id", "external_block_hash", "kv_cache_spec_kind",
+    "kv_cache_manager_logger",
     "kv_cache_spec_sliding_window", "KVCacheBlockCopy",
 ]
 
@@ -66,6 +67,11 @@ def block_hash_with_group_id(block_hash: bytes, group_id: int) -> Any:
 def external_block_hash(block_hash: bytes) -> Any:
     """The block hash as vLLM publishes it in KV events."""
     return _kv_cache_utils.maybe_convert_block_hash(block_hash)
+
+
+def kv_cache_manager_logger() -> Any:
+    """vLLM's ``kv_cache_manager`` module logger, read at call time."""
+    return _vllm_manager.logger
 
 
 def kv_cache_spec_kind(spec: Any) -> Any:

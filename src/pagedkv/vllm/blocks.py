@@ -14,10 +14,13 @@ engines and vLLM's tests use, by translating to ``pagedkv.optimized``'s pool.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from pagedkv.optimized.block_pool import BlockPool
+from pagedkv.optimized.hybrid_search import HashViews
+
+from .requests import VllmRequestView
 
 __all__ = ["BlockView", "BlockPoolView", "FreeQueueView", "CachedBlocksView"]
 
@@ -204,6 +207,19 @@ class BlockPoolView:
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
         self.core.free_blocks([block.block_id for block in ordered_blocks])
+
+    def cache_full_blocks(self, request: Any, blocks: Sequence[Any], num_cached_blocks: int,
+                          num_full_blocks: int, block_size: int, kv_cache_group_id: int,
+                          block_mask: Sequence[bool] | None = None) -> None:
+        """vLLM's ``BlockPool.cache_full_blocks`` on pagedkv's pool: the request's
+        hashes seen at ``block_size``, the group id carried into the events."""
+        view = request if isinstance(request, VllmRequestView) else VllmRequestView(request)
+        hashes = HashViews(view.block_hashes, self.hash_block_size).at(block_size)
+        self.core.cache_full_blocks(
+            view, [block.block_id for block in blocks], block_hashes=hashes,
+            num_cached_blocks=num_cached_blocks, num_full_blocks=num_full_blocks,
+            block_size=block_size, group_id=kv_cache_group_id,
+            mask=None if block_mask is None else list(block_mask))
 
     def touch(self, blocks: Any) -> None:
         self.core.touch([block.block_id for group in blocks for block in group])

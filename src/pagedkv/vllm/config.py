@@ -6,13 +6,17 @@ blocks); page sizes and dtypes matter to planning, not to block management.
 So the translation keeps the geometry exactly and maps a dtype pagedkv does
 not know to ``float16`` (the page size is then not vLLM's; nothing in the
 manager reads it). A spec kind pagedkv has no manager for raises
-:class:`UnsupportedVllmSpecError` naming it.
+:class:`UnsupportedVllmSpecError` naming it: rings (``CircularBufferSpec``)
+and bounded-replay sliding-window MLA, whose groups vLLM 0.33 leaves out of
+prefix caching (D-SPEC-14), and encoder-only layers, which vLLM itself never
+hands to a manager (D-SPEC-15).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pagedkv.spec.attention_variants import RSWASpec, SlidingWindowMLASpec
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import (
@@ -26,6 +30,7 @@ from pagedkv.spec.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
+from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
 
 __all__ = ["UnsupportedVllmSpecError", "translate_spec", "translate_config", "group_block_size"]
 
@@ -54,6 +59,20 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
     fields = _attention_fields(spec) if hasattr(spec, "num_kv_heads") else {}
     if block_size is not None and fields:
         fields["block_size"] = block_size
+    if kind == "UniformTypeKVCacheSpecs":
+        return _uniform_type(spec, block_size)
+    if kind in _NOT_MANAGED:
+        raise UnsupportedVllmSpecError(
+            f"pagedkv has no manager for vLLM's {kind}: {_NOT_MANAGED[kind]} (KV cache group spec "
+            f"{spec!r})")
+    if kind == "SlidingWindowMLASpec":
+        if getattr(spec, "bounded_replay", False):
+            raise UnsupportedVllmSpecError(
+                "pagedkv has no manager for vLLM's SlidingWindowMLASpec with bounded_replay=True: "
+                "its group takes no part in prefix caching, which pagedkv's coordinators do not "
+                f"model yet (D-SPEC-14) (KV cache group spec {spec!r})")
+        return SlidingWindowMLASpec(**fields, sliding_window=spec.sliding_window,
+                                    **_compression(spec, fields["block_size"]))
     if kind == "SlidingWindowSpec":
         return SlidingWindowSpec(**fields, sliding_window=spec.sliding_window)
     if kind == "ChunkedLocalAttentionSpec":
@@ -62,13 +81,17 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
         return CrossAttentionSpec(**fields)
     if kind == "SinkFullAttentionSpec":
         return SinkFullAttentionSpec(**fields, sink_len=spec.sink_len)
-    if kind == "MLAAttentionSpec":
-        return MLAAttentionSpec(**fields)
-    if kind == "FullAttentionSpec":
+    if kind in ("MLAAttentionSpec", "HiddenStateCacheSpec"):
+        return MLAAttentionSpec(**fields, **_compression(spec, fields["block_size"]))
+    if kind in ("FullAttentionSpec", "RSWASpec"):
         window = getattr(spec, "sliding_window", None)
         chunk = getattr(spec, "attention_chunk_size", None)
-        return FullAttentionSpec(**fields, sliding_window=window,
-                                 attention_chunk_size=None if window is not None else chunk)
+        common: dict[str, Any] = dict(
+            fields, sliding_window=window, attention_chunk_size=None if window is not None else chunk,
+            non_causal=bool(getattr(spec, "non_causal", False)))
+        if kind == "RSWASpec":
+            return RSWASpec(**common, rswa_window=max(1, int(spec.rswa_window)))
+        return FullAttentionSpec(**common)
     if kind == "MambaSpec":
         # vLLM accepts one shape given bare, ``shapes=(1, 1)``, as well as a tuple of shapes.
         raw = tuple(spec.shapes)
@@ -83,6 +106,43 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
                          num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0)))
     raise UnsupportedVllmSpecError(
         f"pagedkv has no manager for vLLM's {kind} (KV cache group spec {spec!r})")
+
+
+def _uniform_type(spec: Any, block_size: int | None) -> KVCacheSpec:
+    """vLLM's multi-layer group spec: each layer translated. pagedkv's
+    ``UniformTypeKVCacheSpecs`` when its stricter uniform-type rule holds
+    (CFG-13: one manager kind, equal token-slot keys); otherwise the first
+    layer's spec, which has the same manager kind and token geometry as the
+    group's vLLM manager uses (vLLM picks the manager from the first layer)."""
+    size = int(spec.block_size) if block_size is None else block_size
+    layers = tuple((str(name), translate_spec(layer, size))
+                   for name, layer in spec.kv_cache_specs.items())
+    if not layers:
+        raise UnsupportedVllmSpecError(f"vLLM's UniformTypeKVCacheSpecs holds no layer ({spec!r})")
+    try:
+        return UniformTypeKVCacheSpecs(size, layers)
+    except InvalidConfigError:
+        return layers[0][1]
+
+
+_NOT_MANAGED: dict[str, str] = {
+    "CircularBufferSpec": "a ring group takes no part in prefix caching, which pagedkv's "
+                          "coordinators do not model yet (D-SPEC-14)",
+    "EncoderOnlyAttentionSpec": "encoder-only layers keep no KV cache between steps; vLLM 0.33 "
+                                "adds them to the workers' config only, never to the "
+                                "scheduler's manager (D-SPEC-15)",
+}
+
+
+def _compression(spec: Any, block_size: int) -> dict[str, Any]:
+    """The compressed-MLA fields pagedkv keeps: an integral ``tokens_per_state``
+    (vLLM's fractional ones, for pooled encoders, change no block geometry)
+    and ``alignment``."""
+    per_state = getattr(spec, "tokens_per_state", 1)
+    tokens_per_state = per_state if type(per_state) is int and 1 <= per_state <= block_size else 1
+    alignment = getattr(spec, "alignment", None)
+    return {"tokens_per_state": tokens_per_state,
+            "alignment": alignment if type(alignment) is int and alignment > 0 else None}
 
 
 def group_block_size(spec: Any, dcp_world_size: int) -> int:

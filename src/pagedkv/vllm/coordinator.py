@@ -85,6 +85,9 @@ class CoordinatorView:
                 manager, group.kv_cache_spec, group_id, pool, dcp_world_size)
             for group_id, (manager, group) in enumerate(
                 zip(core.managers, vllm_config.kv_cache_groups)))
+        # Each group's block size in tokens, as vLLM 0.33 scales it (D-VLLM-7).
+        self.group_block_sizes: tuple[int, ...] = tuple(
+            manager.block_size for manager in self.single_type_managers)
         # Sub-block (partial) hits and EAGLE sibling groups are not in
         # pagedkv yet (issue 11): the scheduler then never splits for them.
         self.enable_partial_hash_hits = False

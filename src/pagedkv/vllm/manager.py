@@ -26,7 +26,6 @@ from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import AllBlocksCleared as CoreAllBlocksCleared
 from pagedkv.spec.types import BlockRemoved as CoreBlockRemoved
 from pagedkv.spec.types import BlockStored as CoreBlockStored
-from pagedkv.spec.types import KVCacheEvent as CoreEvent
 
 from . import _compat
 from .blocks import BlockPoolView, BlockView
@@ -141,7 +140,7 @@ class KVCacheManager:
     def _vllm_blocks(self, core_blocks: Any) -> Any:
         return self.create_kv_cache_blocks(core_blocks.blocks)
 
-    def _translate_events(self, events: Iterable[CoreEvent]) -> Iterable[Any]:
+    def _translate_events(self, events: Iterable[Any]) -> Iterable[Any]:
         for event in events:
             if isinstance(event, CoreBlockStored):
                 yield _compat.BlockStored(
@@ -150,8 +149,7 @@ class KVCacheManager:
                     else _compat.external_block_hash(event.parent_block_hash),
                     token_ids=list(event.token_ids), block_size=event.block_size,
                     lora_id=event.lora_id, medium=event.medium, lora_name=event.lora_name,
-                    # pagedkv's events carry no group yet (issue 12): exact with one group.
-                    group_idx=0 if self.num_kv_cache_groups == 1 else None)
+                    group_idx=event.group_idx, session_id=event.session_id)
             elif isinstance(event, CoreBlockRemoved):
                 for block_hash in event.block_hashes:
                     yield _compat.BlockRemoved(
@@ -160,6 +158,10 @@ class KVCacheManager:
                         group_idx=0 if self.num_kv_cache_groups == 1 else None)
             elif isinstance(event, CoreAllBlocksCleared):
                 yield _compat.AllBlocksCleared()
+            else:
+                # An event already in vLLM's form (put on ``kv_event_queue`` by
+                # the engine or a test) goes out as it is.
+                yield event
 
     # ------------------------------------------------------------- stats
 
@@ -290,10 +292,16 @@ class KVCacheManager:
         events = self.block_pool.take_events()
         for event in events:
             group = getattr(event, "group_idx", None)
-            if isinstance(event, _compat.BlockStored) and group is not None and (
-                    0 <= group < len(self._event_metadata)):
+            if not isinstance(event, _compat.BlockStored) or group is None:
+                continue
+            if 0 <= group < len(self._event_metadata):
                 event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
                     self._event_metadata[group])
+            else:
+                # As vLLM 0.33: the event goes out unannotated, with a warning
+                # on vLLM's manager logger (looked up now: tests replace it).
+                _compat.kv_cache_manager_logger().warning(
+                    "Group index `%s` not in KV cache metadata", group)
         return events
 
     # ------------------------------------------------------------ queries

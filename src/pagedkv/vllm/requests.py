@@ -73,6 +73,12 @@ class VllmRequestView:
         return self.request.mm_features or ()
 
     @property
+    def session_id(self) -> str | None:
+        """The session label vLLM 0.33 puts on ``BlockStored`` events (D-EVT-10)."""
+        session = getattr(self.request, "session_id", None)
+        return None if session is None else str(session)
+
+    @property
     def skip_reading_prefix_cache(self) -> bool:
         return bool(self.request.skip_reading_prefix_cache)
 
