@@ -15,8 +15,9 @@ test file side by side.
   sha256 and unpacked under ``--cache`` (default ``~/.cache/pagedkv``),
   outside this repository. Nothing of vLLM is committed here.
 - Offline and on CPU: the scheduler tests read ``facebook/opt-125m``'s model
-  config, so a minimal OPT ``config.json`` is written to the cache and
-  ``VLLM_MODEL_REDIRECT_PATH`` points vLLM at it. ``tools/vllm_core_plugin.py``
+  config and the planning tests ``Qwen/Qwen3-0.6B``'s, so minimal
+  ``config.json`` files (architecture only, no weights) are written to the
+  cache and ``VLLM_MODEL_REDIRECT_PATH`` points vLLM at them. ``tools/vllm_core_plugin.py``
   stands in for vLLM's top-level conftest (``--noconftest``).
 - Skipped files: ``*_e2e.py`` and ``prefix_cache/test_hybrid_prefix_cache_hit_rate.py``
   (they load real weights and need a GPU).
@@ -58,6 +59,20 @@ OPT_CONFIG: dict[str, Any] = {
     "use_cache": True,
 }
 
+# The planning tests read Qwen3-0.6B's config (its architecture; no weights).
+QWEN3_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+    "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+    "torch_dtype": "bfloat16", "tie_word_embeddings": True, "hidden_act": "silu",
+    "attention_bias": False, "bos_token_id": 151643, "eos_token_id": 151645,
+}
+MODEL_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "facebook/opt-125m": ("opt-125m", OPT_CONFIG),
+    "Qwen/Qwen3-0.6B": ("qwen3-0.6b", QWEN3_CONFIG),
+}
+
 
 def log(message: str) -> None:
     print(f"[verify-vllm] {message}", file=sys.stderr, flush=True)
@@ -96,12 +111,15 @@ def fetch_tests(cache: Path) -> Path:
 
 
 def write_model_redirect(cache: Path) -> Path:
-    """The OPT config folder and the redirect file naming it; returns the latter."""
-    model_dir = cache / "models" / "opt-125m"
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(OPT_CONFIG, indent=1), encoding="utf-8")
+    """The model config folders and the redirect file naming them; returns the latter."""
+    folders: dict[str, str] = {}
+    for name, (folder, config) in MODEL_CONFIGS.items():
+        model_dir = cache / "models" / folder
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+        folders[name] = str(model_dir)
     redirect = cache / "model_redirect.json"
-    redirect.write_text(json.dumps({"facebook/opt-125m": str(model_dir)}), encoding="utf-8")
+    redirect.write_text(json.dumps(folders), encoding="utf-8")
     return redirect
 
 
