@@ -161,7 +161,7 @@ class KVCacheCoordinator:
         (two decode steps in every block's worth at block size 16, and
         later prefill chunks): :meth:`_decode_single_fill`. An unknown
         request, or anything the general path would reject (a malformed
-        ``num_computed_tokens``, max_model_len exceeded, too few block
+        ``num_computed_tokens`` or ``num_tokens``, max_model_len exceeded, too few block
         hashes): :data:`TAKE_GENERAL_PATH`.
 
         Cost: O(1), or O(new blocks + blocks newly cached).
@@ -181,24 +181,25 @@ class KVCacheCoordinator:
             except (AttributeError, TypeError):
                 return TAKE_GENERAL_PATH  # not a request, or an unhashable id: it raises
             num_computed = request.num_computed_tokens
-            if blocks is None or type(num_computed) is not int:
+            num_tokens = request.num_tokens  # checked as the general path's 1b′ checks it
+            if (blocks is None or type(num_computed) is not int
+                    or type(num_tokens) is not int or num_tokens < 1):
                 return TAKE_GENERAL_PATH
             total = num_computed + num_new_tokens
             # total >= num_new_tokens: a negative num_computed_tokens goes
             # to the general path, which raises.
             if num_new_tokens <= total <= len(blocks) * block_size and total <= max_model_len:
                 # No new block. The blocks filled are min(total, num_tokens)
-                # // b: none is new when total alone fills none, so
-                # num_tokens (a property call) is left to the filling path.
+                # // b: none is new when total alone fills none.
                 if (not caching or delay_cache_blocks
                         or total // block_size <= cached[request.request_id]):
                     return empty
-            return fill(request, blocks, num_new_tokens, delay_cache_blocks)
+            return fill(request, blocks, num_new_tokens, delay_cache_blocks, num_tokens)
 
         return step
 
     def _decode_single_fill(self, request: RequestView, blocks: list[int], num_new_tokens: int,
-                            delay_cache_blocks: bool) -> KVCacheBlocks | None:
+                            delay_cache_blocks: bool, num_tokens: int) -> KVCacheBlocks | None:
         """The single-group decode step (:meth:`_single_decode_step`) for a
         step that fills a block or needs new ones: what the general path
         does in that case, in the same order, minus the validation and
@@ -216,9 +217,6 @@ class KVCacheCoordinator:
         # Every read of the engine's object happens before the first change
         # (spec/operations.md, "Exception safety").
         request_id = request.request_id
-        num_tokens = request.num_tokens
-        if type(num_tokens) is not int:
-            return TAKE_GENERAL_PATH  # which raises
         block_hashes = request.block_hashes
         if cache:
             num_full = (total if total < num_tokens else num_tokens) // block_size
@@ -271,16 +269,17 @@ class KVCacheCoordinator:
                  delay_cache_blocks: bool) -> KVCacheBlocks | None:
             try:
                 num_computed = request.num_computed_tokens
+                num_tokens = request.num_tokens
             except AttributeError:
                 return TAKE_GENERAL_PATH  # not a request: the general path raises
-            if type(num_computed) is not int:
+            # Malformed counts: the general path raises (1b, 1b′).
+            if type(num_computed) is not int or type(num_tokens) is not int or num_tokens < 1:
                 return TAKE_GENERAL_PATH
             total = num_computed + num_new_tokens
             if not num_new_tokens <= total <= max_model_len:
                 return TAKE_GENERAL_PATH
             cache_tokens = -1  # the step caches nothing
             if caching and not delay_cache_blocks:
-                num_tokens = request.num_tokens
                 cache_tokens = total if total < num_tokens else num_tokens
             # Hashes falling short of the blocks to cache: the general path raises.
             try:
