@@ -101,7 +101,7 @@ class World:
         if self.impl == "reference":
             pool = self.m.block_pool
             return self.mod.KVCacheBlocks(
-                [[pool.blocks[i] if isinstance(i, int) and 0 <= i < pool.num_blocks
+                [[pool.blocks[i] if type(i) is int and 0 <= i < pool.num_blocks
                   else self.mod.KVCacheBlock(i) for i in group] for group in groups])
         return self.mod.KVCacheBlocks(tuple(list(group) for group in groups), self.m.block_pool.block_hashes)
 
@@ -376,6 +376,15 @@ CASES: list[Case] = [
          lambda w: w.m.allocate_slots(w.wait, 2, w.stale_hit[1], w.stale_hit[0]), prepare=_make_stale),
     Case("hit_wrong_position", "new_computed_blocks",
          lambda w: _alloc_new(w, 2, 8, w.hit(list(reversed(w.real_hit()[0].get_block_ids()[0]))))),
+    # The real hit with one id in a form the optimized whole-list check must not pass (the hash
+    # lookup itself would accept it), and a stale block before an id outside the pool (1h first).
+    Case("hit_block_numpy_int", "new_computed_blocks",
+         lambda w: _alloc_new(w, 2, 8, w.hit(*([np.int64(b) for b in w.real_hit()[0].get_block_ids()[0]],))), BLOCK),
+    Case("hit_block_bool", "new_computed_blocks",
+         lambda w: _alloc_new(w, 2, 8, w.hit(*([True] + w.real_hit()[0].get_block_ids()[0][1:],))), BLOCK),
+    Case("hit_stale_then_out_of_range", "new_computed_blocks",
+         lambda w: _alloc_new(w, 2, 8, w.hit(list(reversed(w.real_hit()[0].get_block_ids()[0]))[:1] + [999])),
+         BLOCK),
     Case("hit_block_in_use_uncached", "new_computed_blocks",
          lambda w: _alloc_new(w, 2, 4, w.hit([w.m.get_block_ids("run")[0][2]]))),
     Case("hit_caching_disabled", "caching",

@@ -187,3 +187,25 @@ def test_optimized_blocks_length_is_group_zeros() -> None:
     blocks = manager.allocate_slots(manager.make_request("a", [1] * 6), 6)
     assert len(blocks) == 2
     assert len(optimized.KVCacheBlocks((), [])) == 0
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_hit_with_groups_swapped_is_stale(impl: ModuleType) -> None:
+    """Two full-attention groups: each block of a real hit carries the right
+    hash but, with the groups' lists swapped, the other group's id (1i).
+    The optimized whole-list check must compare group ids too."""
+    manager = impl.KVCacheManager(_full_config(32, groups=2), 64)
+    old = manager.make_request("old", list(range(9)))
+    assert manager.allocate_slots(old, 9) is not None
+    old.num_computed_tokens = 9
+    manager.free(old)
+    new = manager.make_request("new", list(range(9)))
+    hit, num_hit = manager.get_computed_blocks(new)
+    assert num_hit == 8
+    swapped = type(hit)(tuple(reversed(hit.blocks)), *([] if impl is IMPLEMENTATIONS["reference"]
+                                                       else [manager.block_pool.block_hashes]))
+    before = manager.snapshot()
+    with pytest.raises(InvalidArgumentError, match="stale"):
+        manager.allocate_slots(new, 1, num_hit, swapped)
+    assert manager.snapshot() == before
+    assert manager.allocate_slots(new, 1, num_hit, hit) is not None
