@@ -379,9 +379,10 @@ CASES: list[Case] = [
     # The real hit with one id in a form the optimized whole-list check must not pass (the hash
     # lookup itself would accept it), and a stale block before an id outside the pool (1h first).
     Case("hit_block_numpy_int", "new_computed_blocks",
-         lambda w: _alloc_new(w, 2, 8, w.hit(*([np.int64(b) for b in w.real_hit()[0].get_block_ids()[0]],))), BLOCK),
+         lambda w: _alloc_new(w, 2, 8, w.hit([np.int64(b) for b in w.real_hit()[0].get_block_ids()[0]])),  # type: ignore[misc]
+         BLOCK),
     Case("hit_block_bool", "new_computed_blocks",
-         lambda w: _alloc_new(w, 2, 8, w.hit(*([True] + w.real_hit()[0].get_block_ids()[0][1:],))), BLOCK),
+         lambda w: _alloc_new(w, 2, 8, w.hit([True] + w.real_hit()[0].get_block_ids()[0][1:])), BLOCK),
     Case("hit_stale_then_out_of_range", "new_computed_blocks",
          lambda w: _alloc_new(w, 2, 8, w.hit(list(reversed(w.real_hit()[0].get_block_ids()[0]))[:1] + [999])),
          BLOCK),

@@ -46,6 +46,7 @@ SKIP = ("*/__init__.py", "reference/tensor_model.py", "reference/invariants.py",
 TESTS = ["tests/test_scenarios.py", "tests/test_scenarios_hybrid.py", "tests/test_bad_input.py",
          "tests/test_edge_cases.py", "tests/test_optimized_unit.py", "tests/test_gates.py",
          "tests/test_hashing.py", "tests/test_fault_injection.py", "tests/test_kv_integrity.py",
+         "tests/test_kv_integrity_state.py",
          "tests/test_differential.py", "tests/test_differential_hybrid.py"]
 
 _COMPARE_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
