@@ -33,7 +33,7 @@ from pagedkv.spec.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
-from pagedkv.spec.request import MMFeature
+from pagedkv.spec.request import MMFeature, Request
 from tests.implementations import IMPLEMENTATIONS
 
 BLOCK_SIZE = 4
@@ -176,6 +176,23 @@ def _decode(manager: str, **attrs: Any) -> Callable[[World], object]:
     def call(w: World) -> object:
         return getattr(w, manager).allocate_slots(_known_copy(w, manager, **attrs), 1)
     return call
+
+
+class _ZeroTokens(Request):
+    """pagedkv's Request with a broken count: a subclass is read like any
+    foreign request on the decode fast path (only the exact class is trusted)."""
+
+    __slots__ = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return 0
+
+
+def _zero_tokens_run(w: World) -> object:
+    request = _ZeroTokens("run", list(w.run.all_token_ids), block_hasher=None)
+    request.num_computed_tokens = w.run.num_computed_tokens
+    return w.m.allocate_slots(request, 1)
 
 
 def _ctor(config: Any = None, max_model_len: Any = MAX_MODEL_LEN, **kwargs: Any) -> Callable[[World], object]:
@@ -356,6 +373,7 @@ CASES: list[Case] = [
     *(Case(f"decode_{manager}_computed_{label}", "num_computed_tokens",
            _decode(manager, num_computed_tokens=value), TOKENS)
       for manager in ("m", "nc", "hy") for label, value in (("negative", -1), ("float", 10.0))),
+    Case("decode_m_request_subclass_num_tokens_zero", "num_tokens", _zero_tokens_run, TOKENS),
     # --- allocate_slots: prefix hits -------------------------------------------------------------
     Case("hit_known_request", "new_computed_blocks",
          lambda w: w.m.allocate_slots(w.run, 1, BLOCK_SIZE, w.real_hit()[0].new_empty() + w.hit([1]))),
