@@ -354,6 +354,13 @@ CASES: list[Case] = [
          lambda w: w.m.allocate_slots(_new_copy(w, num_computed_tokens=4), 1)),
     Case("alloc_exceeds_max_model_len", "max_model_len",
          lambda w: _alloc_new(w, MAX_MODEL_LEN + 1), E.ExceedsMaxModelLenError),
+    Case("alloc_hit_exceeds_max_model_len", "max_model_len",
+         lambda w: _alloc_new(w, MAX_MODEL_LEN - 4, 8, w.real_hit()[0]), E.ExceedsMaxModelLenError),
+    Case("alloc_external_exceeds_max_model_len", "max_model_len",
+         lambda w: _alloc_new(w, MAX_MODEL_LEN - 2, num_external_computed_tokens=4), E.ExceedsMaxModelLenError),
+    Case("alloc_every_count_negative", "num_new_computed_tokens",
+         lambda w: w.m.allocate_slots(_new_copy(w, num_computed_tokens=-1), 1, -1, None, -1, -1,
+                                      num_encoder_tokens=-1, reserved_blocks=-1, num_in_flight_tokens=-1), TOKENS),
     Case("alloc_decode_exceeds_max_model_len", "max_model_len",
          lambda w: w.m.allocate_slots(w.run, MAX_MODEL_LEN), E.ExceedsMaxModelLenError),
     # --- allocate_slots: the request object ------------------------------------------------------
