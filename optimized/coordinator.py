@@ -275,15 +275,12 @@ class KVCacheCoordinator:
         caching = self.enable_caching
         hash_block_size = self.hash_block_size
         empty = self.empty_blocks
-        own_request = Request
 
         def step(request: RequestView, num_new_tokens: int,
                  delay_cache_blocks: bool) -> KVCacheBlocks | None:
             try:
                 num_computed = request.num_computed_tokens
-                # The general path's check 1b′ (see _single_decode_step).
-                num_tokens = (request.num_tokens if (caching and not delay_cache_blocks)
-                              or request.__class__ is not own_request else 1)
+                num_tokens = request.num_tokens  # checked as the general path's 1b′ checks it
             except AttributeError:
                 return TAKE_GENERAL_PATH  # not a request: the general path raises
             if type(num_computed) is not int or type(num_tokens) is not int or num_tokens < 1:
