@@ -265,14 +265,16 @@ class BlockPool(PoolView):
             self.free_held(filter(None, ids))  # free_held takes no null block
 
     def _free_with_duplicates(self, ids: list[int]) -> None:
-        """:meth:`free_blocks` for a list naming a block more than once:
-        drop every reference first, then requeue each block reaching 0 once,
-        at its first occurrence (as the reference does). Cost: O(len(ids))."""
+        """:meth:`free_blocks` for a list naming a block more than once: a
+        block is released at the occurrence that brings its count to 0
+        (D-API-35). Cost: O(len(ids))."""
         ref = self._ref
+        released = []
         for block in ids:
             if block:
                 ref[block] -= 1
-        released = [block for block in dict.fromkeys(ids) if block and not ref[block]]
+                if not ref[block]:
+                    released.append(block)
         for block in released:
             ref[block] = 1
         self.free_held(released)

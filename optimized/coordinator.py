@@ -29,7 +29,7 @@ from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.registry import manager_kind_for
-from pagedkv.spec.request import RequestFacts, RequestView
+from pagedkv.spec.request import Request, RequestFacts, RequestView
 from pagedkv.spec.types import BlockHash
 
 from .admission import admission_caps, full_sequence_demand
@@ -161,8 +161,12 @@ class KVCacheCoordinator:
         (two decode steps in every block's worth at block size 16, and
         later prefill chunks): :meth:`_decode_single_fill`. An unknown
         request, or anything the general path would reject (a malformed
-        ``num_computed_tokens``, max_model_len exceeded, too few block
-        hashes): :data:`TAKE_GENERAL_PATH`.
+        ``num_computed_tokens`` or ``num_tokens``, max_model_len exceeded,
+        too few block hashes): :data:`TAKE_GENERAL_PATH`. ``num_tokens`` is
+        read only from objects other than pagedkv's own ``Request``, whose
+        count is an int >= 1 by construction (a non-empty prompt, tokens
+        only appended): the property call would cost the no-op step about a
+        tenth of its time.
 
         Cost: O(1), or O(new blocks + blocks newly cached).
         """
@@ -173,6 +177,7 @@ class KVCacheCoordinator:
         caching = self.enable_caching
         empty = self.empty_blocks
         fill = self._decode_single_fill
+        own_request = Request
 
         def step(request: RequestView, num_new_tokens: int,
                  delay_cache_blocks: bool) -> KVCacheBlocks | None:
@@ -183,6 +188,10 @@ class KVCacheCoordinator:
             num_computed = request.num_computed_tokens
             if blocks is None or type(num_computed) is not int:
                 return TAKE_GENERAL_PATH
+            if request.__class__ is not own_request:  # the general path's check 1b′
+                num_tokens = request.num_tokens
+                if type(num_tokens) is not int or num_tokens < 1:
+                    return TAKE_GENERAL_PATH
             total = num_computed + num_new_tokens
             # total >= num_new_tokens: a negative num_computed_tokens goes
             # to the general path, which raises.
@@ -217,7 +226,7 @@ class KVCacheCoordinator:
         # (spec/operations.md, "Exception safety").
         request_id = request.request_id
         num_tokens = request.num_tokens
-        if type(num_tokens) is not int:
+        if type(num_tokens) is not int or num_tokens < 1:
             return TAKE_GENERAL_PATH  # which raises
         block_hashes = request.block_hashes
         if cache:
@@ -271,16 +280,16 @@ class KVCacheCoordinator:
                  delay_cache_blocks: bool) -> KVCacheBlocks | None:
             try:
                 num_computed = request.num_computed_tokens
+                num_tokens = request.num_tokens  # checked as the general path's 1b′ checks it
             except AttributeError:
                 return TAKE_GENERAL_PATH  # not a request: the general path raises
-            if type(num_computed) is not int:
+            if type(num_computed) is not int or type(num_tokens) is not int or num_tokens < 1:
                 return TAKE_GENERAL_PATH
             total = num_computed + num_new_tokens
             if not num_new_tokens <= total <= max_model_len:
                 return TAKE_GENERAL_PATH
             cache_tokens = -1  # the step caches nothing
             if caching and not delay_cache_blocks:
-                num_tokens = request.num_tokens
                 cache_tokens = total if total < num_tokens else num_tokens
             # Hashes falling short of the blocks to cache: the general path raises.
             try:

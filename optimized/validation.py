@@ -2,7 +2,8 @@
 implementation checks an operation's arguments (``pagedkv.reference`` has
 its twin, ``reference/validation.py``, with the same functions). The
 constructor's arguments are checked by the shared
-:func:`pagedkv.spec.manager_args.check_manager_args`.
+:func:`pagedkv.spec.manager_args.check_manager_args`, and the checks of
+``allocate_slots`` that read no block by :mod:`pagedkv.spec.allocate_args`.
 
 Each function raises a typed error from ``pagedkv.spec.errors`` or returns
 what the caller needs; none changes state, so every public operation
@@ -12,16 +13,13 @@ functions read the coordinator's public tables; they never see the facade.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.spec.errors import (
-    ExceedsMaxModelLenError,
-    InvalidArgumentError,
-    InvalidTokenCountError,
-    UnknownBlockError,
-    UnknownRequestError,
-)
+from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
+from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
 from pagedkv.spec.request import RequestView
+from pagedkv.spec.types import BlockHash
 
 from .blocks import KVCacheBlocks
 from .single_type import FullAttentionManager
@@ -29,7 +27,7 @@ from .single_type import FullAttentionManager
 if TYPE_CHECKING:
     from .coordinator import KVCacheCoordinator
 
-__all__ = ["allocate_args", "cache_blocks_args", "known", "computed_tokens"]
+__all__ = ["allocate_args", "cache_blocks_args", "known"]
 
 
 def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
@@ -57,22 +55,47 @@ def _block_lists(blocks: Any) -> tuple[list[int], ...]:
     return blocks.blocks
 
 
-def computed_tokens(*, request: RequestView, known_request: bool) -> None:
-    """The request's ``num_computed_tokens`` (an int ``>= 0``) is 0 for a
-    request the manager does not know (D-API-21); it may exceed
-    ``num_tokens`` for a known one (tokens in flight, D-API-26). Cost: O(1).
+_INT_ONLY = frozenset((int,))
+"""The element types of a well-formed hit group (exactly int: a bool or a
+numpy integer is refused)."""
 
-    Raises:
-        InvalidTokenCountError, InvalidArgumentError.
+
+def _hit_holds(coordinator: KVCacheCoordinator, block_hashes: Sequence[BlockHash],
+               computed: tuple[list[int], ...]) -> bool:
+    """Whether the hit passes checks 1h, 1h′ and 1i at once, decided with
+    whole-list operations (the common case: a hit handed back untouched
+    from ``get_computed_blocks``). ``False`` means "not shown here": the
+    caller then runs the checks one by one, in the spec's order, which
+    decide the error. ``True`` only when every group's blocks are ints,
+    none null, each carrying the request's hash of its position in its
+    group (so inside the pool: ``block_hashes`` has one entry per block).
+    Cost: O(hit blocks), in C loops.
     """
-    computed, num_tokens = request.num_computed_tokens, request.num_tokens
-    if type(num_tokens) is not int or num_tokens < 1:
-        raise InvalidTokenCountError(f"request.num_tokens must be an int >= 1, got {num_tokens!r}")
-    if computed and not known_request:
-        raise InvalidArgumentError(
-            f"request {request.request_id!r} holds no blocks, so its num_computed_tokens must be 0, "
-            f"got {computed} (reset it on free or preemption; a prefix hit goes in "
-            f"num_new_computed_tokens) (D-API-21)")
+    pool = coordinator.block_pool
+    hashes = pool.block_hashes
+    group_ids = pool.block_group_ids
+    single_group = len(computed) == 1
+    views = None
+    for group_id, group in enumerate(computed):
+        if not group:
+            continue
+        if set(map(type, group)) != _INT_ONLY or min(group) < 1:
+            return False  # null blocks (windowed hits) and malformed ids: one by one
+        if views is None:
+            views = coordinator.views(block_hashes)
+        view = views.at(coordinator.block_sizes[group_id])
+        held = len(group)
+        if held > len(view):
+            return False
+        try:
+            if list(map(hashes.__getitem__, group)) != view[:held]:
+                return False
+        except IndexError:
+            return False  # an id past the pool: 1h names it
+        # One group: a block carrying a hash is cached in group 0 (CACHE-3).
+        if not single_group and list(map(group_ids.__getitem__, group)).count(group_id) != held:
+            return False
+    return True
 
 
 def allocate_args(
@@ -84,8 +107,9 @@ def allocate_args(
 ) -> tuple[list[int], ...] | None:
     """Step 1 of ``allocate_slots`` (spec/operations.md): check the
     arguments in the spec's order (1a to 1k, the order both implementations
-    raise in); return the prefix-hit block lists per group (``None`` when no
-    hit was passed).
+    raise in; the representation-independent checks are
+    :mod:`pagedkv.spec.allocate_args`'s); return the prefix-hit block lists
+    per group (``None`` when no hit was passed).
 
     Cost: O(groups + hit blocks).
 
@@ -93,27 +117,11 @@ def allocate_args(
         InvalidTokenCountError, InvalidArgumentError, UnknownBlockError,
         ExceedsMaxModelLenError: see ``KVCacheManager.allocate_slots``.
     """
-    # 1a-1b. counts. A call that adopts computed tokens may bring no new one (D-API-12).
-    adopting = (type(num_new_computed_tokens) is int and num_new_computed_tokens > 0) or (
-        type(num_external_computed_tokens) is int and num_external_computed_tokens > 0)
-    if type(num_new_tokens) is not int or num_new_tokens < (0 if adopting else 1):
-        raise InvalidTokenCountError(
-            f"num_new_tokens must be an int >= 1 (>= 0 when computed tokens are adopted), "
-            f"got {num_new_tokens!r}")
-    for name, value in (("num_new_computed_tokens", num_new_computed_tokens),
-                        ("num_lookahead_tokens", num_lookahead_tokens),
-                        ("num_external_computed_tokens", num_external_computed_tokens),
-                        ("num_encoder_tokens", num_encoder_tokens),
-                        ("reserved_blocks", reserved_blocks),
-                        ("num_in_flight_tokens", num_in_flight_tokens),
-                        ("request.num_computed_tokens", request.num_computed_tokens)):
-        if type(value) is not int or value < 0:
-            raise InvalidTokenCountError(f"{name} must be an int >= 0, got {value!r}")
-    # 1b, continued: the request's own count (spec/operations.md Part E).
-    computed_tokens(request=request, known_request=known_request)
+    # 1a-1b″. counts, the request's own counts (Part E).
+    check_counts(request, known_request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                 num_external_computed_tokens, num_encoder_tokens, reserved_blocks, num_in_flight_tokens)
     request_id = request.request_id
     num_groups = len(coordinator.managers)
-    enable_caching = coordinator.enable_caching
     # 1c. the hit's shape.
     computed: tuple[list[int], ...] | None = None
     has_hits = False
@@ -123,14 +131,9 @@ def allocate_args(
             raise InvalidArgumentError(
                 f"new_computed_blocks has {len(computed)} groups, the manager has {num_groups}")
         has_hits = any(computed)
-    # 1d. a known request takes no hit.
-    if known_request and (num_new_computed_tokens or has_hits):
-        raise InvalidArgumentError(
-            f"request {request_id!r} already holds blocks: it cannot take new prefix hits "
-            f"(new_computed_blocks, num_new_computed_tokens)")
-    # 1e. no hit without caching.
-    if not enable_caching and (num_new_computed_tokens or has_hits):
-        raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
+    # 1d, 1e, 1g. a hit only for a new request, with caching, with groups.
+    check_hit_allowed(request_id, known_request, coordinator.enable_caching, num_groups,
+                      num_new_computed_tokens, has_hits)
     # 1f. the hit's size matches num_new_computed_tokens in every group.
     encoder = coordinator.encoder_groups
     for group_id, block_size in enumerate(coordinator.block_sizes):
@@ -140,37 +143,42 @@ def allocate_args(
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
                 f"{held} computed blocks of group {group_id} (block size {block_size})")
-    # 1g. zero groups: no computed tokens.
-    if num_groups == 0 and num_new_computed_tokens:
-        raise InvalidArgumentError("a model without KV cache groups has no computed blocks")
     if has_hits:
         assert computed is not None
-        # 1h. hit ids inside the pool.
-        num_blocks = coordinator.block_pool.num_blocks
-        for group_id, group in enumerate(computed):
-            no_null = isinstance(coordinator.managers[group_id], FullAttentionManager)
-            for index, block in enumerate(group):
-                if type(block) is not int or not 0 <= block < num_blocks:
-                    raise UnknownBlockError(
-                        f"new_computed_blocks: block id must be an int in [0, {num_blocks}) naming a "
-                        f"block of this pool, got {block!r}")
-                if not block and no_null:
-                    raise InvalidArgumentError(
-                        f"new_computed_blocks: group {group_id} position {index} is the null "
-                        f"block, which a full-attention hit never holds (D-API-23)")
-        # 1i. the hit is still cached (D-API-8).
-        stale = coordinator.stale_hit(request.block_hashes, computed)
-        if stale is not None:
-            raise InvalidArgumentError(f"request {request_id!r}: stale new_computed_blocks: {stale}")
+        if not _hit_holds(coordinator, request.block_hashes, computed):
+            _hit_blocks_one_by_one(coordinator, request_id, request.block_hashes, computed)
     # 1j. max_model_len.
-    total = (request.num_computed_tokens + num_new_computed_tokens
-             + num_external_computed_tokens + num_new_tokens)
-    if total > max_model_len:
-        raise ExceedsMaxModelLenError(
-            f"request {request_id!r} would hold {total} tokens, max_model_len is "
-            f"{max_model_len}")
+    check_max_model_len(request_id, request.num_computed_tokens + num_new_computed_tokens
+                        + num_external_computed_tokens + num_new_tokens, max_model_len)
     # 1k (withdrawn): missing block hashes only defer caching (D-API-11).
     return computed
+
+
+def _hit_blocks_one_by_one(coordinator: KVCacheCoordinator, request_id: str,
+                           block_hashes: Sequence[BlockHash], computed: tuple[list[int], ...]) -> None:
+    """Checks 1h, 1h′ (every block, in order) then 1i, block by block: the
+    definition :func:`_hit_holds` shortcuts. Cost: O(hit blocks).
+
+    Raises:
+        UnknownBlockError: 1h. InvalidArgumentError: 1h′, 1i.
+    """
+    # 1h. hit ids inside the pool; 1h′. no null block where the group cannot skip one (D-API-23).
+    num_blocks = coordinator.block_pool.num_blocks
+    for group_id, group in enumerate(computed):
+        no_null = isinstance(coordinator.managers[group_id], FullAttentionManager)
+        for index, block in enumerate(group):
+            if type(block) is not int or not 0 <= block < num_blocks:
+                raise UnknownBlockError(
+                    f"new_computed_blocks: block id must be an int in [0, {num_blocks}) naming a "
+                    f"block of this pool, got {block!r}")
+            if not block and no_null:
+                raise InvalidArgumentError(
+                    f"new_computed_blocks: group {group_id} position {index} is the null "
+                    f"block, which a full-attention hit never holds (D-API-23)")
+    # 1i. the hit is still cached (D-API-8).
+    stale = coordinator.stale_hit(block_hashes, computed)
+    if stale is not None:
+        raise InvalidArgumentError(f"request {request_id!r}: stale new_computed_blocks: {stale}")
 
 
 def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
@@ -186,9 +194,7 @@ def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
     """
     request_id = request.request_id
     known(coordinator, request_id)
-    if type(num_computed_tokens) is not int or num_computed_tokens < 0:
-        raise InvalidTokenCountError(
-            f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
+    count("num_computed_tokens", num_computed_tokens, 0)
     for group_id, manager in enumerate(coordinator.managers):
         if coordinator.encoder_groups[group_id]:
             continue  # cross-attention blocks are never cached

@@ -144,11 +144,12 @@ class BlockPool:
                 raise InvariantViolation(
                     f"POOL-3: freeing block {block.block_id} {times} time(s) but its ref count is "
                     f"{block.ref_cnt}")
-        for block in blocks:
-            block.ref_cnt -= 1
+        # One pass, as vLLM's: a block named twice is released at the
+        # occurrence that brings its count to 0 (D-API-35).
         released: list[KVCacheBlock] = []
         for block in blocks:
-            if block.ref_cnt == 0 and all(block is not seen for seen in released):
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
                 released.append(block)
         order = rules.requeue(
             [block.block_id for block in self.free_queue],

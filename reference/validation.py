@@ -2,7 +2,8 @@
 implementation checks an operation's arguments (the twin of
 ``optimized/validation.py``, same functions, same order of checks). The
 constructor's arguments are checked by the shared
-:func:`pagedkv.spec.manager_args.check_manager_args`.
+:func:`pagedkv.spec.manager_args.check_manager_args`, and the checks of
+``allocate_slots`` that read no block by :mod:`pagedkv.spec.allocate_args`.
 
 Each function raises a typed error from ``pagedkv.spec.errors`` or returns
 what the caller needs; none changes state, so a refused operation changes
@@ -17,30 +18,14 @@ from pagedkv.reference.block_pool import KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.single_type import FullAttentionManager
-from pagedkv.spec.errors import (
-    ExceedsMaxModelLenError,
-    InvalidArgumentError,
-    InvalidTokenCountError,
-    UnknownBlockError,
-    UnknownRequestError,
-)
+from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
+from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
 from pagedkv.spec.request import RequestView
 
 if TYPE_CHECKING:
     from pagedkv.reference.coordinator import KVCacheCoordinator
 
-__all__ = ["count", "allocate_args", "cache_blocks_args", "known", "computed_tokens", "hit_blocks"]
-
-
-def count(name: str, value: object, minimum: int) -> int:
-    """``value`` if it is an int ``>= minimum``.
-
-    Raises:
-        InvalidTokenCountError: it is not.
-    """
-    if type(value) is not int or value < minimum:
-        raise InvalidTokenCountError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+__all__ = ["count", "allocate_args", "cache_blocks_args", "known", "hit_blocks"]
 
 
 def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
@@ -56,24 +41,6 @@ def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
     if not is_known:
         raise UnknownRequestError(
             f"request {request_id!r} holds no blocks (never allocated or already freed)")
-
-
-def computed_tokens(*, request: RequestView, known_request: bool) -> None:
-    """The request's ``num_computed_tokens`` (an int ``>= 0``) is 0 for a
-    request the manager does not know (a freed or preempted request handed
-    back without the reset, D-API-21). It may exceed ``num_tokens`` for a
-    known request (tokens in flight, D-API-26).
-
-    Raises:
-        InvalidTokenCountError, InvalidArgumentError.
-    """
-    computed, num_tokens = request.num_computed_tokens, request.num_tokens
-    count("request.num_tokens", num_tokens, 1)
-    if computed and not known_request:
-        raise InvalidArgumentError(
-            f"request {request.request_id!r} holds no blocks, so its num_computed_tokens must be 0, "
-            f"got {computed} (reset it on free or preemption; a prefix hit goes in "
-            f"num_new_computed_tokens) (D-API-21)")
 
 
 def hit_blocks(*, coordinator: KVCacheCoordinator, hits: tuple[tuple[KVCacheBlock, ...], ...]) -> None:
@@ -110,22 +77,9 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
         InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
     """
     request_id = request.request_id
-    # 1a-1b. counts; adopting computed tokens allows no new one (D-API-12).
-    adopts = any(type(n) is int and n > 0 for n in (num_new_computed_tokens, num_external_computed_tokens))
-    if type(num_new_tokens) is not int or num_new_tokens < (0 if adopts else 1):
-        raise InvalidTokenCountError(
-            f"num_new_tokens must be an int >= 1 (>= 0 when computed tokens are adopted), "
-            f"got {num_new_tokens!r}")
-    for name, value in (("num_new_computed_tokens", num_new_computed_tokens),
-                        ("num_lookahead_tokens", num_lookahead_tokens),
-                        ("num_external_computed_tokens", num_external_computed_tokens),
-                        ("num_encoder_tokens", num_encoder_tokens),
-                        ("reserved_blocks", reserved_blocks),
-                        ("num_in_flight_tokens", num_in_flight_tokens),
-                        ("request.num_computed_tokens", request.num_computed_tokens)):
-        count(name, value, 0)
-    # 1b, continued: the request's own count (spec/operations.md Part E).
-    computed_tokens(request=request, known_request=known_request)
+    # 1a-1b″. counts, the request's own counts (spec/operations.md Part E).
+    check_counts(request, known_request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                 num_external_computed_tokens, num_encoder_tokens, reserved_blocks, num_in_flight_tokens)
     # 1c. the hit's shape.
     num_groups = len(coordinator.managers)
     hits: tuple[tuple[KVCacheBlock, ...], ...] = tuple(() for _ in range(num_groups))
@@ -134,14 +88,10 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
             raise InvalidArgumentError(
                 f"new_computed_blocks must be this manager's KVCacheBlocks with {num_groups} groups")
         hits = new_computed_blocks.blocks
-    # 1d. a known request takes no hit.
-    if known_request and (num_new_computed_tokens or any(hits)):
-        raise InvalidArgumentError(
-            f"request {request_id!r} already holds blocks: it cannot take new prefix hits "
-            f"(new_computed_blocks, num_new_computed_tokens)")
-    # 1e. no hit without caching.
-    if not coordinator.enable_caching and (num_new_computed_tokens or any(hits)):
-        raise InvalidArgumentError("prefix caching is disabled: no computed blocks can be passed")
+    # 1d, 1e, 1g. a hit only for a new request, with caching, with groups
+    # (with zero groups 1f checks nothing, so 1g may run first).
+    check_hit_allowed(request_id, known_request, coordinator.enable_caching, num_groups,
+                      num_new_computed_tokens, any(hits))
     # 1f. the hit's size matches num_new_computed_tokens in every group.
     for manager, group_hits in zip(coordinator.managers, hits):
         expected = (0 if isinstance(manager, CrossAttentionManager)
@@ -151,9 +101,6 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
                 f"{len(group_hits)} computed blocks of group {manager.group_id} "
                 f"(block size {manager.block_size})")
-    # 1g. zero groups: no computed tokens.
-    if num_groups == 0 and num_new_computed_tokens:
-        raise InvalidArgumentError("a model without KV cache groups has no computed blocks")
     # 1h. the hit names this pool's blocks, and no null block where the
     # group cannot skip a position (D-API-23).
     if any(hits):
@@ -164,12 +111,8 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
         if stale is not None:
             raise InvalidArgumentError(f"request {request_id!r}: stale new_computed_blocks: {stale}")
     # 1j. max_model_len.
-    num_main_tokens = (request.num_computed_tokens + num_new_computed_tokens
-                       + num_external_computed_tokens + num_new_tokens)
-    if num_main_tokens > max_model_len:
-        raise ExceedsMaxModelLenError(
-            f"request {request_id!r} would hold {num_main_tokens} tokens, "
-            f"more than max_model_len={max_model_len}")
+    check_max_model_len(request_id, request.num_computed_tokens + num_new_computed_tokens
+                        + num_external_computed_tokens + num_new_tokens, max_model_len)
     # 1k (withdrawn): missing block hashes only defer caching (D-API-11).
     return hits
 

@@ -33,7 +33,7 @@ from pagedkv.spec.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
-from pagedkv.spec.request import MMFeature
+from pagedkv.spec.request import MMFeature, Request
 from tests.implementations import IMPLEMENTATIONS
 
 BLOCK_SIZE = 4
@@ -44,6 +44,11 @@ MAX_MODEL_LEN = 32
 def full_config(num_groups: int = 1, num_blocks: int = NUM_BLOCKS) -> KVCacheConfig:
     spec = FullAttentionSpec(BLOCK_SIZE, 1, 8, "float16")
     return KVCacheConfig(num_blocks, (), tuple(KVCacheGroupSpec((f"l{g}",), spec) for g in range(num_groups)))
+
+
+def hybrid_config() -> KVCacheConfig:
+    specs = (FullAttentionSpec(BLOCK_SIZE, 1, 8, "float16"), SlidingWindowSpec(BLOCK_SIZE, 1, 8, "float16", 8))
+    return KVCacheConfig(NUM_BLOCKS, (), tuple(KVCacheGroupSpec((f"l{g}",), spec) for g, spec in enumerate(specs)))
 
 
 def config_with(spec: Any) -> KVCacheConfig:
@@ -75,12 +80,18 @@ class World:
         self.nc_run = self.nc.make_request("nc_run", [1] * 6)
         assert self.nc.allocate_slots(self.nc_run, 6) is not None
         self.nc_run.num_computed_tokens = 6
-        self.requests = (self.run, self.wait, self.done, self.nc_run)
+        # Full attention beside a sliding window, caching on: the decode fast
+        # path that probes each group (the single-group path is m's).
+        self.hy = self.mod.KVCacheManager(hybrid_config(), MAX_MODEL_LEN)
+        self.hy_run = self.hy.make_request("hy_run", list(range(10)))
+        assert self.hy.allocate_slots(self.hy_run, 10) is not None
+        self.hy_run.num_computed_tokens = 10
+        self.requests = (self.run, self.wait, self.done, self.nc_run, self.hy_run)
         self.stale_hit: tuple[Any, int] = (None, 0)
 
     def state(self) -> Any:
         """Everything a refused call must leave alone."""
-        return (self.m.snapshot(), self.nc.snapshot(),
+        return (self.m.snapshot(), self.nc.snapshot(), self.hy.snapshot(),
                 [(r.request_id, list(r.all_token_ids), list(r.block_hashes), r.num_computed_tokens,
                   r.num_preemptions) for r in self.requests])
 
@@ -90,7 +101,7 @@ class World:
         if self.impl == "reference":
             pool = self.m.block_pool
             return self.mod.KVCacheBlocks(
-                [[pool.blocks[i] if isinstance(i, int) and 0 <= i < pool.num_blocks
+                [[pool.blocks[i] if type(i) is int and 0 <= i < pool.num_blocks
                   else self.mod.KVCacheBlock(i) for i in group] for group in groups])
         return self.mod.KVCacheBlocks(tuple(list(group) for group in groups), self.m.block_pool.block_hashes)
 
@@ -144,6 +155,44 @@ def _new_copy(w: World, **attrs: Any) -> SimpleNamespace:
     return _fake_request(request_id="done", all_token_ids=list(w.done.all_token_ids), num_tokens=w.done.num_tokens,
                          num_prompt_tokens=w.done.num_prompt_tokens, block_hashes=list(w.done.block_hashes),
                          **attrs)
+
+
+def _known_copy(w: World, manager: str, **attrs: Any) -> SimpleNamespace:
+    """A view of the running request of manager ``m``, ``nc`` or ``hy``
+    (10 tokens, all computed) with some attributes replaced: a decode step of
+    it takes that manager's decode fast path when well formed."""
+    request = {"m": w.run, "nc": w.nc_run, "hy": w.hy_run}[manager]
+    base: dict[str, Any] = dict(
+        request_id=request.request_id, all_token_ids=list(request.all_token_ids), num_tokens=request.num_tokens,
+        num_prompt_tokens=request.num_prompt_tokens, num_computed_tokens=request.num_computed_tokens,
+        block_hashes=list(request.block_hashes))
+    base.update(attrs)
+    return _fake_request(**base)
+
+
+def _decode(manager: str, **attrs: Any) -> Callable[[World], object]:
+    """``allocate_slots(known request, 1)`` on manager ``manager`` with the
+    request's attributes replaced: the no-op decode fast path for a well-formed request."""
+    def call(w: World) -> object:
+        return getattr(w, manager).allocate_slots(_known_copy(w, manager, **attrs), 1)
+    return call
+
+
+class _ZeroTokens(Request):
+    """pagedkv's Request with a broken count: a subclass is read like any
+    foreign request on the decode fast path (only the exact class is trusted)."""
+
+    __slots__ = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return 0
+
+
+def _zero_tokens_run(w: World) -> object:
+    request = _ZeroTokens("run", list(w.run.all_token_ids), block_hasher=None)
+    request.num_computed_tokens = w.run.num_computed_tokens
+    return w.m.allocate_slots(request, 1)
 
 
 def _ctor(config: Any = None, max_model_len: Any = MAX_MODEL_LEN, **kwargs: Any) -> Callable[[World], object]:
@@ -305,6 +354,13 @@ CASES: list[Case] = [
          lambda w: w.m.allocate_slots(_new_copy(w, num_computed_tokens=4), 1)),
     Case("alloc_exceeds_max_model_len", "max_model_len",
          lambda w: _alloc_new(w, MAX_MODEL_LEN + 1), E.ExceedsMaxModelLenError),
+    Case("alloc_hit_exceeds_max_model_len", "max_model_len",
+         lambda w: _alloc_new(w, MAX_MODEL_LEN - 4, 8, w.real_hit()[0]), E.ExceedsMaxModelLenError),
+    Case("alloc_external_exceeds_max_model_len", "max_model_len",
+         lambda w: _alloc_new(w, MAX_MODEL_LEN - 2, num_external_computed_tokens=4), E.ExceedsMaxModelLenError),
+    Case("alloc_every_count_negative", "num_new_computed_tokens",
+         lambda w: w.m.allocate_slots(_new_copy(w, num_computed_tokens=-1), 1, -1, None, -1, -1,
+                                      num_encoder_tokens=-1, reserved_blocks=-1, num_in_flight_tokens=-1), TOKENS),
     Case("alloc_decode_exceeds_max_model_len", "max_model_len",
          lambda w: w.m.allocate_slots(w.run, MAX_MODEL_LEN), E.ExceedsMaxModelLenError),
     # --- allocate_slots: the request object ------------------------------------------------------
@@ -314,6 +370,17 @@ CASES: list[Case] = [
          lambda w: w.m.allocate_slots(_fake_request(request_id=["a"]), 1)),
     Case("alloc_request_num_tokens_none", "num_tokens",
          lambda w: w.m.allocate_slots(_fake_request(num_tokens=None), 1)),
+    # --- allocate_slots: a known request's own counts on the decode fast paths ------------------
+    # (one group, several groups without and with caching: each must refuse what the general path
+    # refuses, 1b and 1b′, though a well-formed step there changes nothing)
+    *(Case(f"decode_{manager}_num_tokens_{label}", "num_tokens", _decode(manager, num_tokens=value), TOKENS)
+      for manager in ("m", "nc", "hy")
+      for label, value in (("none", None), ("zero", 0), ("negative", -1), ("float", 11.0), ("str", "11"),
+                           ("bool", True))),
+    *(Case(f"decode_{manager}_computed_{label}", "num_computed_tokens",
+           _decode(manager, num_computed_tokens=value), TOKENS)
+      for manager in ("m", "nc", "hy") for label, value in (("negative", -1), ("float", 10.0))),
+    Case("decode_m_request_subclass_num_tokens_zero", "num_tokens", _zero_tokens_run, TOKENS),
     # --- allocate_slots: prefix hits -------------------------------------------------------------
     Case("hit_known_request", "new_computed_blocks",
          lambda w: w.m.allocate_slots(w.run, 1, BLOCK_SIZE, w.real_hit()[0].new_empty() + w.hit([1]))),
@@ -334,6 +401,16 @@ CASES: list[Case] = [
          lambda w: w.m.allocate_slots(w.wait, 2, w.stale_hit[1], w.stale_hit[0]), prepare=_make_stale),
     Case("hit_wrong_position", "new_computed_blocks",
          lambda w: _alloc_new(w, 2, 8, w.hit(list(reversed(w.real_hit()[0].get_block_ids()[0]))))),
+    # The real hit with one id in a form the optimized whole-list check must not pass (the hash
+    # lookup itself would accept it), and a stale block before an id outside the pool (1h first).
+    Case("hit_block_numpy_int", "new_computed_blocks",
+         lambda w: _alloc_new(w, 2, 8, w.hit([np.int64(b) for b in w.real_hit()[0].get_block_ids()[0]])),  # type: ignore[misc]
+         BLOCK),
+    Case("hit_block_bool", "new_computed_blocks",
+         lambda w: _alloc_new(w, 2, 8, w.hit([True] + w.real_hit()[0].get_block_ids()[0][1:])), BLOCK),
+    Case("hit_stale_then_out_of_range", "new_computed_blocks",
+         lambda w: _alloc_new(w, 2, 8, w.hit(list(reversed(w.real_hit()[0].get_block_ids()[0]))[:1] + [999])),
+         BLOCK),
     Case("hit_block_in_use_uncached", "new_computed_blocks",
          lambda w: _alloc_new(w, 2, 4, w.hit([w.m.get_block_ids("run")[0][2]]))),
     Case("hit_caching_disabled", "caching",

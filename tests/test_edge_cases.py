@@ -153,13 +153,33 @@ def test_blocks_compare_by_ids_and_never_equal_other_things(impl: ModuleType) ->
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
-def test_pool_free_with_a_block_named_twice_requeues_it_at_its_first_occurrence(impl: ModuleType) -> None:
+def test_pool_free_with_a_block_named_twice_releases_it_where_its_count_reaches_zero(impl: ModuleType) -> None:
+    """D-API-35 (vLLM 0.33's one pass): unhashed blocks go to the front in
+    release order, and ``a`` is released at its second occurrence."""
     pool = impl.BlockPool(8, False)
     a, b, _ = pool.get_new_blocks(3)
     pool.touch([a])                    # a: ref 2, b: ref 1
     pool.free_blocks([a, b, a])
-    ids = [getattr(block, "block_id", block) for block in (a, b)]
+    ids = [getattr(block, "block_id", block) for block in (b, a)]
     assert list(pool.snapshot().free_queue[:2]) == ids
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_pool_free_named_twice_hashed_blocks_join_the_back_where_their_count_reaches_zero(
+        impl: ModuleType) -> None:
+    """The same rule for cached blocks, which join the back of the queue;
+    a block whose count stays above 0 is not released at all."""
+    manager = impl.KVCacheManager(_full_config(8), 64)
+    request = manager.make_request("r", list(range(12)))
+    assert manager.allocate_slots(request, 12) is not None
+    pool = manager.block_pool
+    x_block, y_block, z_block = manager.get_blocks("r").blocks[0]
+    x, y, z = (getattr(block, "block_id", block) for block in (x_block, y_block, z_block))
+    pool.touch([x_block, x_block, y_block])   # x: ref 3, y: ref 2, z: ref 1
+    pool.free_blocks([x_block, y_block, z_block, x_block, y_block])
+    queue = list(pool.snapshot().free_queue)
+    assert queue[-2:] == [z, y]               # x keeps one reference
+    assert x not in queue
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
@@ -187,3 +207,25 @@ def test_optimized_blocks_length_is_group_zeros() -> None:
     blocks = manager.allocate_slots(manager.make_request("a", [1] * 6), 6)
     assert len(blocks) == 2
     assert len(optimized.KVCacheBlocks((), [])) == 0
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_hit_with_groups_swapped_is_stale(impl: ModuleType) -> None:
+    """Two full-attention groups: each block of a real hit carries the right
+    hash but, with the groups' lists swapped, the other group's id (1i).
+    The optimized whole-list check must compare group ids too."""
+    manager = impl.KVCacheManager(_full_config(32, groups=2), 64)
+    old = manager.make_request("old", list(range(9)))
+    assert manager.allocate_slots(old, 9) is not None
+    old.num_computed_tokens = 9
+    manager.free(old)
+    new = manager.make_request("new", list(range(9)))
+    hit, num_hit = manager.get_computed_blocks(new)
+    assert num_hit == 8
+    swapped = type(hit)(tuple(reversed(hit.blocks)), *([] if impl is IMPLEMENTATIONS["reference"]
+                                                       else [manager.block_pool.block_hashes]))
+    before = manager.snapshot()
+    with pytest.raises(InvalidArgumentError, match="stale"):
+        manager.allocate_slots(new, 1, num_hit, swapped)
+    assert manager.snapshot() == before
+    assert manager.allocate_slots(new, 1, num_hit, hit) is not None

@@ -16,7 +16,9 @@ prefix (or another salt) shows up as a wrong value.
 
 Attention types: full, sliding window, chunked local, attention sinks, and
 hybrids of them (windowed groups check only what they keep). Mamba state and
-cross-attention blocks hold no per-token KV and are not covered here.
+cross-attention (encoder) blocks: tests/test_kv_integrity_state.py, a
+subclass of this machine (the hooks ``_limit_chunk``, ``_admission_kwargs``,
+``_write`` and ``attention_groups`` are there for it).
 
 The gate (``test_gate_mislabelled_cached_block_is_caught``) plants a bug that
 caches a block under the hash of the next position, so that a later hit
@@ -112,6 +114,8 @@ class KVIntegrityMachine(RuleBasedStateMachine):
     """The optimized manager, block tables and KV memory in one engine loop."""
 
     check_manager_invariants = True
+    allow_external = True
+    """Draw externally computed (connector) tokens at admission."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -131,10 +135,28 @@ class KVIntegrityMachine(RuleBasedStateMachine):
         memory_config = _config(specs, num_blocks + SCRATCH)
         self.memory = KVCacheMemory(memory_config, "cpu")
         self.host = KVCacheMemory.host_mirror(self.memory, num_blocks + SCRATCH)
-        self.keys = [self.memory.layer(f"layer.{g}")["key"] for g in range(len(specs))]
+        self.attention_groups = list(range(len(specs)))
+        """Groups holding one K/V slot per token position (the others: the subclass's)."""
+        self.keys = [self._values_view(g) for g in range(len(specs))]
+        # Two spare columns: a Mamba row may hold speculative blocks past the positions.
         self.tables = BlockTables([s.block_size for s in specs], MAX_REQS,
-                                  [MAX_MODEL_LEN // s.block_size + 1 for s in specs], num_blocks + SCRATCH)
+                                  [MAX_MODEL_LEN // s.block_size + 3 for s in specs], num_blocks + SCRATCH)
         self.prefixes = prefixes
+
+    def _values_view(self, group_id: int) -> Any:
+        """The tensor the machine writes group ``group_id``'s values into:
+        ``[num_blocks, block_size, heads, head]`` keys, or a Mamba state
+        ``[num_blocks, 1]``."""
+        views = self.memory.layer(f"layer.{group_id}").views
+        return views["key"] if "key" in views else views["state0"]
+
+    def _limit_chunk(self, start: int, chunk: int) -> int:
+        """The engine's chunk from position ``start`` (the subclass aligns Mamba steps)."""
+        return chunk
+
+    def _admission_kwargs(self, request: Request) -> dict[str, Any]:
+        """Extra ``allocate_slots`` arguments at admission (encoder tokens)."""
+        return {}
 
     # -- the engine's side ------------------------------------------------------------
 
@@ -153,7 +175,8 @@ class KVIntegrityMachine(RuleBasedStateMachine):
         rows = torch.full_like(positions, entry.row)
         slots = self.tables.slot_mapping(rows, positions)
         values = torch.tensor([prefix_value(entry.request, p) for p in range(start, stop)], dtype=torch.float32)
-        for g, spec in enumerate(self.specs):
+        for g in self.attention_groups:
+            spec = self.specs[g]
             group_slots = slots[g]
             self.keys[g][group_slots // spec.block_size, group_slots % spec.block_size, 0, 0] = values
 
@@ -184,12 +207,14 @@ class KVIntegrityMachine(RuleBasedStateMachine):
         request = self.waiting[data.draw(st.integers(0, len(self.waiting) - 1))]
         hit, num_hit = self.manager.get_computed_blocks(request)
         remaining = request.num_tokens - num_hit
-        external = data.draw(st.integers(0, remaining - 1)) if data.draw(st.integers(0, 3)) == 0 else 0
-        chunk = data.draw(st.integers(1, remaining - external))
+        external = (data.draw(st.integers(0, remaining - 1))
+                    if self.allow_external and data.draw(st.integers(0, 3)) == 0 else 0)
+        chunk = self._limit_chunk(num_hit + external, data.draw(st.integers(1, remaining - external)))
         delay = data.draw(st.integers(0, 4)) == 0
         lookahead = data.draw(st.integers(0, 2))
         out = self.manager.allocate_slots(request, chunk, num_hit, hit, num_lookahead_tokens=lookahead,
-                                          num_external_computed_tokens=external, delay_cache_blocks=delay)
+                                          num_external_computed_tokens=external, delay_cache_blocks=delay,
+                                          **self._admission_kwargs(request))
         if out is None:
             return
         self.waiting.remove(request)
@@ -212,7 +237,7 @@ class KVIntegrityMachine(RuleBasedStateMachine):
                 return self._drop(entry, finished=True)
             request.append_output_token_ids(data.draw(st.lists(ALPHABET, min_size=1, max_size=2)))
         start = request.num_computed_tokens
-        chunk = data.draw(st.integers(1, request.num_tokens - start))
+        chunk = self._limit_chunk(start, data.draw(st.integers(1, request.num_tokens - start)))
         out = self.manager.allocate_slots(request, chunk, num_lookahead_tokens=data.draw(st.integers(0, 2)),
                                           delay_cache_blocks=data.draw(st.integers(0, 5)) == 0)
         if out is None:
@@ -308,6 +333,9 @@ class KVIntegrityMachine(RuleBasedStateMachine):
             for g, spec in enumerate(self.specs):
                 row = self.tables.host_table(g)[entry.row]
                 assert list(row[:len(ids[g])]) == list(ids[g]), f"table row of {request_id} group {g}"
+                if g not in self.attention_groups:
+                    continue
+                assert isinstance(spec, AttentionSpec)
                 first_needed = self._first_needed(spec, entry.last_start)
                 positions = [p for p in range(computed) if p // spec.block_size < len(ids[g])
                              and ids[g][p // spec.block_size]]

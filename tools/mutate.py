@@ -18,6 +18,11 @@ would otherwise reuse the stale cache), and the file is restored. A mutant is *k
 fail (or exceed the time limit), *survived* otherwise.
 
     python tools/mutate.py [--per-file N] [--seed S] [--files GLOB...] [--out FILE]
+                           [--changed-since REV]
+
+``--changed-since REV`` draws only mutants on lines that differ from git
+revision ``REV`` (the lines a branch added or changed), so a re-run scores
+the code that changed rather than a sample of whole files.
 
 Survivors are listed with their diff; triage them in tools/mutation_triage.md
 (equivalent, or killed by a test added since).
@@ -46,6 +51,7 @@ SKIP = ("*/__init__.py", "reference/tensor_model.py", "reference/invariants.py",
 TESTS = ["tests/test_scenarios.py", "tests/test_scenarios_hybrid.py", "tests/test_bad_input.py",
          "tests/test_edge_cases.py", "tests/test_optimized_unit.py", "tests/test_gates.py",
          "tests/test_hashing.py", "tests/test_fault_injection.py", "tests/test_kv_integrity.py",
+         "tests/test_kv_integrity_state.py",
          "tests/test_differential.py", "tests/test_differential_hybrid.py"]
 
 _COMPARE_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
@@ -152,6 +158,20 @@ def enumerate_mutants(files: list[Path]) -> dict[str, list[Mutant]]:
     return result
 
 
+def changed_lines(revision: str, rel: str) -> set[int]:
+    """Line numbers of ``rel`` (in the working tree) added or changed since
+    git ``revision``: the new side of ``git diff -U0``'s hunks."""
+    diff = subprocess.run(["git", "diff", "-U0", revision, "--", rel], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    lines: set[int] = set()
+    for header in diff.splitlines():
+        if header.startswith("@@"):
+            new = header.split()[2]          # +start[,count]
+            start, _, count = new[1:].partition(",")
+            lines.update(range(int(start), int(start) + (int(count) if count else 1)))
+    return lines
+
+
 def apply(mutant: Mutant) -> str:
     """The mutated source of the mutant's file (the file itself untouched)."""
     path = ROOT / mutant.path
@@ -193,10 +213,16 @@ def main() -> int:
     parser.add_argument("--files", nargs="*", default=list(TARGETS))
     parser.add_argument("--out", default="tools/mutation_results.json")
     parser.add_argument("--list", action="store_true", help="only count the mutation points")
+    parser.add_argument("--changed-since", metavar="REV", default=None,
+                        help="only mutants on lines changed since git revision REV")
     args = parser.parse_args()
     files = sorted({p for pattern in args.files for p in ROOT.glob(pattern)
                     if not any(fnmatch.fnmatch(str(p.relative_to(ROOT)), s) for s in SKIP)})
     everything = enumerate_mutants(files)
+    if args.changed_since is not None:
+        for rel, mutants in everything.items():
+            lines = changed_lines(args.changed_since, rel)
+            everything[rel] = [mutant for mutant in mutants if mutant.line in lines]
     if args.list:
         for rel, mutants in everything.items():
             print(f"{rel:34s} {len(mutants):5d} mutation points")
