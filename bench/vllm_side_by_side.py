@@ -187,7 +187,7 @@ def long_prompts_side_by_side(vllm_python: str, lengths: Sequence[int], hash_nam
         job = {"kind": "prompts", "model": "llama3", "block_size": block_size, "hash": vllm_hash,
                "num_blocks": num_blocks, "max_model_len": length + block_size, "prompt_tokens": length,
                "repeats": repeats, "skip_first": 1, "ours_hash": ours_hash}
-        theirs, ours, raw = _alternate(vllm_python, job, lambda: sd.long_prompts(length, repeats), runs,
+        theirs, ours, raw = _alternate(vllm_python, job, lambda n=length: sd.long_prompts(n, repeats), runs,
                                        f"long prompts of {length} tokens")
         cells = [f"{length // 1024}k", str(raw["hits"][-1])]
         for kind in ("make_request", *KINDS):
