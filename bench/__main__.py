@@ -4,7 +4,9 @@ Runs, in order: the standard chat trace (../shared/anchors.md) through the
 optimized and the reference manager with the ``sha256`` and the fast
 ``xxh3_128`` hash; the eviction-heavy variant (a pool just big enough for the
 trace's peak); allocate/free micro-benchmarks at 1-1000 blocks in pools of 1k
-and 1M blocks; then ``bench.tensor_bench.run(quick)`` when that module exists
+and 1M blocks; the hybrid models (``bench.hybrid_bench``); long prompts of
+1k-128k tokens and the Mamba-align hybrid (``bench.long_bench``); then
+``bench.tensor_bench.run(quick)`` when that module exists
 and torch imports. Prints Markdown tables on stdout (vLLM 0.33's figures and
 pagedkv's targets beside ours) and writes everything as JSON under
 ``bench/results/``. See bench/README.md.
@@ -53,6 +55,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-micro", action="store_true", help="skip the allocate/free micro-benchmarks")
     parser.add_argument("--no-eviction", action="store_true", help="skip the eviction-heavy variant")
     parser.add_argument("--no-tensor", action="store_true", help="skip bench/tensor_bench.py")
+    parser.add_argument("--no-long", action="store_true",
+                        help="skip the long-prompt and Mamba-align sections (bench/long_bench.py)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, metavar="DIR",
                         help="directory for the JSON results (default bench/results)")
     return parser.parse_args(argv)
@@ -241,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_micro_table(micro))
 
     report["hybrid"] = importlib.import_module("bench.hybrid_bench").run(quick)
+    if not args.no_long:
+        report["long"] = importlib.import_module("bench.long_bench").run(quick)
     status = 0
     if not args.no_tensor:
         try:

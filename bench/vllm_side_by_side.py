@@ -1,19 +1,40 @@
-"""Optional: the standard chat trace through vLLM's own KVCacheManager and
-through pagedkv's optimized manager, in one run, and the ratio.
+"""Optional: pagedkv's optimized manager beside vLLM 0.33's own KVCacheManager,
+in one invocation, sides alternating, medians, per-call ratios.
 
-    .venv/bin/python -m bench.vllm_side_by_side --vllm-python ../vllm-venv/bin/python
+Three workloads (hash ``sha256`` on both sides, or ``--hash fast``: pagedkv's
+``xxh3_128`` against vLLM's ``xxhash``):
 
-vLLM runs in *its* interpreter (a separate virtual environment, outside this
-checkout: ../shared/anchors.md shows how to install vLLM 0.33 on CPU), as a
-subprocess that loads ``src/pagedkv/trace.py`` by path -- the same steps, the
-same timers (``perf_counter_ns`` around each manager call). No vLLM code is
-copied here; vLLM is only called. ``make bench`` never needs vLLM.
+- the standard chat trace (``src/pagedkv/trace.py``) on ``--model llama3``,
+  ``gemma3`` (5 sliding-window groups w1024 : 1 full) or ``jamba`` (full
+  attention + Mamba in mode ``align``, the only Mamba mode vLLM 0.33 caches);
+- ``--prompt-lengths 1k,8k,32k,128k``: one full-attention group, block 16,
+  prompts of L tokens (half shared, half unique), one request at a time
+  (create, look up, allocate the rest, free); ns per block;
+- ``--trace PATH --block-size N``: a Mooncake JSONL trace, one request at a
+  time, a pool that never evicts (hash id h = 512 deterministic token ids
+  made from h, ``bench/side_driver.py``).
+
+Hit tokens are compared request by request; a difference fails the run.
+
+    .venv/bin/python -m bench.vllm_side_by_side --model jamba --runs 3
+    .venv/bin/python -m bench.vllm_side_by_side --prompt-lengths 1k,8k,32k,128k
+    .venv/bin/python -m bench.vllm_side_by_side --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+        --block-size 512
+
+vLLM runs in *its* interpreter (``--vllm-python``, default /work/vllm-venv's;
+../shared/anchors.md shows how to install vLLM 0.33 on CPU) as a subprocess
+running ``bench/vllm_child.py``, which loads ``src/pagedkv/trace.py`` and
+``bench/side_driver.py`` by path: the same steps, token lists and timers. No
+vLLM code is copied; vLLM is only called. ``make bench`` never needs vLLM.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -21,156 +42,235 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import manager_bench as mb
-from pagedkv.trace import STANDARD, TraceConfig
+from bench import side_driver as sd
+from pagedkv.trace import DEFAULT_NUM_BLOCKS, STANDARD, TraceConfig, TraceDriver, standard_trace
 
-TRACE_PY = Path(__file__).resolve().parent.parent / "src" / "pagedkv" / "trace.py"
-
-# Runs inside vLLM's interpreter: argv = [trace.py path, num_requests, num_blocks].
-_CHILD = r'''
-import importlib.util, json, sys, time
-spec = importlib.util.spec_from_file_location("pagedkv_trace", sys.argv[1])
-trace = importlib.util.module_from_spec(spec)
-sys.modules["pagedkv_trace"] = trace
-spec.loader.exec_module(trace)
-num_requests, num_blocks = int(sys.argv[2]), int(sys.argv[3])
-
-import torch
-import vllm
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.request import Request
-
-config = trace.TraceConfig(num_requests=num_requests)
-bs = config.block_size
-init_none_hash(sha256)
-hasher = get_request_block_hasher(bs, sha256)
-kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-    KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
-        block_size=bs, num_kv_heads=8, head_size=128, dtype=torch.bfloat16))])
-manager = KVCacheManager(kv_config, 8192, scheduler_block_size=bs, hash_block_size=bs)
-steps = list(trace.standard_trace(config))
-clock = time.perf_counter_ns
-ns = dict.fromkeys(trace.CALL_KINDS, 0)
-calls = dict.fromkeys(trace.CALL_KINDS, 0)
-requests, hits, prompt_tokens = {}, {}, 0
-for step in steps:
-    kind = type(step).__name__
-    if kind == "AllocateSlots":
-        request = requests[step.request_id]
-        if step.uses_prefix_hit:
-            blocks = hits.pop(step.request_id)
-            t = clock()
-            out = manager.allocate_slots(request, step.num_new_tokens, step.num_new_computed_tokens, blocks)
-            ns["allocate_slots"] += clock() - t
-        else:
-            t = clock()
-            out = manager.allocate_slots(request, step.num_new_tokens)
-            ns["allocate_slots"] += clock() - t
-        calls["allocate_slots"] += 1
-        if out is None:
-            raise SystemExit(f"vLLM refused {step}")
-        request.num_computed_tokens += step.num_new_computed_tokens + step.num_new_tokens
-    elif kind == "AppendToken":
-        request = requests[step.request_id]
-        t = clock()
-        request.append_output_token_ids(step.token_id)
-        ns["append_token"] += clock() - t
-        calls["append_token"] += 1
-    elif kind == "GetComputedBlocks":
-        request = requests[step.request_id]
-        t = clock()
-        blocks, hit = manager.get_computed_blocks(request)[:2]
-        ns["get_computed_blocks"] += clock() - t
-        calls["get_computed_blocks"] += 1
-        if hit != step.expected_hit_tokens:
-            raise SystemExit(f"vLLM hit {hit} tokens at {step}")
-        hits[step.request_id] = blocks
-    elif kind == "AddRequest":
-        prompt = list(step.prompt_token_ids)
-        params = SamplingParams(max_tokens=config.decode_steps + 1)
-        t = clock()
-        request = Request(step.request_id, prompt, sampling_params=params, pooling_params=None,
-                          block_hasher=hasher)
-        ns["make_request"] += clock() - t
-        calls["make_request"] += 1
-        prompt_tokens += len(prompt)
-        requests[step.request_id] = request
-    elif kind == "Free":
-        request = requests.pop(step.request_id)
-        t = clock()
-        manager.free(request)
-        ns["free"] += clock() - t
-        calls["free"] += 1
-print(json.dumps({"vllm_version": vllm.__version__, "python": sys.version.split()[0],
-                  "time_ns": ns, "calls": calls, "prompt_tokens": prompt_tokens}))
-'''
+ROOT = Path(__file__).resolve().parent.parent
+TRACE_PY = ROOT / "src" / "pagedkv" / "trace.py"
+DRIVER_PY = ROOT / "bench" / "side_driver.py"
+CHILD_PY = ROOT / "bench" / "vllm_child.py"
+DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"
+HASHES = {"sha256": ("sha256", "sha256"), "fast": ("xxh3_128", "xxhash")}
+"""``--hash`` -> (pagedkv's name, vLLM's name)."""
+KINDS = ("get_computed_blocks", "allocate_slots", "free")
 
 
-def run_vllm(vllm_python: str, config: TraceConfig, num_blocks: int = 8192) -> dict[str, Any]:
-    """One replay of the trace through vLLM's manager in ``vllm_python``; per-kind
-    ``us_per_call``, ``manager_total_ms``, ``request_creation_us_per_token``."""
-    done = subprocess.run(
-        [vllm_python, "-c", _CHILD, str(TRACE_PY), str(config.num_requests), str(num_blocks)],
-        capture_output=True, text=True, check=False)
+def kv_cache_config(model: str, num_blocks: int, block_size: int) -> Any:
+    """pagedkv's KV cache of ``model``; ``jamba`` with Mamba in mode ``align``."""
+    from pagedkv.spec.mamba_spec import MambaSpec
+    from pagedkv.trace import standard_kv_cache_config
+
+    config = standard_kv_cache_config(num_blocks, block_size, model)
+    if model != "jamba":
+        return config
+    groups = tuple(dataclasses.replace(g, kv_cache_spec=dataclasses.replace(
+        g.kv_cache_spec, mamba_cache_mode="align")) if isinstance(g.kv_cache_spec, MambaSpec) else g
+        for g in config.kv_cache_groups)
+    return dataclasses.replace(config, kv_cache_groups=groups)
+
+
+def pagedkv_manager(model: str, num_blocks: int, block_size: int, max_model_len: int,
+                    hash_fn: str) -> Any:
+    """An optimized ``KVCacheManager`` for ``model``."""
+    from pagedkv.optimized import KVCacheManager
+
+    return KVCacheManager(kv_cache_config(model, num_blocks, block_size), max_model_len, hash_fn=hash_fn)
+
+
+def run_vllm(vllm_python: str, job: dict[str, Any]) -> dict[str, Any]:
+    """One replay in vLLM's interpreter (``bench/vllm_child.py``); its raw JSON."""
+    job = {**job, "trace_py": str(TRACE_PY), "driver_py": str(DRIVER_PY)}
+    done = subprocess.run([vllm_python, str(CHILD_PY), json.dumps(job)],
+                          capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"vLLM run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     raw: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    ns, calls = raw["time_ns"], raw["calls"]
-    return {
-        "vllm_version": raw["vllm_version"], "python": raw["python"],
-        "manager_total_ms": sum(ns[k] for k in ("get_computed_blocks", "allocate_slots", "free")) / 1e6,
-        "us_per_call": {k: ns[k] / calls[k] / 1000 if calls[k] else 0.0 for k in ns},
-        "request_creation_us_per_token": ns["make_request"] / 1000 / raw["prompt_tokens"],
-        "calls": calls,
-    }
+    return raw
 
 
-def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    first = runs[0]
-    return {**first,
-            "manager_total_ms": statistics.median(r["manager_total_ms"] for r in runs),
-            "request_creation_us_per_token": statistics.median(
-                r["request_creation_us_per_token"] for r in runs),
-            "us_per_call": {k: statistics.median(r["us_per_call"][k] for r in runs)
-                            for k in first["us_per_call"]}}
+def _trace_figures(ns: dict[str, int], calls: dict[str, int], prompt_tokens: int) -> dict[str, float]:
+    out = {k: ns[k] / calls[k] / 1000 if calls[k] else 0.0 for k in ns}
+    out["manager_ms"] = sum(ns[k] for k in KINDS) / 1e6
+    out["creation_per_token"] = ns["make_request"] / 1000 / prompt_tokens
+    return out
+
+
+def _our_trace(model: str, hash_fn: str, config: TraceConfig) -> tuple[dict[str, float], list[int]]:
+    manager = pagedkv_manager(model, DEFAULT_NUM_BLOCKS[model], config.block_size, 8192, hash_fn)
+    driver = TraceDriver(manager)
+    hits: list[int] = []
+    gc.collect()
+    for step in standard_trace(config):
+        result = driver.apply(step)
+        if type(step).__name__ == "GetComputedBlocks":
+            assert isinstance(result, tuple)
+            hits.append(int(result[1]))
+    return _trace_figures(driver.time_ns, driver.calls, driver.prompt_tokens_hashed), hits
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def _check_hits(theirs: list[int], ours: list[int], what: str) -> None:
+    if theirs != ours:
+        first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+        raise SystemExit(f"{what}: hit tokens differ first at request {first}: vLLM "
+                         f"{theirs[first:first + 1]}, pagedkv {ours[first:first + 1]}")
+
+
+def _row(label: str, theirs: float, ours: float, digits: int = 3) -> str:
+    ratio = theirs / ours if ours else float("nan")
+    return f"| {label} | {theirs:.{digits}f} | {ours:.{digits}f} | {ratio:.2f}× |"
+
+
+def standard_side_by_side(vllm_python: str, model: str, hash_name: str, runs: int, requests: int) -> None:
+    """The standard chat trace on ``model``; prints the table."""
+    ours_hash, vllm_hash = HASHES[hash_name]
+    config = TraceConfig(num_requests=requests)
+    job = {"kind": "trace", "model": model, "block_size": config.block_size, "hash": vllm_hash,
+           "num_blocks": DEFAULT_NUM_BLOCKS[model], "max_model_len": 8192, "requests": requests,
+           "max_tokens": config.decode_steps + 1}
+    theirs_runs, ours_runs, version = [], [], ""
+    for _ in range(runs):  # alternate, so drift on the machine hits both
+        raw = run_vllm(vllm_python, job)
+        version = f"vLLM {raw['vllm_version']} (Python {raw['python']})"
+        theirs_runs.append(_trace_figures(raw["time_ns"], raw["calls"], raw["prompt_tokens"]))
+        ours, hits = _our_trace(model, ours_hash, config)
+        ours_runs.append(ours)
+        _check_hits(raw["hits"], hits, f"standard trace on {model}")
+    theirs, ours = _median(theirs_runs), _median(ours_runs)
+    print(f"\n### Standard chat trace, {model}{' (Mamba align)' if model == 'jamba' else ''}, "
+          f"{requests} requests, {job['num_blocks']} blocks, hash {hash_name}; median of {runs} "
+          f"alternating run(s); {version} vs pagedkv optimized; hit tokens identical "
+          f"({sum(hits)} in all)")
+    print("| figure | vLLM | pagedkv | vLLM/pagedkv |\n|---|---|---|---|")
+    for kind in KINDS:
+        print(_row(f"{kind} (µs/call)", theirs[kind], ours[kind], 2))
+    print(_row("manager total (ms)", theirs["manager_ms"], ours["manager_ms"], 1))
+    print(_row("request creation (µs/token)", theirs["creation_per_token"], ours["creation_per_token"]))
+    print(_row("append_token (µs/call)", theirs["append_token"], ours["append_token"]))
+
+
+def _our_prompts(prompts: Any, block_size: int, num_blocks: int, max_model_len: int, hash_fn: str,
+                 skip_first: int) -> dict[str, Any]:
+    manager = pagedkv_manager("llama3", num_blocks, block_size, max_model_len, hash_fn)
+    gc.collect()
+    return sd.replay_one_at_a_time(prompts, block_size, manager.make_request, manager.get_computed_blocks,
+                                   manager.allocate_slots, manager.free, skip_first)
+
+
+def _alternate(vllm_python: str, job: dict[str, Any], make_prompts: Any, runs: int, what: str
+               ) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
+    ours_hash = job.pop("ours_hash")
+    theirs_runs, ours_runs = [], []
+    raw_ours: dict[str, Any] = {}
+    for _ in range(runs):
+        raw_theirs = run_vllm(vllm_python, job)
+        raw_ours = _our_prompts(make_prompts(), job["block_size"], job["num_blocks"], job["max_model_len"],
+                                ours_hash, job.get("skip_first", 0))
+        _check_hits(raw_theirs["hits"], raw_ours["hits"], what)
+        theirs_runs.append(sd.summarize(raw_theirs))
+        ours_runs.append(sd.summarize(raw_ours))
+    return _median(theirs_runs), _median(ours_runs), {**raw_ours, "vllm": raw_theirs["vllm_version"]}
+
+
+def long_prompts_side_by_side(vllm_python: str, lengths: Sequence[int], hash_name: str, runs: int,
+                              repeats: int) -> None:
+    """Long prompts (one full group, block 16); prints ns per block per length."""
+    ours_hash, vllm_hash = HASHES[hash_name]
+    block_size = 16
+    rows: list[str] = []
+    flat: dict[str, list[float]] = {k: [] for k in ("make_request", *KINDS)}
+    for length in lengths:
+        num_blocks = (repeats + 1) * (-(-length // block_size)) + 2
+        job = {"kind": "prompts", "model": "llama3", "block_size": block_size, "hash": vllm_hash,
+               "num_blocks": num_blocks, "max_model_len": length + block_size, "prompt_tokens": length,
+               "repeats": repeats, "skip_first": 1, "ours_hash": ours_hash}
+        theirs, ours, raw = _alternate(vllm_python, job, lambda n=length: sd.long_prompts(n, repeats), runs,
+                                       f"long prompts of {length} tokens")
+        cells = [f"{length // 1024}k", str(raw["hits"][-1])]
+        for kind in ("make_request", *KINDS):
+            flat[kind].append(ours[kind])
+            cells.append(f"{theirs[kind]:.0f} / {ours[kind]:.0f} = **{theirs[kind] / ours[kind]:.2f}×**")
+        rows.append("| " + " | ".join(cells) + " |")
+    print(f"\n### Long prompts: one full-attention group, block 16, hash {hash_name}; {repeats} timed "
+          f"requests per length after a warm-up, half shared; median of {runs} alternating run(s); "
+          f"vLLM {raw['vllm']} vs pagedkv optimized; cells: vLLM / pagedkv ns per unit = ratio")
+    print("| L | hit tokens (both) | creation (ns/token) | get_computed_blocks (ns/hit block) | "
+          "allocate_slots (ns/new block) | free (ns/block) |\n|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    if len(lengths) > 1:
+        print("pagedkv per-block cost, longest / shortest L: " + ", ".join(
+            f"{k} {v[-1] / v[0]:.2f}" for k, v in flat.items()))
+
+
+def mooncake_side_by_side(vllm_python: str, path: str, block_size: int, limit: int | None, hash_name: str,
+                          runs: int) -> None:
+    """A Mooncake trace one request at a time, pool never evicting; prints totals."""
+    ours_hash, vllm_hash = HASHES[hash_name]
+    requests = sd.mooncake_requests(path, limit)
+    num_blocks = sum(-(-n // block_size) for n, _ in requests) + 2
+    max_len = max(n for n, _ in requests) + block_size
+    job = {"kind": "prompts", "model": "llama3", "block_size": block_size, "hash": vllm_hash,
+           "num_blocks": num_blocks, "max_model_len": max_len, "mooncake": path, "limit": limit,
+           "ours_hash": ours_hash}
+    theirs, ours, raw = _alternate(vllm_python, job, lambda: sd.mooncake_prompts(requests), runs,
+                                   f"Mooncake trace {path}")
+    print(f"\n### Mooncake trace {Path(path).name}: {len(requests)} requests, block {block_size}, one at a "
+          f"time, {num_blocks} blocks (never evicts), hash {hash_name}; median of {runs} alternating "
+          f"run(s); vLLM {raw['vllm']} vs pagedkv optimized; per-request hit tokens identical "
+          f"({sum(raw['hits'])} of {raw['tokens']} tokens)")
+    print("| figure | vLLM | pagedkv | vLLM/pagedkv |\n|---|---|---|---|")
+    print(_row("manager total (ms)", theirs["manager_ms"], ours["manager_ms"], 1))
+    print(_row("manager + request creation (ms)", theirs["manager_and_creation_ms"],
+               ours["manager_and_creation_ms"], 1))
+    print(_row("request creation (ns/token)", theirs["make_request"], ours["make_request"], 1))
+    print(_row("get_computed_blocks (ns/hit block)", theirs["get_computed_blocks"],
+               ours["get_computed_blocks"], 0))
+    print(_row("allocate_slots (ns/new block)", theirs["allocate_slots"], ours["allocate_slots"], 0))
+    print(_row("free (ns/block)", theirs["free"], ours["free"], 0))
+
+
+def _lengths(text: str) -> list[int]:
+    out = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        out.append(int(item[:-1]) * 1024 if item.endswith("k") else int(item))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run both managers once on the trace (hash sha256) and print the ratios."""
-    parser = argparse.ArgumentParser(prog="python -m bench.vllm_side_by_side", description=__doc__)
-    parser.add_argument("--vllm-python", required=True, metavar="PATH",
-                        help="the python of a virtual environment with vLLM installed")
+    """Parse the arguments, run the chosen workload on both managers, print the table."""
+    parser = argparse.ArgumentParser(prog="python -m bench.vllm_side_by_side",
+                                     description=(__doc__ or "").split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_python = os.environ.get("VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
+    parser.add_argument("--vllm-python", default=default_python, metavar="PATH",
+                        help=f"the python of a virtual environment with vLLM (default {default_python})")
+    parser.add_argument("--model", choices=("llama3", "gemma3", "jamba"), default="llama3")
+    parser.add_argument("--hash", choices=tuple(HASHES), default="sha256",
+                        help="sha256 on both sides, or fast: pagedkv xxh3_128 vs vLLM xxhash")
     parser.add_argument("--requests", type=int, default=STANDARD.num_requests, metavar="N")
     parser.add_argument("--runs", type=int, default=1, metavar="N",
                         help="runs of each manager, alternating; medians (default 1)")
+    parser.add_argument("--prompt-lengths", metavar="L,L,...", help="long prompts, e.g. 1k,8k,32k,128k")
+    parser.add_argument("--repeats", type=int, default=4, metavar="N",
+                        help="timed requests per prompt length (default 4)")
+    parser.add_argument("--trace", metavar="PATH", help="a Mooncake JSONL trace")
+    parser.add_argument("--block-size", type=int, default=512, metavar="N", help="with --trace (default 512)")
+    parser.add_argument("--limit", type=int, default=None, metavar="N", help="with --trace: first N requests")
     args = parser.parse_args(argv)
-    config = TraceConfig(num_requests=args.requests)
-    vllm_runs, our_runs = [], []
-    for _ in range(max(1, args.runs)):  # alternate, so drift on the machine hits both
-        vllm_runs.append(run_vllm(args.vllm_python, config))
-        our_runs.append(mb.run_trace("optimized", "sha256", 1, config))
-    theirs, ours = _median(vllm_runs), _median(our_runs)
-    rows = [("manager total (ms)", theirs["manager_total_ms"], ours["manager_total_ms"])]
-    for kind in ("allocate_slots", "get_computed_blocks", "free"):
-        rows.append((f"{kind} (µs/call)", theirs["us_per_call"][kind], ours["us_per_call"][kind]))
-    rows.append(("request creation sha256 (µs/token)", theirs["request_creation_us_per_token"],
-                 ours["request_creation_us_per_token"]))
-    rows.append(("append_token (µs/call)", theirs["us_per_call"]["append_token"],
-                 ours["us_per_call"]["append_token"]))
-    print(f"standard chat trace, {config.num_requests} requests, 8192 blocks, sha256, "
-          f"median of {max(1, args.runs)} run(s) each; "
-          f"vLLM {theirs['vllm_version']} (Python {theirs['python']}) vs pagedkv optimized")
-    print(f"| {'figure':<36} | {'vLLM':>10} | {'pagedkv':>10} | {'vLLM/pagedkv':>12} |")
-    print(f"|{'-' * 38}|{'-' * 12}|{'-' * 12}|{'-' * 14}|")
-    for label, vllm_value, our_value in rows:
-        ratio = vllm_value / our_value if our_value else float("nan")
-        print(f"| {label:<36} | {vllm_value:>10.3f} | {our_value:>10.3f} | {ratio:>11.1f}× |")
+    runs = max(1, args.runs)
+    if args.prompt_lengths:
+        long_prompts_side_by_side(args.vllm_python, _lengths(args.prompt_lengths), args.hash, runs,
+                                  args.repeats)
+    elif args.trace:
+        mooncake_side_by_side(args.vllm_python, args.trace, args.block_size, args.limit, args.hash, runs)
+    else:
+        standard_side_by_side(args.vllm_python, args.model, args.hash, runs, args.requests)
     print("reproduce: .venv/bin/python -m bench.vllm_side_by_side "
-          f"--vllm-python {args.vllm_python} --runs {max(1, args.runs)}")
+          + " ".join(sys.argv[1:] if argv is None else argv))
     return 0
 
 

@@ -52,6 +52,7 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
+from .pool_recover import recover_pool
 from .pool_view import NULL_BLOCK, PoolView
 
 __all__ = ["BlockPool", "NULL_BLOCK"]
@@ -396,18 +397,20 @@ class BlockPool(PoolView):
         # Runs of newly hashed positions: (first index, hashes), for events.
         runs: list[tuple[int, list[BlockHash]]] = []
         last = -2
+        setdefault = table.setdefault
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if not block or hashes[block] is not None or (
+            # gids, not hashes: testing a hash would touch its bytes object (see _gid).
+            if not block or gids[block] >= 0 or (
                     mask is not None and not mask[i - num_cached_blocks]):
                 continue
             block_hash = block_hashes[i]
             hashes[block] = block_hash
             gids[block] = group_id
-            holders = table.get(block_hash)
-            if holders is None:
-                table[block_hash] = [block]
-            else:
+            # One probe of the table: a new key (the rule) gets the fresh list.
+            fresh = [block]
+            holders = setdefault(block_hash, fresh)
+            if holders is not fresh:
                 holders.append(block)
             if events:
                 if i == last + 1:
@@ -449,35 +452,9 @@ class BlockPool(PoolView):
 
     def recover(self, holders: Mapping[int, int]) -> None:
         """Make the pool consistent after an interrupted change (D-API-24):
-        ref counts from ``holders`` (id -> holding positions over all
-        requests) plus the reserved blocks; the cache map from the blocks'
-        own hashes; the free queue from the ref counts, in its old order as
-        far as it can be walked. Every list is changed in place (decode
-        closures hold them). Cost: O(num_blocks + cached keys)."""
-        num_blocks, reserved = self.num_blocks, set(self.reserved)
-        ref, hashes, gids = self._ref, self._hash, self._gid
-        for block in range(num_blocks):
-            ref[block] = 0 if block == 0 else holders.get(block, 0) + (block in reserved)
-            if (block == 0 or block in reserved or not self.enable_caching or hashes[block] is None
-                    or not 0 <= gids[block] < self.num_groups):
-                hashes[block], gids[block] = None, -1
-        for group_id, table in enumerate(self.cached_by_group):
-            kept = {key: [b for b in dict.fromkeys(blocks) if type(b) is int and 0 < b < num_blocks
-                          and hashes[b] == key and gids[b] == group_id] for key, blocks in table.items()}
-            table.clear()
-            table.update({key: blocks for key, blocks in kept.items() if blocks})
-        for block in range(1, num_blocks):
-            block_hash = hashes[block]
-            if block_hash is not None:
-                holders_of_key = self.cached_by_group[gids[block]].setdefault(block_hash, [])
-                if block not in holders_of_key:
-                    holders_of_key.append(block)
-        queue = self._queue
-        order = dict.fromkeys(b for b in [*queue.walk(num_blocks), *range(1, num_blocks)]
-                              if 0 < b < num_blocks and ref[b] == 0)
-        queue.reset(order)
-        if not self.enable_kv_cache_events:
-            self._events.clear()
+        see :func:`pagedkv.optimized.pool_recover.recover_pool`.
+        Cost: O(num_blocks + cached keys)."""
+        recover_pool(self, holders)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every key if no block but the null block (and reserved sink

@@ -37,11 +37,12 @@ _NEVER = 1 << 62
 count fills one of its blocks."""
 
 DecodeProbe = tuple[dict[str, list[int]], dict[str, int], int, int, int,
-                    Callable[[int], int] | None]
+                    Callable[[int], int] | None, dict[str, int] | None]
 """Per group: its ``req_to_blocks`` and ``num_cached_blocks`` (live), block
 size, extra slots a step needs beyond its tokens (Mamba speculative blocks),
 the block size caching counts in (``_NEVER``: none), and its
-``released_tokens`` (``None`` for types that release nothing)."""
+``released_tokens`` (``None`` for types that release nothing), and for
+Mamba ``align`` its live ``last_state_block`` (``None`` otherwise)."""
 
 
 def decode_probes(managers: Sequence[SingleTypeManager]) -> tuple[DecodeProbe, ...] | None:
@@ -58,6 +59,7 @@ def decode_probes(managers: Sequence[SingleTypeManager]) -> tuple[DecodeProbe, .
         extra = 0
         cache_size = block_size
         released: Callable[[int], int] | None = manager.released_tokens
+        align: dict[str, int] | None = None
         if kind is FullAttentionManager or kind is SinkFullAttentionManager:
             released = None
         elif kind is SlidingWindowManager or kind is ChunkedLocalAttentionManager:
@@ -65,15 +67,18 @@ def decode_probes(managers: Sequence[SingleTypeManager]) -> tuple[DecodeProbe, .
             released = manager.skipped_tokens
         elif kind is MambaManager:
             assert isinstance(manager, MambaManager)
-            if manager.mode == "align":
-                return None
             extra = block_size * manager.num_speculative_blocks
+            if manager.mode == "align":
+                # A step that needs no block allocates none in align mode
+                # either; what align adds is the release of last step's
+                # state block once copied, probed in is_noop_decode.
+                align = manager.last_state_block
             if manager.mode == "none":
                 cache_size = _NEVER
         else:
             return None
         probes.append((manager.req_to_blocks, manager.num_cached_blocks, block_size, extra,
-                       cache_size, released))
+                       cache_size, released, align))
     return tuple(probes)
 
 
@@ -90,7 +95,7 @@ def is_noop_decode(probes: tuple[DecodeProbe, ...], request_id: str, num_compute
 
     Cost: O(groups), a few list and dict loads per group.
     """
-    for blocks_of, cached_of, block_size, extra, cache_size, released in probes:
+    for blocks_of, cached_of, block_size, extra, cache_size, released, align in probes:
         blocks = blocks_of.get(request_id)
         if blocks is None:
             return False
@@ -106,5 +111,15 @@ def is_noop_decode(probes: tuple[DecodeProbe, ...], request_id: str, num_compute
             if skipped >= block_size:
                 index = skipped // block_size
                 if blocks[(index if index < held else held) - 1]:
+                    return False
+            if align is not None:
+                # MambaManager.remove_skipped_blocks in align mode releases
+                # last step's state block once the state has moved past it;
+                # the count it compares with is the released tokens + 1 (a
+                # Mamba group keeps only the state after the last token), so
+                # the probe follows whatever count released_tokens settles on.
+                last = align.get(request_id)
+                if last is not None and last < -(-(skipped + 1) // block_size) - 1 and (
+                        last >= held or blocks[last]):
                     return False
     return True

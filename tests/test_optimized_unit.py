@@ -592,6 +592,8 @@ def _hybrid_config(kinds: tuple[str, ...], num_blocks: int = 96, block_size: int
     ("full", "mamba-all"),
     ("full", "mamba-all:1"),
     ("sliding", "mamba-none"),
+    ("full", "mamba-align"),
+    ("full", "mamba-align:1"),
 ])
 @pytest.mark.parametrize("caching", [True, False])
 def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...], caching: bool) -> None:
@@ -629,8 +631,12 @@ def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...],
 
 def test_decode_probes_leave_uncovered_types_to_the_general_path() -> None:
     from pagedkv.optimized.decode import decode_probes
+    from pagedkv.spec.kv_cache_spec import CrossAttentionSpec
 
-    manager = KVCacheManager(_hybrid_config(("full", "mamba-align")), 256)
+    config = _hybrid_config(("full",))
+    config = KVCacheConfig(config.num_blocks, (), config.kv_cache_groups + (
+        KVCacheGroupSpec(("layer.cross",), CrossAttentionSpec(4, 1, 8, "float16")),))
+    manager = KVCacheManager(config, 256)
     assert decode_probes(manager.coordinator.managers) is None
     assert manager.coordinator.decode_step is None
 

@@ -11,6 +11,7 @@ pagedkv's side and duck-typed on vLLM's.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import vllm
@@ -50,8 +51,10 @@ VllmScheduler: Any = _scheduler.Scheduler
 KVCacheBlockCopy: Any = _kv_cache_utils.KVCacheBlockCopy
 
 
+@cache
 def spec_classes() -> dict[str, Any]:
-    """vLLM's KV cache spec classes by name (those present in this version)."""
+    """vLLM's KV cache spec classes by name (those present in this version).
+    Made once (callers only read it): hot paths such as ``estimate_cached_tokens`` ask for it."""
     names = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec", "MambaSpec",
              "CrossAttentionSpec", "SinkFullAttentionSpec", "MLAAttentionSpec",
              "UniformTypeKVCacheSpecs", "EncoderOnlyAttentionSpec", "AttentionSpec",

@@ -236,4 +236,5 @@ class BlockPoolView:
         return self.core.pending_events
 
     def take_events(self) -> list[Any]:
-        return list(self._translate_events(self.core.take_events()))
+        events = self.core.take_events()
+        return list(self._translate_events(events)) if events else []

@@ -121,6 +121,15 @@ class KVCacheManager:
             for group in kv_cache_config.kv_cache_groups)
         self.empty_kv_cache_blocks: Any = _compat.KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups)))
+        # estimate_cached_tokens runs per waiting request per step: its group filter is fixed here.
+        spec_classes = _compat.spec_classes()
+        skipped = tuple(spec_classes[name] for name in (
+            "CrossAttentionSpec", "EncoderOnlyAttentionSpec") if name in spec_classes)
+        self._cached_token_groups: tuple[tuple[Any, int], ...] = tuple(
+            (manager, manager.block_size) for group, manager in zip(
+                kv_cache_config.kv_cache_groups, self._core.coordinator.managers)
+            if getattr(group.kv_cache_spec, "prefix_cacheable", True)
+            and not isinstance(group.kv_cache_spec, skipped))
 
     # ---------------------------------------------------------- translation
 
@@ -133,9 +142,11 @@ class KVCacheManager:
         """vLLM's ``KVCacheBlocks`` for per-group lists of block ids or block objects."""
         if not any(blocks):
             return self.empty_kv_cache_blocks
-        views = self.block_pool.blocks
+        view = self.block_pool.blocks.__getitem__
         return _compat.KVCacheBlocks(tuple(
-            [views[b] if type(b) is int else b for b in group] for group in blocks))
+            # Groups hold ids (the common case: one C-level map per group) or block objects.
+            list(map(view, group)) if not group or type(group[0]) is int else
+            [view(b) if type(b) is int else b for b in group] for group in blocks))
 
     def _vllm_blocks(self, core_blocks: Any) -> Any:
         return self.create_kv_cache_blocks(core_blocks.blocks)
@@ -290,6 +301,8 @@ class KVCacheManager:
 
     def take_events(self) -> list[Any]:
         events = self.block_pool.take_events()
+        if not events:  # the common case, once per step: no loop, no lookups
+            return events
         for event in events:
             group = getattr(event, "group_idx", None)
             if not isinstance(event, _compat.BlockStored) or group is None:
@@ -336,18 +349,11 @@ class KVCacheManager:
         request_id = request.request_id
         if request_id not in self._core.coordinator.requests:
             return 0
-        counts = self._core.coordinator.get_num_cached_blocks(request_id)
-        spec_classes = _compat.spec_classes()
-        skipped = tuple(spec_classes[name] for name in (
-            "CrossAttentionSpec", "EncoderOnlyAttentionSpec") if name in spec_classes)
         cached: int | None = None
-        for group, count, manager in zip(self.kv_cache_config.kv_cache_groups, counts,
-                                         self._core.coordinator.managers):
-            spec = group.kv_cache_spec
-            if not getattr(spec, "prefix_cacheable", True) or isinstance(spec, skipped):
-                continue
-            tokens = count * manager.block_size
-            cached = tokens if cached is None else min(cached, tokens)
+        for manager, block_size in self._cached_token_groups:
+            tokens = manager.num_cached_blocks[request_id] * block_size
+            if cached is None or tokens < cached:
+                cached = tokens
         return cached or 0
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
