@@ -17,7 +17,9 @@ Extra keys (LoRA, multimodal, cache salt) come from the spec's own
 ``block_extra_keys`` so they cannot drift from the definition; the
 multimodal scan restarts at index 0 on each call and carries its index
 across the blocks of that call, which gives the same keys as a scan from 0
-for every block.
+for every block. With lookahead hashing (spec/hashing.md section 7) every
+block's extra keys are a tuple (the window's keys, then the lookahead
+tokens); the window keys come from the spec's ``window_extra_keys``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pagedkv.spec.hashing import (
     need_extra_keys,
     normalize_hash_fn,
     seed_hash,
+    window_extra_keys,
 )
 from pagedkv.spec.request import Request
 from pagedkv.spec.types import BlockHash
@@ -65,9 +68,18 @@ def _tokens_le_u32(tokens: list[int]) -> bytes:
     return packed.tobytes()
 
 
-def _extra_keys_per_block(request: Request, start: int, end: int, size: int) -> list[ExtraKeys]:
-    """Extra keys of each full block in ``[start, end)``."""
+def _extra_keys_per_block(request: Request, start: int, end: int, size: int,
+                          lookahead: int) -> list[ExtraKeys]:
+    """Extra keys of each full block in ``[start, end)``; with lookahead,
+    ``(window keys, *the lookahead tokens)`` per block."""
     out: list[ExtraKeys] = []
+    if lookahead:
+        tokens = request.all_token_ids
+        with_keys = need_extra_keys(request)
+        for block_end in range(start + size, end + 1, size):
+            window = window_extra_keys(request, block_end - size, block_end, lookahead) if with_keys else None
+            out.append((window, *tokens[block_end:block_end + lookahead]))
+        return out
     mm_index = 0
     for block_start in range(start, end, size):
         keys, mm_index = block_extra_keys(request, block_start, block_start + size, mm_index)
@@ -76,11 +88,13 @@ def _extra_keys_per_block(request: Request, start: int, end: int, size: int) -> 
 
 
 def make_block_hasher(
-    hash_fn: str, hash_block_size: int, seed: str | None = None,
+    hash_fn: str, hash_block_size: int, seed: str | None = None, lookahead: int = 0,
 ) -> Callable[[Request], list[BlockHash]]:
     """A block hasher for :class:`pagedkv.spec.Request` hashing blocks of
     ``hash_block_size`` tokens with ``hash_fn`` and the seed hash of
-    ``seed`` (see :func:`pagedkv.spec.hashing.seed_hash`).
+    ``seed`` (see :func:`pagedkv.spec.hashing.seed_hash`); each hash also
+    covers the ``lookahead`` tokens after its block (spec/hashing.md
+    section 7).
 
     Cost of the hasher: O(new tokens) per call, O(1) when no block completes.
 
@@ -91,15 +105,17 @@ def make_block_hasher(
     if type(hash_block_size) is not int or hash_block_size < 1:
         raise InvalidArgumentError(
             f"hash_block_size must be a positive int, got {hash_block_size!r}")
+    if type(lookahead) is not int or lookahead < 0:
+        raise InvalidArgumentError(f"lookahead must be an int >= 0, got {lookahead!r}")
     size = hash_block_size
     root = seed_hash(name, seed)
 
     if name == "xxh3_128":
-        return _xxh3_hasher(size, root)
-    return _sha_hasher(name, size, root)
+        return _xxh3_hasher(size, root, lookahead)
+    return _sha_hasher(name, size, root, lookahead)
 
 
-def _xxh3_hasher(size: int, root: BlockHash) -> Callable[[Request], list[BlockHash]]:
+def _xxh3_hasher(size: int, root: BlockHash, lookahead: int) -> Callable[[Request], list[BlockHash]]:
     digest = xxhash.xxh3_128_digest
     dumps = pickle.dumps
     stride = 4 * size
@@ -108,16 +124,16 @@ def _xxh3_hasher(size: int, root: BlockHash) -> Callable[[Request], list[BlockHa
         hashes = request.block_hashes
         tokens = request.all_token_ids
         start = len(hashes) * size
-        end = len(tokens)
-        end -= (end - start) % size
-        if end <= start:
+        end = len(tokens) - lookahead
+        if end - start < size:
             return []  # decode fast path: no block completed
+        end -= (end - start) % size
         parent = hashes[-1] if hashes else root
         packed = _tokens_le_u32(tokens[start:end])
         out: list[BlockHash] = []
         append = out.append  # local binding for the per-block loop
-        if need_extra_keys(request):
-            extras = _extra_keys_per_block(request, start, end, size)
+        if lookahead or need_extra_keys(request):
+            extras = _extra_keys_per_block(request, start, end, size, lookahead)
             for i, keys in enumerate(extras):
                 offset = i * stride
                 tail = b"" if keys is None else b"\0" + dumps(keys, protocol=_PICKLE_PROTOCOL)
@@ -132,7 +148,8 @@ def _xxh3_hasher(size: int, root: BlockHash) -> Callable[[Request], list[BlockHa
     return hash_new_blocks
 
 
-def _sha_hasher(name: HashFnName, size: int, root: BlockHash) -> Callable[[Request], list[BlockHash]]:
+def _sha_hasher(name: HashFnName, size: int, root: BlockHash,
+                lookahead: int) -> Callable[[Request], list[BlockHash]]:
     sha256 = hashlib.sha256
     if name == "sha256":
         def encode(triple: object) -> bytes:
@@ -146,15 +163,16 @@ def _sha_hasher(name: HashFnName, size: int, root: BlockHash) -> Callable[[Reque
         hashes = request.block_hashes
         tokens = request.all_token_ids
         start = len(hashes) * size
-        end = len(tokens)
-        end -= (end - start) % size
-        if end <= start:
+        end = len(tokens) - lookahead
+        if end - start < size:
             return []
+        end -= (end - start) % size
         parent = hashes[-1] if hashes else root
         out: list[BlockHash] = []
         append = out.append
-        if need_extra_keys(request):
-            extras = _extra_keys_per_block(request, start, end, size)
+        extras: list[ExtraKeys]
+        if lookahead or need_extra_keys(request):
+            extras = _extra_keys_per_block(request, start, end, size, lookahead)
         else:
             extras = [None] * ((end - start) // size)
         block_start = start

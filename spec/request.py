@@ -86,7 +86,7 @@ class RequestFacts:
 
     __slots__ = ("request_id", "all_token_ids", "num_tokens", "num_prompt_tokens", "num_computed_tokens",
                  "block_hashes", "num_preemptions", "lora_id", "lora_name", "cache_salt", "mm_features",
-                 "skip_reading_prefix_cache")
+                 "skip_reading_prefix_cache", "lora_path")
 
     request_id: str
     all_token_ids: Sequence[int]
@@ -100,6 +100,9 @@ class RequestFacts:
     cache_salt: str | None
     mm_features: Sequence[MultiModalFeature]
     skip_reading_prefix_cache: bool
+    lora_path: str | None
+    """Not part of :class:`RequestView`: read if the request has it (events
+    hash-key it with the LoRA name, D-HASH-7), else ``None``."""
 
     def __init__(self, request: RequestView) -> None:
         """Read every attribute of ``request`` now.
@@ -121,6 +124,7 @@ class RequestFacts:
             self.cache_salt = request.cache_salt
             self.mm_features = request.mm_features
             self.skip_reading_prefix_cache = request.skip_reading_prefix_cache
+            self.lora_path = getattr(request, "lora_path", None)
         except AttributeError as error:
             raise InvalidArgumentError(f"request must have the attributes of RequestView: {error}") from None
         if not isinstance(self.request_id, str):
