@@ -69,6 +69,14 @@ class KVCacheManager:
     ) -> None:
         self.num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)
         self.num_prefill_lookahead = int(num_prefill_lookahead)
+        if (enable_caching and scheduler_block_size < self.num_prefill_lookahead
+                and (use_eagle or any(getattr(group, "is_eagle_group", False)
+                                      for group in kv_cache_config.kv_cache_groups))):
+            # vLLM 0.33's own refusal: the EAGLE drop must cover every re-prefilled token (D-HASH-12).
+            raise InvalidConfigError(
+                f"num_prefill_lookahead ({self.num_prefill_lookahead}) exceeds scheduler_block_size "
+                f"({scheduler_block_size}): prefix caching with EAGLE groups needs "
+                "scheduler_block_size >= num_prefill_lookahead")
         if not watermark >= 0.0:
             raise InvalidConfigError(f"watermark must be >= 0, got {watermark!r}")
         self.max_model_len = max_model_len
