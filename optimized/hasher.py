@@ -29,6 +29,8 @@ import pickle
 import sys
 from array import array
 from collections.abc import Callable
+from functools import partial
+from typing import cast
 
 import cbor2
 import xxhash
@@ -128,22 +130,29 @@ def _xxh3_hasher(size: int, root: BlockHash, lookahead: int) -> Callable[[Reques
         if end - start < size:
             return []  # decode fast path: no block completed
         end -= (end - start) % size
-        parent = hashes[-1] if hashes else root
-        packed = _tokens_le_u32(tokens[start:end])
-        out: list[BlockHash] = []
+        parent: bytes = hashes[-1] if hashes else root
+        # A request type of its own (the simulator's) may not carry the bytes.
+        prompt_bytes = getattr(request, "prompt_token_bytes", None)
+        if prompt_bytes is not None and end <= request.num_prompt_tokens:
+            # The prompt's uint32 bytes, made while checking it: no conversion.
+            packed = prompt_bytes[4 * start:4 * end]
+        else:
+            packed = _tokens_le_u32(tokens[start:end])
+        # Plain bytes in the loop (BlockHash(...) is a call per block); typed once at the end.
+        out: list[bytes] = []
         append = out.append  # local binding for the per-block loop
         if lookahead or need_extra_keys(request):
             extras = _extra_keys_per_block(request, start, end, size, lookahead)
             for i, keys in enumerate(extras):
                 offset = i * stride
                 tail = b"" if keys is None else b"\0" + dumps(keys, protocol=_PICKLE_PROTOCOL)
-                parent = BlockHash(digest(parent + packed[offset:offset + stride] + tail))
+                parent = digest(parent + packed[offset:offset + stride] + tail)
                 append(parent)
         else:
             for offset in range(0, len(packed), stride):
-                parent = BlockHash(digest(parent + packed[offset:offset + stride]))
+                parent = digest(parent + packed[offset:offset + stride])
                 append(parent)
-        return out
+        return cast("list[BlockHash]", out)
 
     return hash_new_blocks
 
@@ -151,13 +160,10 @@ def _xxh3_hasher(size: int, root: BlockHash, lookahead: int) -> Callable[[Reques
 def _sha_hasher(name: HashFnName, size: int, root: BlockHash,
                 lookahead: int) -> Callable[[Request], list[BlockHash]]:
     sha256 = hashlib.sha256
-    if name == "sha256":
-        def encode(triple: object) -> bytes:
-            return pickle.dumps(triple, protocol=_PICKLE_PROTOCOL)
-    else:
-        def encode(triple: object) -> bytes:
-            encoded: bytes = cbor2.dumps(triple, canonical=True)
-            return encoded
+    # A partial is called in C: no Python frame per block.
+    encode: Callable[[object], bytes] = (
+        partial(pickle.dumps, protocol=_PICKLE_PROTOCOL) if name == "sha256"
+        else partial(cbor2.dumps, canonical=True))
 
     def hash_new_blocks(request: Request) -> list[BlockHash]:
         hashes = request.block_hashes
@@ -167,20 +173,21 @@ def _sha_hasher(name: HashFnName, size: int, root: BlockHash,
         if end - start < size:
             return []
         end -= (end - start) % size
-        parent = hashes[-1] if hashes else root
-        out: list[BlockHash] = []
+        parent: bytes = hashes[-1] if hashes else root
+        out: list[bytes] = []
         append = out.append
         extras: list[ExtraKeys]
         if lookahead or need_extra_keys(request):
             extras = _extra_keys_per_block(request, start, end, size, lookahead)
         else:
             extras = [None] * ((end - start) // size)
-        block_start = start
+        # One tuple of the new tokens; a slice of a tuple is a tuple (no second copy per block).
+        block_tokens = tuple(tokens[start:end])
+        block_start = 0
         for keys in extras:
-            triple = (parent, tuple(tokens[block_start:block_start + size]), keys)
-            parent = BlockHash(sha256(encode(triple)).digest())
+            parent = sha256(encode((parent, block_tokens[block_start:block_start + size], keys))).digest()
             append(parent)
             block_start += size
-        return out
+        return cast("list[BlockHash]", out)
 
     return hash_new_blocks

@@ -19,6 +19,7 @@ from pagedkv.spec import (
     MMFeature,
 )
 from pagedkv.spec.hashing import block_extra_keys, hash_block_tokens, need_extra_keys, normalize_hash_fn, seed_hash
+from pagedkv.spec.request import pack_token_ids
 from pagedkv.spec.types import BlockHash
 from tests.implementations import IMPLEMENTATIONS
 
@@ -252,3 +253,47 @@ def test_reprefilled_tokens_are_not_cached(name: str, prefill_lookahead: int, ca
     assert manager.allocate_slots(request, 1) is not None  # 9 computed: one more token final
     probe = manager.make_request("probe2", list(range(11)))
     assert manager.get_computed_blocks(probe)[1] == min(8, (9 - max(0, prefill_lookahead - 1)) // 2 * 2)
+
+
+# -- request creation: the prompt checked in one pass (issue 17, D-HASH-13) ----
+
+
+@given(tokens=st.lists(st.one_of(st.integers(-2**33, 2**33), st.booleans(), st.floats(), st.none(),
+                                 st.text(max_size=2), st.just(2**31 - 1), st.just(2**31), st.just(0)),
+                       max_size=12))
+def test_packed_prompt_is_the_tokens_as_uint32_or_none(tokens: list[Any]) -> None:
+    """``pack_token_ids`` answers bytes exactly when every token is an int in
+    [0, 2**31), and then they are the tokens as little-endian uint32."""
+    packed = pack_token_ids(tokens)
+    valid = all(type(token) is int and 0 <= token < 2**31 for token in tokens)
+    assert (packed is not None) == valid
+    if packed is not None:
+        assert packed == b"".join(token.to_bytes(4, "little") for token in tokens)
+
+
+def test_packed_prompt_refuses_numpy_and_int_subclasses() -> None:
+    import enum
+
+    import numpy as np
+
+    class Token(enum.IntEnum):
+        A = 3
+
+    bad_lists: list[list[Any]] = [[np.int64(3)], [1, np.int32(2)], [Token.A], [True, 1], [[1]]]
+    for bad in bad_lists:
+        assert pack_token_ids(bad) is None
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+@pytest.mark.parametrize("hash_fn", ["sha256", "xxh3_128"])
+def test_prompt_bytes_do_not_change_hashes(name: str, hash_fn: str) -> None:
+    """A prompt with a token >= 2**31 has no packed bytes; its hashes and a
+    packed prompt's follow the same chain (HASH-1)."""
+    module: Any = IMPLEMENTATIONS[name]
+    config = KVCacheConfig(16, (), (KVCacheGroupSpec(("l",), FullAttentionSpec(4, 1, 8, "float16")),))
+    manager = module.KVCacheManager(config, 64, hash_fn=hash_fn)
+    for prompt in (list(range(13)), [2**31 + 5] + list(range(12))):
+        request = manager.make_request(f"r{prompt[0]}", prompt)
+        assert (request.prompt_token_bytes is None) == (prompt[0] >= 2**31)
+        request.append_output_token_ids([7, 8, 9])
+        assert request.block_hashes == expected_hashes(request, hash_fn, 4)
