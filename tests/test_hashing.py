@@ -297,3 +297,25 @@ def test_prompt_bytes_do_not_change_hashes(name: str, hash_fn: str) -> None:
         assert (request.prompt_token_bytes is None) == (prompt[0] >= 2**31)
         request.append_output_token_ids([7, 8, 9])
         assert request.block_hashes == expected_hashes(request, hash_fn, 4)
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+@given(
+    block_size=st.sampled_from([4, 5, 16, 64]),
+    prompt=st.lists(st.one_of(st.integers(0, 300), st.integers(60_000, 70_000),
+                              st.sampled_from([0, 255, 256, 65535, 65536, 2**31 - 1])),
+                    min_size=1, max_size=200),
+    appends=st.lists(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=9), max_size=3),
+)
+def test_sha256_prompt_hashes_at_every_encoding_width(name: str, block_size: int, prompt: list[int],
+                                                      appends: list[list[int]]) -> None:
+    """HASH-1 for sha256 where the optimized hasher cuts the blocks' pickles
+    from one pickle of the prompt: ids on both sides of 256, 65536 and 2**31."""
+    module: Any = IMPLEMENTATIONS[name]
+    config = KVCacheConfig(4, (), (KVCacheGroupSpec(("l",), FullAttentionSpec(block_size, 1, 8, "float16")),))
+    manager = module.KVCacheManager(config, 4096, hash_fn="sha256")
+    request = manager.make_request("r", prompt)
+    assert request.block_hashes == expected_hashes(request, "sha256", block_size)
+    for tokens in appends:
+        request.append_output_token_ids(tokens)
+        assert request.block_hashes == expected_hashes(request, "sha256", block_size)
