@@ -9,9 +9,15 @@ the bytes are produced:
 - ``xxh3_128``: the newly covered tokens are converted to little-endian
   uint32 bytes once per call (``array('I')``, a C loop) and each block
   hashes ``parent + slice``; no per-token Python work.
-- ``sha256`` / ``sha256_cbor``: the pickle / canonical CBOR encoders are C
-  already; the saving is binding them to locals and skipping the extra-key
-  scan when ``need_extra_keys`` is false.
+- ``xxh3_128`` over a prompt: the bytes are the prompt's own
+  ``prompt_token_bytes``, made while its tokens were checked (D-HASH-13).
+- ``sha256`` over a prompt without extra keys: one pickle of all the new
+  tokens, cut into the blocks' int encodings at offsets computed with numpy
+  from the packed bytes (:func:`_sha256_prompt_blocks`); the bytes hashed
+  are those of ``pickle.dumps`` per block.
+- otherwise ``sha256`` / ``sha256_cbor``: the pickle / canonical CBOR
+  encoders are C already; the saving is binding them to locals and
+  skipping the extra-key scan when ``need_extra_keys`` is false.
 
 Extra keys (LoRA, multimodal, cache salt) come from the spec's own
 ``block_extra_keys`` so they cannot drift from the definition; the
