@@ -35,7 +35,7 @@ import pickle
 import sys
 from array import array
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import lru_cache, partial
 from typing import cast
 
 import cbor2
@@ -232,6 +232,7 @@ def _sha256_prompt_blocks(tokens: Sequence[int], prompt_bytes: bytes, start: int
                + 2 * np.count_nonzero(values > 65535, axis=1)).tolist()
     # Protocol 2 of a tuple of >= 4 ints: PROTO 2, MARK, then the ints.
     body = pickle.dumps(tuple(tokens[start:end]), 2)
+    heads = _pickle_heads(size)
     sha256 = hashlib.sha256
     join = b"".join
     out: list[bytes] = []
@@ -239,8 +240,16 @@ def _sha256_prompt_blocks(tokens: Sequence[int], prompt_bytes: bytes, start: int
     offset = 3
     for length in lengths:
         stop = offset + length
-        parent = sha256(join((_PICKLE_HEAD, (length + 42).to_bytes(8, "little"), _PICKLE_PARENT, parent,
-                              _PICKLE_MARK, body[offset:stop], _PICKLE_TAIL))).digest()
+        parent = sha256(join((heads[length - 2 * size], parent, _PICKLE_MARK, body[offset:stop],
+                              _PICKLE_TAIL))).digest()
         append(parent)
         offset = stop
     return cast("list[BlockHash]", out)
+
+
+@lru_cache(maxsize=8)
+def _pickle_heads(size: int) -> tuple[bytes, ...]:
+    """PROTO, FRAME and SHORT_BINBYTES' opcode for a block of ``size`` ints
+    whose encodings take ``2 * size + i`` bytes, indexed by ``i``."""
+    return tuple(_PICKLE_HEAD + (2 * size + extra + 42).to_bytes(8, "little") + _PICKLE_PARENT
+                 for extra in range(3 * size + 1))
