@@ -121,7 +121,8 @@ def run(quick: bool = False, vllm_python: str | None = None, rounds: int | None 
                      if theirs else None)
             figures["ns_per_token"][f"{hash_fn}/{block_size}"] = {"pagedkv": mine, "vllm": other}
             ratio = "–" if other is None else f"{other / mine:.2f}×"
-            rows.append(f"| {block_size:>5} | {hash_fn} vs vLLM {vllm_fn:<8} | {mine:>8.1f} | "
+            label = f"{hash_fn} vs vLLM {vllm_fn}"
+            rows.append(f"| {block_size:>5} | {label:<28} | {mine:>8.1f} | "
                         f"{'–' if other is None else f'{other:.1f}':>8} | {ratio:>12} |")
     print(f"\n## Request creation, prompt hashing included ({tokens}-token prompts, ns per token; "
           f"median of {rounds} alternating rounds x {reps} creations)")

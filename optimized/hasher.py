@@ -213,7 +213,10 @@ def _sha_hasher(name: HashFnName, size: int, root: BlockHash,
 # protocol >= 1. So the blocks' int encodings can be cut from ONE pickle of all the new tokens,
 # at offsets computed from the tokens' packed bytes (spec/hashing.md section 6), instead of one
 # pickle.dumps per block -- the bytes hashed are the same (tests/test_hashing.py compares).
-_MAX_WHOLE_PICKLE_BLOCK = 8192  # 5 bytes a token + 42 stays one frame (< 64 KiB)
+# Up to here one pickle of all tokens beats a pickle per block (the per-call cost is what it
+# saves; at 512 tokens a block the extra numpy passes cost more). Hard limit: 5 bytes a token
+# + 42 must stay one pickle frame (< 64 KiB).
+_MAX_WHOLE_PICKLE_BLOCK = 128
 _PICKLE_HEAD = b"\x80\x05\x95"
 _PICKLE_PARENT = b"C "  # SHORT_BINBYTES of 32 bytes
 _PICKLE_MARK = b"\x94("  # MEMOIZE, MARK
