@@ -247,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["hybrid"] = importlib.import_module("bench.hybrid_bench").run(quick)
     if not args.no_long:
         report["long"] = importlib.import_module("bench.long_bench").run(quick)
+    # Request creation beside vLLM's Request (vLLM's side only where ../vllm-venv exists).
+    report["request_creation"] = importlib.import_module("bench.request_bench").run(quick)
     status = 0
     if not args.no_tensor:
         try:

@@ -41,7 +41,7 @@ from pagedkv.spec.errors import (
     InvariantViolation,
     PoolExhaustedError,
 )
-from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.hashing import HashedRequest, event_block_keys
 from pagedkv.spec.types import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -75,7 +75,7 @@ class BlockPool(PoolView):
     __slots__ = (
         "num_blocks", "enable_caching", "enable_kv_cache_events",
         "num_groups", "_ref", "_hash", "_gid", "cached_by_group", "_queue", "_events",
-        "reserved",
+        "reserved", "num_hash_lookahead_tokens",
     )
 
     def __init__(
@@ -103,6 +103,9 @@ class BlockPool(PoolView):
         self._events: list[KVCacheEvent] = []
         # Blocks held for the pool's lifetime (attention sinks, D-SINK-1).
         self.reserved: list[int] = []
+        # Tokens after each block its hash covers (spec/hashing.md section 7):
+        # events carry them; the manager sets it.
+        self.num_hash_lookahead_tokens = 0
 
     def get_num_free_blocks(self) -> int:
         """Blocks in the free queue (evictable cached blocks included). Cost: O(1)."""
@@ -419,6 +422,8 @@ class BlockPool(PoolView):
                     runs.append((i, [block_hash]))
                 last = i
         for first, run in runs:
+            extra_keys, lookahead_token_ids = event_block_keys(
+                request, first, first + len(run), block_size, self.num_hash_lookahead_tokens)
             self._events.append(BlockStored(
                 block_hashes=tuple(run),
                 parent_block_hash=None if first == 0 else block_hashes[first - 1],
@@ -430,6 +435,8 @@ class BlockPool(PoolView):
                 lora_name=request.lora_name,
                 group_idx=group_id,
                 session_id=getattr(request, "session_id", None),
+                extra_keys=extra_keys,
+                lookahead_token_ids=lookahead_token_ids,
             ))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:

@@ -130,6 +130,9 @@ class KVCacheCoordinator:
         # Shared empty result: never mutated (KVCacheBlocks lists are not).
         self.empty_blocks = KVCacheBlocks(
             tuple([] for _ in self.managers), self.block_pool.block_hashes)
+        # Tokens a multi-module drafter re-prefills, never cached (D-HASH-12);
+        # the facade sets it (and drops the decode fast path when it is not 0).
+        self.num_reprefillable_tokens = 0
         self.decode_step: DecodeStep | None = None
         """The decode fast path for this configuration, or ``None``."""
         if (len(managers) == 1 and block_sizes[0] == hash_block_size
@@ -412,18 +415,27 @@ class KVCacheCoordinator:
         # Only blocks with hashes are cached; a lagging hasher's blocks wait
         # for a later call (D-API-11).
         hashed_tokens = len(request.block_hashes) * hash_block_size
+        # Re-prefilled tokens are not final (D-HASH-12): one group never
+        # caches them, several keep them out of an EAGLE group's extra block.
+        finalized = num_tokens - self.num_reprefillable_tokens
+        if finalized > hashed_tokens:
+            finalized = hashed_tokens
+        if finalized < 0:
+            finalized = 0
         if num_tokens > hashed_tokens:
             num_tokens = hashed_tokens
         views: HashViews | None = None
         managers = self.managers
+        if len(managers) == 1:
+            num_tokens = finalized
         # Several groups: only whole alignment units can ever be hit, so
         # caching stops at the last one; an EAGLE group caches the block
         # past it, which its hit predicate reads (D-HIT-5).
         aligned = num_tokens - num_tokens % self.alignment if len(managers) > 1 else num_tokens
         for manager in managers:
             tokens = aligned
-            if manager.use_eagle and 0 < aligned < num_tokens:
-                tokens = min(num_tokens, aligned + manager.block_size)
+            if manager.use_eagle and aligned > 0:
+                tokens = min(finalized, finalized - finalized % self.alignment + manager.block_size)
             if manager.block_size == hash_block_size:
                 manager.cache_blocks(request, None, request_id, tokens)
             else:

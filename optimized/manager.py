@@ -69,6 +69,11 @@ class KVCacheManager:
             (``None``, ``0`` or a multiple of the hit alignment; spec/config.md).
         max_num_batched_tokens: the per-step token budget the windowed
             admission caps count with (default ``max_model_len``).
+        num_hash_lookahead_tokens: each block hash also covers this many
+            tokens after its block (spec/hashing.md section 7).
+        num_prefill_lookahead: a multi-module drafter re-prefills the last
+            ``num_prefill_lookahead - 1`` computed tokens; they are never
+            cached (D-HASH-12).
 
     Raises:
         InvalidConfigError: max_model_len, world sizes, hash_block_size,
@@ -94,12 +99,17 @@ class KVCacheManager:
         hash_seed: str | None = None,
         retention_interval: int | None = None,
         max_num_batched_tokens: int | None = None,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
     ) -> None:
         block_sizes, hbs = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size, retention_interval=retention_interval,
-            max_num_batched_tokens=max_num_batched_tokens, hash_seed=hash_seed)
+            max_num_batched_tokens=max_num_batched_tokens, hash_seed=hash_seed,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens, num_prefill_lookahead=num_prefill_lookahead)
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.num_prefill_lookahead = num_prefill_lookahead
         self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
@@ -117,7 +127,15 @@ class KVCacheManager:
             hash_block_size=hbs if hbs is not None else 1, enable_caching=self.enable_caching,
             use_eagle=self.use_eagle, retention_interval=retention_interval,
             max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens)
-        self._hasher = (None if hbs is None else make_block_hasher(hash_fn, hbs, hash_seed))
+        self._hasher = (None if hbs is None
+                        else make_block_hasher(hash_fn, hbs, hash_seed, num_hash_lookahead_tokens))
+        # Lookahead hashing: events carry the lookahead tokens; re-prefilled
+        # tokens are never cached, which the decode fast path does not know
+        # (D-HASH-12).
+        self._pool.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self._coordinator.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
+        if self._coordinator.num_reprefillable_tokens:
+            self._coordinator.decode_step = None
         self.prefix_cache_stats: PrefixCacheStats | None = (
             PrefixCacheStats() if self.log_stats else None)
         self._empty = self._coordinator.empty_blocks

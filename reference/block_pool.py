@@ -21,7 +21,7 @@ from pagedkv.spec.errors import (
     PoolExhaustedError,
     UnknownBlockError,
 )
-from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.hashing import HashedRequest, event_block_keys
 from pagedkv.spec.snapshot import PoolSnapshot
 from pagedkv.spec.types import (
     AllBlocksCleared,
@@ -84,6 +84,9 @@ class BlockPool:
         self.events: list[KVCacheEvent] = []
         # Blocks held for the pool's lifetime (attention sinks, D-SINK-1).
         self.reserved: list[KVCacheBlock] = []
+        # Tokens after each block its hash covers (spec/hashing.md section 7):
+        # events carry them; the manager sets it.
+        self.num_hash_lookahead_tokens = 0
 
     # -- allocation --------------------------------------------------------
 
@@ -198,6 +201,8 @@ class BlockPool:
             return
         for run in runs:
             first, end = run[0], run[-1] + 1
+            extra_keys, lookahead_token_ids = event_block_keys(
+                request, first, end, block_size, self.num_hash_lookahead_tokens)
             self.events.append(BlockStored(
                 block_hashes=tuple(block_hashes[first:end]),
                 parent_block_hash=None if first == 0 else block_hashes[first - 1],
@@ -207,6 +212,8 @@ class BlockPool:
                 lora_name=request.lora_name,
                 group_idx=group_id,
                 session_id=getattr(request, "session_id", None),
+                extra_keys=extra_keys,
+                lookahead_token_ids=lookahead_token_ids,
             ))
 
     def _evict(self, block: KVCacheBlock) -> None:

@@ -81,6 +81,9 @@ class KVCacheCoordinator:
                 enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval, admission_cap=cap))
         self.known: set[str] = set()
+        # Tokens a multi-module drafter re-prefills (num_prefill_lookahead - 1),
+        # never cached (D-HASH-12); the facade sets it.
+        self.num_reprefillable_tokens = 0
 
     def view(self, manager: SingleTypeManager, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         """``block_hashes`` at ``manager``'s block size."""
@@ -160,14 +163,22 @@ class KVCacheCoordinator:
     def cache_blocks(self, *, request: HashedRequest, request_id: str, num_tokens: int) -> None:
         """Cache the full blocks of every group, as far as the request has
         hashes (a lagging hasher's blocks wait for a later call, D-API-11)."""
-        num_tokens = min(num_tokens, len(request.block_hashes) * self.hash_block_size)
+        hashed = len(request.block_hashes) * self.hash_block_size
+        # The last num_reprefillable_tokens computed tokens are re-prefilled by a
+        # multi-module drafter, so their KV is not final (D-HASH-12): one group
+        # never caches them; several groups only keep them out of an EAGLE
+        # group's extra block, as vLLM 0.33 does.
+        finalized = min(max(0, num_tokens - self.num_reprefillable_tokens), hashed)
+        num_tokens = min(num_tokens, hashed)
+        if len(self.managers) == 1:
+            num_tokens = finalized
         # Several groups: cache whole alignment units only; an EAGLE group also
         # the block after the last one (D-HIT-5).
         aligned = num_tokens // self.alignment * self.alignment if len(self.managers) > 1 else num_tokens
         for manager in self.managers:
             tokens = aligned
             if manager.use_eagle and aligned > 0:
-                tokens = min(num_tokens, aligned + manager.block_size)
+                tokens = min(finalized, finalized // self.alignment * self.alignment + manager.block_size)
             manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, tokens)
 
     def release(self, request_id: str) -> None:

@@ -56,13 +56,17 @@ class KVCacheManager:
                  log_stats: bool = False, enable_kv_cache_events: bool = False,
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  hash_seed: str | None = None, retention_interval: int | None = None,
-                 max_num_batched_tokens: int | None = None) -> None:
+                 max_num_batched_tokens: int | None = None, num_hash_lookahead_tokens: int = 0,
+                 num_prefill_lookahead: int = 0) -> None:
         self.block_sizes, hash_block_size = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size, retention_interval=retention_interval,
-            max_num_batched_tokens=max_num_batched_tokens, hash_seed=hash_seed)
+            max_num_batched_tokens=max_num_batched_tokens, hash_seed=hash_seed,
+            num_hash_lookahead_tokens=num_hash_lookahead_tokens, num_prefill_lookahead=num_prefill_lookahead)
         self.kv_cache_config = kv_cache_config
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.num_prefill_lookahead = num_prefill_lookahead
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
@@ -79,6 +83,11 @@ class KVCacheManager:
             hash_block_size=hash_block_size or 1, enable_caching=enable_caching,
             use_eagle=use_eagle, retention_interval=retention_interval,
             max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens)
+        # Lookahead hashing (spec/hashing.md section 7): events carry the
+        # lookahead tokens; a multi-module drafter's re-prefilled tokens are
+        # never cached (D-HASH-12).
+        self._pool.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.coordinator.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
     # -- requests -------------------------------------------------------------
@@ -93,7 +102,7 @@ class KVCacheManager:
         """
         check_request_options(extra)
         hasher = None if self.hash_block_size is None else make_block_hasher(
-            self.hash_fn, self.hash_block_size, self.hash_seed)
+            self.hash_fn, self.hash_block_size, self.hash_seed, self.num_hash_lookahead_tokens)
         request = Request(request_id, prompt_token_ids, block_hasher=hasher, **extra)
         if request_id in self.coordinator.known:
             raise InvalidArgumentError(

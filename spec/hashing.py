@@ -36,7 +36,7 @@ from typing import Final, Literal, Protocol, TypeAlias
 import cbor2
 import xxhash
 
-from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.types import BlockHash
 
 __all__ = [
@@ -51,6 +51,11 @@ __all__ = [
     "seed_hash",
     "need_extra_keys",
     "block_extra_keys",
+    "check_lookahead",
+    "num_hashable_blocks",
+    "window_extra_keys",
+    "lookahead_extra_keys",
+    "event_block_keys",
 ]
 
 HashFnName: TypeAlias = Literal["sha256", "sha256_cbor", "xxh3_128"]
@@ -207,3 +212,65 @@ def block_extra_keys(request: HashedRequest, start: int, end: int, mm_index: int
     if start == 0 and request.cache_salt:
         keys.append(("cache_salt", request.cache_salt))
     return (tuple(keys) if keys else None), next_index
+
+
+# -- lookahead hashing (spec/hashing.md section 7) ---------------------------
+
+
+def check_lookahead(name: str, value: object) -> int:
+    """``value`` as a lookahead token count (an int ``>= 0``, bool refused).
+
+    Raises:
+        InvalidConfigError: naming ``name``.
+    """
+    if type(value) is not int or value < 0:
+        raise InvalidConfigError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def num_hashable_blocks(num_tokens: int, hash_block_size: int, lookahead: int) -> int:
+    """How many blocks of a request of ``num_tokens`` tokens have a hash:
+    a block is hashed once it is full and the ``lookahead`` tokens after it
+    exist (HASH-1)."""
+    return max(0, num_tokens - lookahead) // hash_block_size
+
+
+def window_extra_keys(request: HashedRequest, start: int, end: int, lookahead: int) -> ExtraKeys:
+    """The extra keys of the block ``[start, end)`` hashed with ``lookahead``
+    tokens: those of the window ``[start, end + lookahead)`` (a multimodal
+    input that only the lookahead tokens touch counts; the salt still only
+    on the first block). With ``lookahead == 0``, the block's own keys."""
+    keys, _ = block_extra_keys(request, start, end + lookahead, 0)
+    return keys
+
+
+def lookahead_extra_keys(request: HashedRequest, start: int, end: int, lookahead: int) -> ExtraKeys:
+    """What the block ``[start, end)`` hashes as its extra keys: with
+    ``lookahead == 0`` its own keys; else ``(window keys, *tokens[end:end +
+    lookahead])`` -- a tuple, never ``None`` (D-HASH-10)."""
+    if not lookahead:
+        return block_extra_keys(request, start, end, 0)[0]
+    tokens = request.all_token_ids[end:end + lookahead]
+    return (window_extra_keys(request, start, end, lookahead), *tokens)
+
+
+def event_block_keys(
+    request: HashedRequest, first: int, end: int, block_size: int, lookahead: int,
+) -> tuple[tuple[ExtraKeys, ...] | None, tuple[tuple[int, ...], ...] | None]:
+    """The ``extra_keys`` and ``lookahead_token_ids`` of a ``BlockStored``
+    event for the blocks ``[first, end)`` of ``block_size`` tokens
+    (spec/hashing.md section 8): per block, its window extra keys, or
+    ``None`` for the whole event when no block has any; per block, the
+    ``lookahead`` tokens after it, or ``None`` without lookahead. Cost:
+    O(1) for a request without extra keys and no lookahead."""
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
+    if lookahead:
+        tokens = request.all_token_ids
+        lookahead_token_ids = tuple(
+            tuple(tokens[(index + 1) * block_size:(index + 1) * block_size + lookahead])
+            for index in range(first, end))
+    if not need_extra_keys(request):
+        return None, lookahead_token_ids
+    keys = tuple(window_extra_keys(request, index * block_size, (index + 1) * block_size, lookahead)
+                 for index in range(first, end))
+    return (keys if any(key is not None for key in keys) else None), lookahead_token_ids

@@ -12,7 +12,7 @@ from math import gcd, lcm
 
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
-from pagedkv.spec.hashing import normalize_hash_fn
+from pagedkv.spec.hashing import check_lookahead, normalize_hash_fn
 from pagedkv.spec.registry import manager_kind_for
 
 __all__ = ["check_manager_args"]
@@ -28,6 +28,7 @@ def check_manager_args(
     *, kv_cache_config: KVCacheConfig, max_model_len: object, hash_fn: str,
     hash_block_size: object, dcp_world_size: object, pcp_world_size: object,
     retention_interval: object, max_num_batched_tokens: object, hash_seed: object = None,
+    num_hash_lookahead_tokens: object = 0, num_prefill_lookahead: object = 0,
 ) -> tuple[tuple[int, ...], int | None]:
     """Check the manager's arguments; return each group's block size (its
     spec's block size times ``dcp_world_size * pcp_world_size``) and the hash
@@ -40,7 +41,8 @@ def check_manager_args(
             block size), ``retention_interval`` (``None``, 0 or a multiple
             of the hit alignment, the LCM of the block sizes) or
             ``max_num_batched_tokens`` malformed, ``hash_seed`` neither a
-            str nor ``None``; context parallelism with a
+            str nor ``None``, ``num_hash_lookahead_tokens`` or
+            ``num_prefill_lookahead`` not an int ``>= 0``; context parallelism with a
             group other than full attention; a ``host_resident`` group.
         InvalidArgumentError: unknown ``hash_fn``.
     """
@@ -89,5 +91,7 @@ def check_manager_args(
             f"max_num_batched_tokens must be a positive int or None, got {max_num_batched_tokens!r}")
     if hash_seed is not None and not isinstance(hash_seed, str):
         raise InvalidConfigError(f"hash_seed must be a str or None, got {hash_seed!r}")
+    check_lookahead("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
+    check_lookahead("num_prefill_lookahead", num_prefill_lookahead)
     assert hash_block_size is None or type(hash_block_size) is int
     return block_sizes, hash_block_size

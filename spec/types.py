@@ -59,6 +59,12 @@ class BlockStored:
     ``token_ids`` are the tokens of every block in the range that was cached,
     ``parent_block_hash`` is the hash of the block before the range (``None``
     when the range starts at the request's first block).
+
+    With these a consumer recomputes ``block_hashes`` (spec/hashing.md
+    section 8): ``extra_keys`` holds each block's extra keys as hashed (over
+    the block and its lookahead tokens), ``None`` when no block has any;
+    ``lookahead_token_ids`` the tokens after each block its hash covers,
+    ``None`` without lookahead hashing.
     """
 
     block_hashes: tuple[BlockHash, ...]
@@ -73,6 +79,8 @@ class BlockStored:
     # the storing request only: the same blocks may serve other sessions).
     group_idx: int | None = None
     session_id: str | None = None
+    extra_keys: tuple[tuple[object, ...] | None, ...] | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.spec.errors import InvariantViolation
-from pagedkv.spec.hashing import block_extra_keys, hash_block_tokens, normalize_hash_fn, seed_hash
+from pagedkv.spec.hashing import ExtraKeys, block_extra_keys, hash_block_tokens, normalize_hash_fn, seed_hash
 from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -48,17 +48,24 @@ def group_view(block_hashes: Sequence[BlockHash], hash_block_size: int, block_si
             for index in range(len(block_hashes) // scale)]
 
 
-def check_block_hashes(request: Request, hash_fn: str, hash_block_size: int, hash_seed: str | None) -> None:
+def check_block_hashes(request: Request, hash_fn: str, hash_block_size: int, hash_seed: str | None,
+                       lookahead: int = 0) -> None:
     """HASH-1: the request's block hashes are the chain spec/hashing.md
-    defines, recomputed here from scratch."""
+    defines (with ``lookahead`` tokens after each block, section 7),
+    recomputed here from scratch."""
     fn = normalize_hash_fn(hash_fn)
     tokens = request.all_token_ids
     parent: bytes = seed_hash(fn, hash_seed)
     expected: list[bytes] = []
     mm_index = 0
-    for index in range(request.num_tokens // hash_block_size):
+    for index in range(max(0, request.num_tokens - lookahead) // hash_block_size):
         start, end = index * hash_block_size, (index + 1) * hash_block_size
-        extra_keys, mm_index = block_extra_keys(request, start, end, mm_index)
+        extra_keys: ExtraKeys
+        if lookahead:
+            window, _ = block_extra_keys(request, start, end + lookahead, 0)
+            extra_keys = (window, *tokens[end:end + lookahead])
+        else:
+            extra_keys, mm_index = block_extra_keys(request, start, end, mm_index)
         parent = hash_block_tokens(fn, parent, tokens[start:end], extra_keys)
         expected.append(parent)
     if list(request.block_hashes) != expected:

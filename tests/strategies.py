@@ -128,6 +128,8 @@ def manager_options(draw: st.DrawFn, *, alignment: int, enable_caching: bool,
         max_num_batched_tokens=draw(st.sampled_from([None, 2, 4, 8])),
         retention_interval=None if retention is None else retention * alignment,
         hash_seed=draw(st.sampled_from([None, None, "lockstep"])),
+        num_hash_lookahead_tokens=draw(st.sampled_from([0, 0, 0, 1, 2])),
+        num_prefill_lookahead=draw(st.sampled_from([0, 0, 0, 1, 2, 3])),
     )
 
 

@@ -197,7 +197,8 @@ class Lockstep(RuleBasedStateMachine):
             assert request.block_hashes == pair.requests[0].block_hashes
             if hash_block_size is not None:
                 postconditions.check_block_hashes(request, options["hash_fn"], hash_block_size,
-                                                  options.get("hash_seed"))
+                                                  options.get("hash_seed"),
+                                                  options.get("num_hash_lookahead_tokens", 0))
 
     def check_allocation(self, pair: Tracked, total_computed: int, num_new_tokens: int, lookahead: int) -> None:
         for index, manager in enumerate(self.managers):

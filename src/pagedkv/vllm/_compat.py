@@ -28,7 +28,7 @@ __all__ = [
     "AllBlocksCleared", "PrefixCacheStats", "RequestStatus", "VllmScheduler", "spec_classes",
     "block_hash_with_group_id", "external_block_hash", "kv_cache_spec_kind",
     "kv_cache_manager_logger",
-    "kv_cache_spec_sliding_window", "KVCacheBlockCopy",
+    "kv_cache_spec_sliding_window", "KVCacheBlockCopy", "block_stored_hash_inputs",
 ]
 
 VLLM_VERSION: str = vllm.__version__
@@ -148,3 +148,24 @@ def posing_as(view_class: type, vllm_class: Any) -> type:
         made.__abstractmethods__ = frozenset()  # type: ignore[attr-defined]
         _VIEW_CLASSES[key] = made
     return made
+
+
+_BLOCK_STORED_FIELDS: frozenset[str] = frozenset(getattr(BlockStored, "__struct_fields__", ()))
+
+
+def block_stored_hash_inputs(extra_keys: Any, lookahead_token_ids: Any, num_blocks: int) -> dict[str, Any]:
+    """The ``extra_keys`` and ``lookahead_token_ids`` keywords of vLLM's
+    ``BlockStored`` for a pagedkv event's fields (those this vLLM has).
+
+    vLLM 0.33 publishes one extra-key entry per block, untagged (a bare LoRA
+    name or salt, ``(identifier, offset)`` for an input), though it hashes the
+    tagged keys pagedkv's events carry (D-HASH-11); lookahead tokens as lists.
+    """
+    out: dict[str, Any] = {}
+    if "extra_keys" in _BLOCK_STORED_FIELDS:
+        out["extra_keys"] = [None] * num_blocks if extra_keys is None else [
+            None if keys is None else tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
+            for keys in extra_keys]
+    if lookahead_token_ids is not None and "lookahead_token_ids" in _BLOCK_STORED_FIELDS:
+        out["lookahead_token_ids"] = [list(tokens) for tokens in lookahead_token_ids]
+    return out

@@ -42,9 +42,9 @@ _WAITING_STATES: tuple[Any, ...] = (_compat.RequestStatus.WAITING,
 class KVCacheManager:
     """vLLM 0.33's ``KVCacheManager`` (same constructor and methods) on pagedkv.
 
-    Refuses, with ``InvalidConfigError`` naming the argument, the vLLM
-    features pagedkv does not implement yet: hash lookahead tokens, prefill
-    lookahead, the Mamba shared-prefix checkpoint.
+    Lookahead hashing (``num_hash_lookahead_tokens``) and a multi-module
+    drafter's re-prefilled tokens (``num_prefill_lookahead``) are pagedkv's
+    own (spec/hashing.md section 7, D-HASH-10..12).
     """
 
     def __init__(
@@ -66,10 +66,16 @@ class KVCacheManager:
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> None:
-        for name, value in (("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
-                            ("num_prefill_lookahead", num_prefill_lookahead)):
-            if value:
-                raise InvalidConfigError(f"pagedkv.vllm does not support {name} yet, got {value!r}")
+        self.num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)
+        self.num_prefill_lookahead = int(num_prefill_lookahead)
+        if (enable_caching and scheduler_block_size < self.num_prefill_lookahead
+                and (use_eagle or any(getattr(group, "is_eagle_group", False)
+                                      for group in kv_cache_config.kv_cache_groups))):
+            # vLLM 0.33's own refusal: the EAGLE drop must cover every re-prefilled token (D-HASH-12).
+            raise InvalidConfigError(
+                f"num_prefill_lookahead ({self.num_prefill_lookahead}) exceeds scheduler_block_size "
+                f"({scheduler_block_size}): prefix caching with EAGLE groups needs "
+                "scheduler_block_size >= num_prefill_lookahead")
         if not watermark >= 0.0:
             raise InvalidConfigError(f"watermark must be >= 0, got {watermark!r}")
         self.max_model_len = max_model_len
@@ -106,7 +112,9 @@ class KVCacheManager:
             use_eagle=self.use_eagle, log_stats=False,
             enable_kv_cache_events=self.enable_kv_cache_events,
             retention_interval=retention,
-            max_num_batched_tokens=max_in_flight_tokens)
+            max_num_batched_tokens=max_in_flight_tokens,
+            num_hash_lookahead_tokens=self.num_hash_lookahead_tokens,
+            num_prefill_lookahead=self.num_prefill_lookahead)
         self.block_pool = BlockPoolView(self._core.block_pool, self.enable_caching,
                                         hash_block_size, self._translate_events)
         self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
@@ -160,7 +168,9 @@ class KVCacheManager:
                     else _compat.external_block_hash(event.parent_block_hash),
                     token_ids=list(event.token_ids), block_size=event.block_size,
                     lora_id=event.lora_id, medium=event.medium, lora_name=event.lora_name,
-                    group_idx=event.group_idx, session_id=event.session_id)
+                    group_idx=event.group_idx, session_id=event.session_id,
+                    **_compat.block_stored_hash_inputs(event.extra_keys, event.lookahead_token_ids,
+                                                       len(event.block_hashes)))
             elif isinstance(event, CoreBlockRemoved):
                 for block_hash in event.block_hashes:
                     yield _compat.BlockRemoved(
