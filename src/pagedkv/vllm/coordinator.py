@@ -80,8 +80,11 @@ class CoordinatorView:
         self.core = core
         self.block_pool = pool
         self.kv_cache_config = vllm_config
+        from .mamba import MambaManagerView, CoreMambaManager  # the Mamba views build on this module
         self.single_type_managers: tuple[GroupManagerView, ...] = tuple(
-            _compat.posing_as(GroupManagerView, _compat.vllm_manager_class(group))(
+            _compat.posing_as(
+                MambaManagerView if isinstance(manager, CoreMambaManager) else GroupManagerView,
+                _compat.vllm_manager_class(group))(
                 manager, group.kv_cache_spec, group_id, pool, dcp_world_size)
             for group_id, (manager, group) in enumerate(
                 zip(core.managers, vllm_config.kv_cache_groups)))
@@ -93,7 +96,18 @@ class CoordinatorView:
         self.enable_partial_hash_hits = False
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
-        self.retention_interval = retention_interval
+        self._retention_interval = retention_interval
+
+    @property
+    def retention_interval(self) -> int | None:
+        return self._retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, value: int | None) -> None:
+        # vLLM's tests set it after construction; every core group manager reads it.
+        self._retention_interval = value
+        for manager in self.core.managers:
+            manager.retention_interval = value
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[Sequence[Any]],
