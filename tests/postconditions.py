@@ -162,3 +162,29 @@ def check_allocation(manager: Any, request_id: str, num_total_computed: int, num
                 invariant = "SWA-1" if isinstance(spec, SlidingWindowSpec) else "CHUNK-1"
                 raise _fail(invariant, f"request {request_id!r} group {group_id} holds {held} blocks, "
                             f"over its admission cap {cap}")
+
+
+def _is_null_block(block: Any) -> bool:
+    """The null block in either representation (an object, or block id 0)."""
+    return bool(block.is_null) if hasattr(block, "is_null") else block == 0
+
+
+def mamba_checkpoints(manager: Any) -> list[dict[str, tuple[int, int]]]:
+    """Each Mamba group's prefill-checkpoint table (spec/mamba.md), for comparison."""
+    return [dict(group.checkpoints) for group in manager.coordinator.managers
+            if hasattr(group, "checkpoints")]
+
+
+def check_mamba_checkpoint(manager: Any, request_id: str) -> None:
+    """MCKPT-1 right after an allocation: a recorded checkpoint names a real
+    block at its column, and its position lies in the block before the one
+    holding the running state."""
+    for group in manager.coordinator.managers:
+        found = getattr(group, "checkpoints", {}).get(request_id)
+        if found is None:
+            continue
+        position, column = found
+        blocks = group.req_to_blocks[request_id]
+        if column >= len(blocks) or _is_null_block(blocks[column]):
+            raise _fail("MCKPT-1", f"request {request_id!r} group {group.group_id}: checkpoint at "
+                        f"{position} reserved column {column} but the block there is null or missing")
