@@ -89,10 +89,9 @@ class MambaManager(SingleTypeManager):
         return num_computed - 1
 
     def released_tokens(self, num_total_computed_tokens: int) -> int:
-        """With async scheduling the count may include draft tokens that get
-        rejected; assume they all are, so no state still needed is freed.
-        Cost: O(1)."""
-        return self.skipped_tokens(max(0, num_total_computed_tokens - self.num_speculative_blocks))
+        """The count is on the settled basis already (D-API-14): no further
+        discount for speculative tokens (D-MAMBA-3). Cost: O(1)."""
+        return self.skipped_tokens(num_total_computed_tokens)
 
     # ------------------------------------------------ prefill checkpoints
 
@@ -226,7 +225,7 @@ class MambaManager(SingleTypeManager):
         super().remove_skipped_blocks(request_id, num_total_computed_tokens)
         if self.mode != "align":
             return
-        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
+        num_computed = num_total_computed_tokens  # settled basis (D-MAMBA-3)
         last = self.last_state_block.get(request_id)
         if last is not None and last < -(-num_computed // self.block_size) - 1:
             blocks = self.req_to_blocks[request_id]

@@ -82,9 +82,10 @@ class MambaManager(SingleTypeManager):
         return num_computed - 1
 
     def released_tokens(self, num_total_computed_tokens: int) -> int:
-        # With async scheduling the count may include draft tokens that get
-        # rejected; assume they all are, so no state still needed is freed.
-        return self.skipped_tokens(max(0, num_total_computed_tokens - self.num_speculative_blocks))
+        # The count is already on the settled basis (in-flight tokens, draft
+        # ones included, are left out by the caller: D-API-14), so no
+        # further discount for speculative tokens (D-MAMBA-3).
+        return self.skipped_tokens(num_total_computed_tokens)
 
     # -- prefill checkpoints ----------------------------------------------------------
 
@@ -207,7 +208,7 @@ class MambaManager(SingleTypeManager):
         super().remove_skipped_blocks(request_id, num_total_computed_tokens)
         if self.mode != "align":
             return
-        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
+        num_computed = num_total_computed_tokens  # settled basis (D-MAMBA-3)
         last = self.last_state_block.get(request_id)
         if last is not None and last < rules.cdiv(num_computed, self.block_size) - 1:
             blocks = self.req_to_blocks[request_id]

@@ -150,7 +150,7 @@ def check_allocation(manager: Any, request_id: str, num_total_computed: int, num
                 raise _fail("SKIP-1", f"request {request_id!r} group {group_id} still holds {blocks[:dead]} "
                             f"in the {dead} blocks {num_total_computed} computed tokens skip")
         if isinstance(spec, MambaSpec) and spec.mamba_cache_mode in ("none", "all"):
-            dead = min(len(blocks), (max(0, num_total_computed - spec.num_speculative_blocks) - 1) // block_size)
+            dead = min(len(blocks), (num_total_computed - 1) // block_size)
             if any(block != NULL for block in blocks[:max(0, dead)]):
                 raise _fail("MAMBA-1", f"request {request_id!r} group {group_id} holds old states "
                             f"{blocks[:dead]} after {num_total_computed} computed tokens")

@@ -171,3 +171,26 @@ def test_free_forgets_the_checkpoint(impl: ModuleType) -> None:
     run(manager, request, 64)
     manager.free(request)
     assert mamba_group(manager).checkpoints == {}
+
+
+# -- D-MAMBA-3 (vLLM 0.33): release on the settled count, no speculative discount --------------
+
+
+def test_speculative_states_released_on_the_settled_count(impl: ModuleType) -> None:
+    """Mode ``all``, block 4, one speculative block: after 9 settled tokens the
+    states ending at 4 and 8 are dead (only the state at 9 is read), so both
+    go; the seeds' ``T - s`` rule kept the state at 8 one step longer. MAMBA-1."""
+    manager = make(impl, MambaSpec(4, shapes=((2,),), dtypes=("float16",), mamba_cache_mode="all",
+                                   num_speculative_blocks=1))
+    request = manager.make_request("a", list(range(12)))
+    run(manager, request, 9)
+    assert N not in block_ids(manager, "a", 0)[:2]
+    run(manager, request, 1)
+    assert block_ids(manager, "a", 0)[:2] == [N, N]
+    # With the 9th token still in flight (settled 8), the state at 8 stays.
+    manager = make(impl, MambaSpec(4, shapes=((2,),), dtypes=("float16",), mamba_cache_mode="all",
+                                   num_speculative_blocks=1))
+    request = manager.make_request("a", list(range(12)))
+    run(manager, request, 9)
+    assert manager.allocate_slots(request, 1, num_in_flight_tokens=1) is not None
+    assert block_ids(manager, "a", 0)[0] == N and block_ids(manager, "a", 0)[1] != N
