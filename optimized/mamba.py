@@ -42,8 +42,8 @@ class MambaManager(SingleTypeManager):
 
     __slots__ = ("mode", "num_speculative_blocks", "cached_this_step", "last_state_block",
                  "given_state", "checkpoints", "has_checkpoints", "cache_hit_alignment_tokens",
-                 "hash_block_size", "drop_eagle_checkpoint", "num_hash_lookahead_tokens",
-                 "caching_checkpoint")
+                 "hash_block_size", "drop_eagle_checkpoint",
+                 "caching_checkpoint", "offers")
 
     uses_eagle_rule = False
 
@@ -67,9 +67,10 @@ class MambaManager(SingleTypeManager):
         self.cache_hit_alignment_tokens = self.alignment
         self.hash_block_size = 1
         self.drop_eagle_checkpoint = False
-        self.num_hash_lookahead_tokens = 0
         # The checkpoint of the request ``cache_blocks`` is caching, for ``cache_mask``.
         self.caching_checkpoint: tuple[int, int] | None = None
+        # Boundary states offered to a KV connector until taken (MOFF-1).
+        self.offers: list[tuple[str, int, int]] = []
 
     # ---------------------------------------------------------------- hits
 
@@ -106,7 +107,7 @@ class MambaManager(SingleTypeManager):
         if column < 0:
             return None
         position = checkpoint_position(query_end, self.cache_hit_alignment_tokens,
-                                       self.drop_eagle_checkpoint, self.num_hash_lookahead_tokens)
+                                       self.drop_eagle_checkpoint, self.hash_lookahead_tokens())
         spec = self.kv_cache_spec
         assert isinstance(spec, MambaSpec)
         if not checkpoint_exportable(query_start=query_start, query_end=query_end, position=position,
@@ -119,6 +120,11 @@ class MambaManager(SingleTypeManager):
                     and request_id in self.given_state)):
             return position, column
         return None
+
+    def hash_lookahead_tokens(self) -> int:
+        """Tokens past a block each block hash covers (lookahead hashing): the
+        pool carries the setting when the build has it, else there is none."""
+        return int(getattr(self.block_pool, "num_hash_lookahead_tokens", 0))
 
     def reserve_checkpoint(self, request_id: str, query_start: int, query_end: int,
                            prefill_end: int) -> None:
@@ -250,14 +256,27 @@ class MambaManager(SingleTypeManager):
             self.caching_checkpoint = None
         hashes = self.block_pool.block_hashes
         added = self.cached_this_step.add
-        for block in self.req_to_blocks[request_id][before:self.num_cached_blocks[request_id]]:
+        offer = self.offers.append if self.mode == "align" else None
+        blocks = self.req_to_blocks[request_id]
+        block_size = self.block_size
+        for position in range(before, self.num_cached_blocks[request_id]):
+            block = blocks[position]
             block_hash = hashes[block]
             if block and block_hash is not None:
                 added(block_hash)
+                if offer is not None:
+                    offer((request_id, block, (position + 1) * block_size))
+
+    def take_offers(self) -> list[tuple[str, int, int]]:
+        """The boundary states offered since the last call, oldest first. Cost: O(1)."""
+        offers, self.offers = self.offers, []
+        return offers
 
     def release(self, request_id: str) -> None:
         """Forget the request's state bookkeeping, then release its blocks.
-        Cost: O(blocks held)."""
+        Cost: O(blocks held + offers pending)."""
+        if self.offers:  # the blocks go back to the pool: drop their offers (MOFF-1)
+            self.offers = [offer for offer in self.offers if offer[0] != request_id]
         self.checkpoints.pop(request_id, None)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)

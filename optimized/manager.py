@@ -477,6 +477,16 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
 
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba ``align`` boundary states cached since the last call, for a KV
+        connector to offload: request id -> ``(group id, block id, tokens)``
+        by group, then oldest first (spec/mamba.md, MOFF-1). Cost: O(groups + offers)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for group in self.coordinator.mamba_managers:
+            for request_id, block, num_tokens in group.take_offers():
+                offloads.setdefault(request_id, []).append((group.group_id, block, num_tokens))
+        return offloads
+
     def new_step_starts(self) -> None:
         """Per-step hook (no-op for full attention). Cost: O(groups)."""
         self._coordinator.new_step_starts()

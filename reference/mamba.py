@@ -62,9 +62,11 @@ class MambaManager(SingleTypeManager):
         self.cache_hit_alignment_tokens = alignment
         self.hash_block_size = 1
         self.drop_eagle_checkpoint = use_eagle
-        self.num_hash_lookahead_tokens = 0
         # The checkpoint of the request ``cache_blocks`` is caching, for ``cache_mask``.
         self.caching_checkpoint: tuple[int, int] | None = None
+        # Boundary states offered to a KV connector, oldest first, until taken
+        # (MOFF-1): (request id, block, tokens the state follows).
+        self.offers: list[tuple[str, KVCacheBlock, int]] = []
 
     # -- hits ---------------------------------------------------------------------
 
@@ -101,7 +103,7 @@ class MambaManager(SingleTypeManager):
         if self.retention_interval == 0 and query_end < prefill_end:
             return None
         position = checkpoint_position(query_end, self.cache_hit_alignment_tokens,
-                                       self.drop_eagle_checkpoint, self.num_hash_lookahead_tokens)
+                                       self.drop_eagle_checkpoint, self.hash_lookahead_tokens())
         column = checkpoint_column(query_end, self.block_size)
         if column < 0 or not checkpoint_exportable(
                 query_start=query_start, query_end=query_end, position=position,
@@ -113,6 +115,11 @@ class MambaManager(SingleTypeManager):
                        or (request_id in self.given_state
                            and column >= len(blocks) - self.num_speculative_blocks))
         return (position, column) if column_free else None
+
+    def hash_lookahead_tokens(self) -> int:
+        """Tokens past a block each block hash covers (lookahead hashing): the
+        pool carries the setting when the build has it, else there is none."""
+        return int(getattr(self.block_pool, "num_hash_lookahead_tokens", 0))
 
     def reserve_checkpoint(self, request_id: str, query_start: int, query_end: int,
                            prefill_end: int) -> None:
@@ -232,11 +239,23 @@ class MambaManager(SingleTypeManager):
             super().cache_blocks(request, block_hashes, request_id, num_tokens)
         finally:
             self.caching_checkpoint = None
-        for block in self.req_to_blocks[request_id][before:self.num_cached_blocks[request_id]]:
+        after = self.num_cached_blocks[request_id]
+        for position in range(before, after):
+            block = self.req_to_blocks[request_id][position]
             if not block.is_null and block.block_hash is not None:
                 self.cached_this_step.add(block.block_hash)
+                if self.mode == "align":
+                    self.offers.append((request_id, block, (position + 1) * self.block_size))
+
+    def take_offers(self) -> list[tuple[str, KVCacheBlock, int]]:
+        """The boundary states offered since the last call, oldest first."""
+        offers, self.offers = self.offers, []
+        return offers
 
     def release(self, request_id: str) -> None:
+        # Its blocks go back to the pool: an offer not yet taken would name a
+        # block another request may be handed next (MOFF-1).
+        self.offers = [offer for offer in self.offers if offer[0] != request_id]
         self.checkpoints.pop(request_id, None)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)

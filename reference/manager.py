@@ -16,6 +16,7 @@ from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
 from pagedkv.reference.hasher import make_block_hasher
+from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.recovery import recover
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
@@ -332,6 +333,17 @@ class KVCacheManager:
             return None
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba ``align`` boundary states cached since the last call, for a KV
+        connector to offload: request id -> ``(group id, block id, tokens)``
+        by group, then oldest first (spec/mamba.md, MOFF-1)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for group in self.coordinator.managers:
+            if isinstance(group, MambaManager):
+                for request_id, block, num_tokens in group.take_offers():
+                    offloads.setdefault(request_id, []).append((group.group_id, block.block_id, num_tokens))
+        return offloads
 
     def new_step_starts(self) -> None:
         """A scheduler step begins: Mamba groups may serve states cached in

@@ -339,6 +339,13 @@ class Lockstep(RuleBasedStateMachine):
             for group in manager.coordinator.managers:
                 assert not getattr(group, "cached_this_step", ()), "MAMBA-2: states kept past new_step_starts()"
 
+    @precondition(lambda self: self.has_mamba)
+    @rule()
+    def take_boundary_state_offloads(self) -> None:
+        """A KV connector drains the Mamba boundary-state offers (MOFF-1):
+        the same requests, groups, block ids and token counts everywhere."""
+        self.each(lambda i, m: m.take_boundary_state_offloads())
+
     @precondition(lambda self: self.setup.options["log_stats"])
     @rule()
     def make_prefix_cache_stats(self) -> None:

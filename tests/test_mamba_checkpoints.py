@@ -194,3 +194,24 @@ def test_speculative_states_released_on_the_settled_count(impl: ModuleType) -> N
     run(manager, request, 9)
     assert manager.allocate_slots(request, 1, num_in_flight_tokens=1) is not None
     assert block_ids(manager, "a", 0)[0] == N and block_ids(manager, "a", 0)[1] != N
+
+
+# -- boundary-state offloads (MOFF-1) -------------------------------------------------------------
+
+
+def test_boundary_states_offered_once_and_dropped_on_free(impl: ModuleType) -> None:
+    """Every state an align group caches is offered once, with its block and
+    token count, group by group; a freed request's pending offers go."""
+    manager = make(impl, FullAttentionSpec(4, 1, 8, "float16"), mamba(4, checkpoints=False),
+                   mamba(4, checkpoints=False))
+    request = manager.make_request("a", list(range(10)))
+    run(manager, request, 8)
+    state_1 = block_ids(manager, "a", 1)[1]
+    state_2 = block_ids(manager, "a", 2)[1]
+    assert manager.take_boundary_state_offloads() == {"a": [(1, state_1, 8), (2, state_2, 8)]}
+    run(manager, request, 1)  # 9 tokens: no new full block, nothing new to offer
+    assert manager.take_boundary_state_offloads() == {}
+    other = manager.make_request("b", list(range(100, 108)))
+    run(manager, other, 8)
+    manager.free(other)
+    assert manager.take_boundary_state_offloads() == {}
