@@ -96,19 +96,6 @@ class KVCacheCoordinator:
                 manager.cache_hit_alignment_tokens = (
                     hash_block_size if self.partial_hash_hits else self.alignment)
 
-    def checkpoint_demand(self, request_id: str, query_start: int, query_end: int,
-                          prefill_end: int) -> int:
-        """Blocks the Mamba groups' prefill checkpoints add to an allocation (MCKPT-1)."""
-        return sum(1 for manager in self.managers if isinstance(manager, MambaManager)
-                   and manager.checkpoint_for(request_id, query_start, query_end, prefill_end) is not None)
-
-    def reserve_checkpoints(self, request_id: str, query_start: int, query_end: int,
-                            prefill_end: int) -> None:
-        """Record each Mamba group's checkpoint for the allocation about to run."""
-        for manager in self.managers:
-            if isinstance(manager, MambaManager):
-                manager.reserve_checkpoint(request_id, query_start, query_end, prefill_end)
-
     def view(self, manager: SingleTypeManager, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         """``block_hashes`` at ``manager``'s block size."""
         return group_view(block_hashes, self.hash_block_size, manager.block_size)
@@ -136,6 +123,19 @@ class KVCacheCoordinator:
             num_total_computed_tokens, self._tokens_for(manager, num_main_tokens, num_encoder_tokens),
             num_external_computed_tokens)
             for manager, hits in zip(self.managers, new_computed_blocks))
+
+    def checkpoint_demand(self, request_id: str, query_start: int, query_end: int,
+                          prefill_end: int) -> int:
+        """Blocks the Mamba groups' prefill checkpoints add to an allocation (MCKPT-1)."""
+        return sum(1 for manager in self.managers if isinstance(manager, MambaManager)
+                   and manager.checkpoint_for(request_id, query_start, query_end, prefill_end) is not None)
+
+    def reserve_checkpoints(self, request_id: str, query_start: int, query_end: int,
+                            prefill_end: int) -> None:
+        """Record each Mamba group's checkpoint for the allocation about to run."""
+        for manager in self.managers:
+            if isinstance(manager, MambaManager):
+                manager.reserve_checkpoint(request_id, query_start, query_end, prefill_end)
 
     def full_sequence_demand(self, *, request_id: str, num_tokens: int,
                              new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
