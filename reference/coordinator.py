@@ -81,10 +81,6 @@ class KVCacheCoordinator:
                 spec, block_pool=self.block_pool, group_id=group_id, block_size=block_size,
                 enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval, admission_cap=cap))
-        self.known: set[str] = set()
-        # Tokens a multi-module drafter re-prefills (num_prefill_lookahead - 1),
-        # never cached (D-HASH-12); the facade sets it.
-        self.num_reprefillable_tokens = 0
         # Prefill checkpoints land on the alignment vLLM would give hits
         # (MCKPT-4): the hash block with sub-block hits configured, else ours.
         self.partial_hash_hits = enable_caching and partial_hash_hits_configured(
@@ -95,6 +91,10 @@ class KVCacheCoordinator:
                 manager.hash_block_size = hash_block_size
                 manager.cache_hit_alignment_tokens = (
                     hash_block_size if self.partial_hash_hits else self.alignment)
+        self.known: set[str] = set()
+        # Tokens a multi-module drafter re-prefills (num_prefill_lookahead - 1),
+        # never cached (D-HASH-12); the facade sets it.
+        self.num_reprefillable_tokens = 0
 
     def view(self, manager: SingleTypeManager, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         """``block_hashes`` at ``manager``'s block size."""
