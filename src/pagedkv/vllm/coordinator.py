@@ -96,18 +96,7 @@ class CoordinatorView:
         self.enable_partial_hash_hits = False
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
-        self._retention_interval = retention_interval
-
-    @property
-    def retention_interval(self) -> int | None:
-        return self._retention_interval
-
-    @retention_interval.setter
-    def retention_interval(self, value: int | None) -> None:
-        # vLLM's tests set it after construction; every core group manager reads it.
-        self._retention_interval = value
-        for manager in self.core.managers:
-            manager.retention_interval = value
+        self.retention_interval = retention_interval
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[Sequence[Any]],
