@@ -68,7 +68,11 @@ def partial_hash_hits_configured(kinds: Sequence[str], specs: Sequence[KVCacheSp
     """Whether vLLM 0.33 would turn on sub-block (partial) hash hits here
     (MCKPT-4): a Mamba ``align`` group whose block is larger than a hash
     block, and every other group able to look up at hash-block granularity
-    (a kind in ``FINE_GRAINED_KINDS`` or a block of one hash block)."""
+    (a kind in ``FINE_GRAINED_KINDS`` or a block of one hash block). One
+    group alone never has them (vLLM's unitary coordinator keeps the
+    scheduler's block alignment)."""
+    if len(specs) < 2:
+        return False
     if not any(isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" and size > hash_block_size
                for spec, size in zip(specs, block_sizes)):
         return False

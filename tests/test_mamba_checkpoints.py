@@ -91,6 +91,7 @@ def test_partial_hash_hits_configured_follows_vllm() -> None:
     assert partial_hash_hits_configured(["full_attention", "mamba"], [full, align], [16, 32], 16)
     assert not partial_hash_hits_configured(["full_attention", "mamba"], [full, align], [32, 32], 32)
     assert not partial_hash_hits_configured(["sliding_window", "mamba"], [window, align], [32, 32], 16)
+    assert not partial_hash_hits_configured(["mamba"], [align], [32], 16)  # one group: unitary
 
 
 def test_spec_refuses_bad_checkpoint_fields() -> None:
