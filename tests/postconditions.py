@@ -177,8 +177,8 @@ def mamba_checkpoints(manager: Any) -> list[dict[str, tuple[int, int]]]:
 
 def check_mamba_checkpoint(manager: Any, request_id: str) -> None:
     """MCKPT-1 right after an allocation: a recorded checkpoint names a real
-    block at its column, and its position lies in the block before the one
-    holding the running state."""
+    block at its column; MCKPT-3: a checkpoint inside its block is not
+    published under the block's full-block key."""
     for group in manager.coordinator.managers:
         found = getattr(group, "checkpoints", {}).get(request_id)
         if found is None:
@@ -188,3 +188,17 @@ def check_mamba_checkpoint(manager: Any, request_id: str) -> None:
         if column >= len(blocks) or _is_null_block(blocks[column]):
             raise _fail("MCKPT-1", f"request {request_id!r} group {group.group_id}: checkpoint at "
                         f"{position} reserved column {column} but the block there is null or missing")
+        block = blocks[column]
+        block_id = block.block_id if hasattr(block, "block_id") else block
+        if position != (column + 1) * group.block_size and \
+                manager.snapshot().pool.block_hashes[block_id] is not None:
+            raise _fail("MCKPT-3", f"request {request_id!r} group {group.group_id}: block {block_id} "
+                        f"holds the checkpoint at {position} but carries a full-block key")
+
+
+def check_offers_dropped(manager: Any, request_id: str) -> None:
+    """MOFF-1 after ``free``: no Mamba group still offers the request's blocks."""
+    for group in manager.coordinator.managers:
+        if any(offer[0] == request_id for offer in getattr(group, "offers", ())):
+            raise _fail("MOFF-1", f"group {group.group_id} still offers a block of freed request "
+                        f"{request_id!r}")

@@ -301,6 +301,8 @@ class Lockstep(RuleBasedStateMachine):
         """Finish a request, or preempt it (free now, re-admit from scratch later)."""
         pair = self.tracked[data.draw(st.sampled_from(self.running()), label="request")]
         self.each(lambda i, m: m.free(pair.requests[i]))
+        for index, manager in enumerate(self.managers):
+            postconditions.check_offers_dropped(manager, pair.requests[index].request_id)
         pair.known = False
         pair.set_computed(0)
         if finish:
