@@ -117,9 +117,9 @@ class MambaManager(SingleTypeManager):
         return (position, column) if column_free else None
 
     def hash_lookahead_tokens(self) -> int:
-        """Tokens past a block each block hash covers (lookahead hashing): the
-        pool carries the setting when the build has it, else there is none."""
-        return int(getattr(self.block_pool, "num_hash_lookahead_tokens", 0))
+        """Tokens past a block each block hash covers (lookahead hashing,
+        spec/hashing.md): a checkpoint keeps them inside the prompt."""
+        return self.block_pool.num_hash_lookahead_tokens
 
     def reserve_checkpoint(self, request_id: str, query_start: int, query_end: int,
                            prefill_end: int) -> None:
