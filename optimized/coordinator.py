@@ -28,6 +28,7 @@ from math import lcm
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request, RequestFacts, RequestView
 from pagedkv.spec.types import BlockHash
@@ -119,6 +120,16 @@ class KVCacheCoordinator:
                 alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval))
         self.managers: tuple[SingleTypeManager, ...] = tuple(managers)
+        # Prefill checkpoints land where vLLM would align hits (MCKPT-4).
+        self.mamba_managers: tuple[MambaManager, ...] = tuple(
+            manager for manager in managers if isinstance(manager, MambaManager))
+        self.partial_hash_hits = enable_caching and partial_hash_hits_configured(
+            [manager_kind_for(group.kv_cache_spec) for group in groups],
+            [group.kv_cache_spec for group in groups], self.block_sizes, hash_block_size)
+        for mamba in self.mamba_managers:
+            mamba.hash_block_size = hash_block_size
+            mamba.drop_eagle_checkpoint = use_eagle
+            mamba.cache_hit_alignment_tokens = hash_block_size if self.partial_hash_hits else self.alignment
         # Cross-attention groups count encoder tokens, the others decoder tokens.
         self.encoder_groups: tuple[bool, ...] = tuple(
             isinstance(manager, CrossAttentionManager) for manager in managers)
@@ -369,6 +380,22 @@ class KVCacheCoordinator:
                 num_total_computed_tokens, num_encoder_tokens if encoder else num_main_tokens,
                 num_external_computed_tokens)
         return total
+
+    def checkpoint_demand(self, request_id: str, query_start: int, query_end: int,
+                          prefill_end: int) -> int:
+        """Blocks the Mamba groups' prefill checkpoints add (MCKPT-1). Cost: O(Mamba groups)."""
+        demand = 0
+        for mamba in self.mamba_managers:
+            if mamba.checkpoint_for(request_id, query_start, query_end, prefill_end) is not None:
+                demand += 1
+        return demand
+
+    def reserve_checkpoints(self, request_id: str, query_start: int, query_end: int,
+                            prefill_end: int) -> None:
+        """Record each Mamba group's checkpoint for the allocation about to
+        run. Cost: O(Mamba groups)."""
+        for mamba in self.mamba_managers:
+            mamba.reserve_checkpoint(request_id, query_start, query_end, prefill_end)
 
     def full_sequence_demand(self, *, request_id: str, num_tokens: int,
                              new_computed_blocks: tuple[list[int], ...] | None,

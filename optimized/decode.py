@@ -68,6 +68,8 @@ def decode_probes(managers: Sequence[SingleTypeManager]) -> tuple[DecodeProbe, .
         elif kind is MambaManager:
             assert isinstance(manager, MambaManager)
             extra = block_size * manager.num_speculative_blocks
+            if manager.has_checkpoints:
+                return None  # every step records or forgets a prefill checkpoint (spec/mamba.md)
             if manager.mode == "align":
                 # A step that needs no block allocates none in align mode
                 # either; what align adds is the release of last step's

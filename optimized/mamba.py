@@ -16,6 +16,11 @@ Modes (``MambaSpec.mamba_cache_mode``):
 state cached during a step cannot serve a hit in that same step (its
 contents are written by the step): such an allocation is refused until
 ``new_step_starts``. The EAGLE rule does not apply to Mamba.
+
+Prefill checkpoints (align mode, ``MambaSpec.has_prefill_checkpoints``): a
+chunk may keep a real block at the worker's checkpoint column instead of a
+null one, for the state the worker exports at a hash boundary inside the
+chunk (spec/mamba.md, MCKPT-1..4).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.mamba_checkpoints import checkpoint_column, checkpoint_exportable, checkpoint_position
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
@@ -35,7 +41,9 @@ class MambaManager(SingleTypeManager):
     """One Mamba group; see the module docstring for the modes."""
 
     __slots__ = ("mode", "num_speculative_blocks", "cached_this_step", "last_state_block",
-                 "given_state")
+                 "given_state", "checkpoints", "has_checkpoints", "cache_hit_alignment_tokens",
+                 "hash_block_size", "drop_eagle_checkpoint",
+                 "caching_checkpoint", "offers")
 
     uses_eagle_rule = False
 
@@ -51,6 +59,18 @@ class MambaManager(SingleTypeManager):
         # the requests that have been given state blocks at least once.
         self.last_state_block: dict[str, int] = {}
         self.given_state: set[str] = set()
+        # Prefill checkpoints: request -> (position, column) of its latest
+        # allocation. The coordinator sets the alignment, the hash block
+        # size and whether EAGLE moves checkpoints one unit down.
+        self.checkpoints: dict[str, tuple[int, int]] = {}
+        self.has_checkpoints = self.enable_caching and spec.has_prefill_checkpoints
+        self.cache_hit_alignment_tokens = self.alignment
+        self.hash_block_size = 1
+        self.drop_eagle_checkpoint = False
+        # The checkpoint of the request ``cache_blocks`` is caching, for ``cache_mask``.
+        self.caching_checkpoint: tuple[int, int] | None = None
+        # Boundary states offered to a KV connector until taken (MOFF-1).
+        self.offers: list[tuple[str, int, int]] = []
 
     # ---------------------------------------------------------------- hits
 
@@ -70,10 +90,67 @@ class MambaManager(SingleTypeManager):
         return num_computed - 1
 
     def released_tokens(self, num_total_computed_tokens: int) -> int:
-        """With async scheduling the count may include draft tokens that get
-        rejected; assume they all are, so no state still needed is freed.
-        Cost: O(1)."""
-        return self.skipped_tokens(max(0, num_total_computed_tokens - self.num_speculative_blocks))
+        """The count is on the settled basis already (D-API-14): no further
+        discount for speculative tokens (D-MAMBA-3). Cost: O(1)."""
+        return self.skipped_tokens(num_total_computed_tokens)
+
+    # ------------------------------------------------ prefill checkpoints
+
+    def checkpoint_for(self, request_id: str, query_start: int, query_end: int,
+                       prefill_end: int) -> tuple[int, int] | None:
+        """The (position, column) the chunk ``[query_start, query_end)``
+        reserves, or ``None`` (MCKPT-1). Cost: O(1)."""
+        if not self.has_checkpoints or (self.retention_interval == 0 and query_end < prefill_end):
+            return None
+        block_size = self.block_size
+        column = checkpoint_column(query_end, block_size)
+        if column < 0:
+            return None
+        position = checkpoint_position(query_end, self.cache_hit_alignment_tokens,
+                                       self.drop_eagle_checkpoint, self.hash_lookahead_tokens())
+        spec = self.kv_cache_spec
+        assert isinstance(spec, MambaSpec)
+        if not checkpoint_exportable(query_start=query_start, query_end=query_end, position=position,
+                                     hash_block_size=self.hash_block_size, block_size=block_size,
+                                     export_alignment=spec.prefill_checkpoint_alignment):
+            return None
+        blocks = self.req_to_blocks.get(request_id)
+        if (blocks is None or column >= len(blocks) or not blocks[column]
+                or (column >= len(blocks) - self.num_speculative_blocks
+                    and request_id in self.given_state)):
+            return position, column
+        return None
+
+    def hash_lookahead_tokens(self) -> int:
+        """Tokens past a block each block hash covers (lookahead hashing,
+        spec/hashing.md): a checkpoint keeps them inside the prompt."""
+        return self.block_pool.num_hash_lookahead_tokens
+
+    def reserve_checkpoint(self, request_id: str, query_start: int, query_end: int,
+                           prefill_end: int) -> None:
+        """Record this allocation's checkpoint, or forget the last one. Cost: O(1)."""
+        found = self.checkpoint_for(request_id, query_start, query_end, prefill_end)
+        if found is not None:
+            self.checkpoints[request_id] = found
+        elif self.checkpoints:
+            self.checkpoints.pop(request_id, None)
+
+    def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
+        """The base mask, less a checkpoint column whose position is not its
+        block's end: its full-block key would name the wrong state
+        (D-MAMBA-12). Cost: O(1), or O(blocks) when a column is masked."""
+        mask = super().cache_mask(request, num_cached, num_full)
+        found = self.caching_checkpoint
+        if found is None:
+            return mask
+        position, column = found
+        if position % self.block_size == 0 and position // self.block_size == column + 1:
+            return mask
+        if column < num_cached or column >= num_full:
+            return mask
+        result = [True] * (num_full - num_cached) if mask is None else list(mask)
+        result[column - num_cached] = False
+        return result
 
     # ---------------------------------------------------------- allocation
 
@@ -122,7 +199,8 @@ class MambaManager(SingleTypeManager):
         blocks = self.req_to_blocks[request_id]
         spec_blocks = self.num_speculative_blocks
         required = -(-num_main_tokens // self.block_size) + spec_blocks
-        if required <= len(blocks):
+        checkpoint = 1 if request_id in self.checkpoints else 0
+        if required <= len(blocks) and not checkpoint:
             return []
         previous_len = len(blocks)
         given_before = request_id in self.given_state
@@ -132,7 +210,8 @@ class MambaManager(SingleTypeManager):
         elif previous_len > 0:
             # A hit: its last block holds the state to continue from.
             self.last_state_block[request_id] = previous_len - 1
-        num_padded = required - spec_blocks - 1
+        # A reserved checkpoint column gets a real block, not padding.
+        num_padded = required - spec_blocks - 1 - checkpoint
         if num_padded > previous_len:
             blocks.extend([0] * (num_padded - previous_len))
         if given_before:
@@ -152,7 +231,7 @@ class MambaManager(SingleTypeManager):
         super().remove_skipped_blocks(request_id, num_total_computed_tokens)
         if self.mode != "align":
             return
-        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
+        num_computed = num_total_computed_tokens  # settled basis (D-MAMBA-3)
         last = self.last_state_block.get(request_id)
         if last is not None and last < -(-num_computed // self.block_size) - 1:
             blocks = self.req_to_blocks[request_id]
@@ -170,17 +249,35 @@ class MambaManager(SingleTypeManager):
         if self.mode == "none":
             return
         before = self.num_cached_blocks[request_id]
-        super().cache_blocks(request, view, request_id, num_tokens)
+        self.caching_checkpoint = self.checkpoints.get(request_id) if self.checkpoints else None
+        try:
+            super().cache_blocks(request, view, request_id, num_tokens)
+        finally:
+            self.caching_checkpoint = None
         hashes = self.block_pool.block_hashes
         added = self.cached_this_step.add
-        for block in self.req_to_blocks[request_id][before:self.num_cached_blocks[request_id]]:
+        offer = self.offers.append if self.mode == "align" else None
+        blocks = self.req_to_blocks[request_id]
+        block_size = self.block_size
+        for position in range(before, self.num_cached_blocks[request_id]):
+            block = blocks[position]
             block_hash = hashes[block]
             if block and block_hash is not None:
                 added(block_hash)
+                if offer is not None:
+                    offer((request_id, block, (position + 1) * block_size))
+
+    def take_offers(self) -> list[tuple[str, int, int]]:
+        """The boundary states offered since the last call, oldest first. Cost: O(1)."""
+        offers, self.offers = self.offers, []
+        return offers
 
     def release(self, request_id: str) -> None:
         """Forget the request's state bookkeeping, then release its blocks.
-        Cost: O(blocks held)."""
+        Cost: O(blocks held + offers pending)."""
+        if self.offers:  # the blocks go back to the pool: drop their offers (MOFF-1)
+            self.offers = [offer for offer in self.offers if offer[0] != request_id]
+        self.checkpoints.pop(request_id, None)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
         super().release(request_id)

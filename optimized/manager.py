@@ -301,6 +301,11 @@ class KVCacheManager:
                 num_total_computed_tokens=total, num_main_tokens=main,
                 num_encoder_tokens=num_encoder_tokens,
                 num_external_computed_tokens=num_external_computed_tokens)
+            # Prefill checkpoints (spec/mamba.md): the chunk is [total, main).
+            mamba_checkpoints = coordinator.mamba_managers
+            if mamba_checkpoints:
+                prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+                demand += coordinator.checkpoint_demand(request_id, total, main, prefill_end)
             if full_sequence_must_fit:
                 whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
                 demand = max(demand, coordinator.full_sequence_demand(
@@ -314,6 +319,8 @@ class KVCacheManager:
                                   num_local_computed_tokens=local,
                                   num_external_computed_tokens=num_external_computed_tokens)
             # 7. Allocate.
+            if mamba_checkpoints:
+                coordinator.reserve_checkpoints(request_id, total, main, prefill_end)
             new_blocks = coordinator.allocate_new_blocks(
                 request_id=request_id, num_tokens=need, num_main_tokens=main,
                 num_encoder_tokens=num_encoder_tokens)
@@ -469,6 +476,16 @@ class KVCacheManager:
             return None
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba ``align`` boundary states cached since the last call, for a KV
+        connector to offload: request id -> ``(group id, block id, tokens)``
+        by group, then oldest first (spec/mamba.md, MOFF-1). Cost: O(groups + offers)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for group in self.coordinator.mamba_managers:
+            for request_id, block, num_tokens in group.take_offers():
+                offloads.setdefault(request_id, []).append((group.group_id, block, num_tokens))
+        return offloads
 
     def new_step_starts(self) -> None:
         """Per-step hook (no-op for full attention). Cost: O(groups)."""

@@ -24,6 +24,7 @@ from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
+from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 
@@ -80,6 +81,16 @@ class KVCacheCoordinator:
                 spec, block_pool=self.block_pool, group_id=group_id, block_size=block_size,
                 enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval, admission_cap=cap))
+        # Prefill checkpoints land on the alignment vLLM would give hits
+        # (MCKPT-4): the hash block with sub-block hits configured, else ours.
+        self.partial_hash_hits = enable_caching and partial_hash_hits_configured(
+            [manager_kind_for(group.kv_cache_spec) for group in groups],
+            [group.kv_cache_spec for group in groups], self.block_sizes, hash_block_size)
+        for manager in self.managers:
+            if isinstance(manager, MambaManager):
+                manager.hash_block_size = hash_block_size
+                manager.cache_hit_alignment_tokens = (
+                    hash_block_size if self.partial_hash_hits else self.alignment)
         self.known: set[str] = set()
         # Tokens a multi-module drafter re-prefills (num_prefill_lookahead - 1),
         # never cached (D-HASH-12); the facade sets it.
@@ -112,6 +123,19 @@ class KVCacheCoordinator:
             num_total_computed_tokens, self._tokens_for(manager, num_main_tokens, num_encoder_tokens),
             num_external_computed_tokens)
             for manager, hits in zip(self.managers, new_computed_blocks))
+
+    def checkpoint_demand(self, request_id: str, query_start: int, query_end: int,
+                          prefill_end: int) -> int:
+        """Blocks the Mamba groups' prefill checkpoints add to an allocation (MCKPT-1)."""
+        return sum(1 for manager in self.managers if isinstance(manager, MambaManager)
+                   and manager.checkpoint_for(request_id, query_start, query_end, prefill_end) is not None)
+
+    def reserve_checkpoints(self, request_id: str, query_start: int, query_end: int,
+                            prefill_end: int) -> None:
+        """Record each Mamba group's checkpoint for the allocation about to run."""
+        for manager in self.managers:
+            if isinstance(manager, MambaManager):
+                manager.reserve_checkpoint(request_id, query_start, query_end, prefill_end)
 
     def full_sequence_demand(self, *, request_id: str, num_tokens: int,
                              new_computed_blocks: Sequence[Sequence[KVCacheBlock]],

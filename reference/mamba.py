@@ -9,6 +9,10 @@ Modes (``MambaSpec.mamba_cache_mode``):
   forward each step; the previous step's block is released once the copy no
   longer needs it.
 ``num_speculative_blocks`` extra blocks hold draft states (MTP/EAGLE).
+With prefill checkpoints (``MambaSpec.has_prefill_checkpoints``) a chunk
+may also reserve the block at the worker's checkpoint column, where the
+worker exports the state at a hash boundary inside the chunk
+(spec/mamba.md, MCKPT-1..3).
 A state cached during a step cannot serve a hit in that same step (its
 contents are written by the step), so such a hit is refused until
 ``new_step_starts``.
@@ -23,6 +27,7 @@ from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
+from pagedkv.spec.mamba_checkpoints import checkpoint_column, checkpoint_exportable, checkpoint_position
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash, BlockHashWithGroupId
 
@@ -50,6 +55,18 @@ class MambaManager(SingleTypeManager):
         # the requests that have been given state blocks at least once.
         self.last_state_block: dict[str, int] = {}
         self.given_state: set[str] = set()
+        # Prefill checkpoints: request -> (position, column) reserved by its
+        # latest allocation (MCKPT-1). The coordinator sets the alignment
+        # and hash block size; EAGLE moves checkpoints one unit down.
+        self.checkpoints: dict[str, tuple[int, int]] = {}
+        self.cache_hit_alignment_tokens = alignment
+        self.hash_block_size = 1
+        self.drop_eagle_checkpoint = use_eagle
+        # The checkpoint of the request ``cache_blocks`` is caching, for ``cache_mask``.
+        self.caching_checkpoint: tuple[int, int] | None = None
+        # Boundary states offered to a KV connector, oldest first, until taken
+        # (MOFF-1): (request id, block, tokens the state follows).
+        self.offers: list[tuple[str, KVCacheBlock, int]] = []
 
     # -- hits ---------------------------------------------------------------------
 
@@ -67,9 +84,66 @@ class MambaManager(SingleTypeManager):
         return num_computed - 1
 
     def released_tokens(self, num_total_computed_tokens: int) -> int:
-        # With async scheduling the count may include draft tokens that get
-        # rejected; assume they all are, so no state still needed is freed.
-        return self.skipped_tokens(max(0, num_total_computed_tokens - self.num_speculative_blocks))
+        # The count is already on the settled basis (in-flight tokens, draft
+        # ones included, are left out by the caller: D-API-14), so no
+        # further discount for speculative tokens (D-MAMBA-3).
+        return self.skipped_tokens(num_total_computed_tokens)
+
+    # -- prefill checkpoints ----------------------------------------------------------
+
+    def checkpoint_for(self, request_id: str, query_start: int, query_end: int,
+                       prefill_end: int) -> tuple[int, int] | None:
+        """The (position, column) a chunk ``[query_start, query_end)`` reserves, or
+        ``None`` (MCKPT-1): the worker exports there, the column is free for it,
+        and under retention interval 0 only the chunk reaching ``prefill_end`` does."""
+        spec = self.kv_cache_spec
+        assert isinstance(spec, MambaSpec)
+        if not self.enable_caching or not spec.has_prefill_checkpoints:
+            return None
+        if self.retention_interval == 0 and query_end < prefill_end:
+            return None
+        position = checkpoint_position(query_end, self.cache_hit_alignment_tokens,
+                                       self.drop_eagle_checkpoint, self.hash_lookahead_tokens())
+        column = checkpoint_column(query_end, self.block_size)
+        if column < 0 or not checkpoint_exportable(
+                query_start=query_start, query_end=query_end, position=position,
+                hash_block_size=self.hash_block_size, block_size=self.block_size,
+                export_alignment=spec.prefill_checkpoint_alignment):
+            return None
+        blocks = self.req_to_blocks.get(request_id, [])
+        column_free = (column >= len(blocks) or blocks[column].is_null
+                       or (request_id in self.given_state
+                           and column >= len(blocks) - self.num_speculative_blocks))
+        return (position, column) if column_free else None
+
+    def hash_lookahead_tokens(self) -> int:
+        """Tokens past a block each block hash covers (lookahead hashing,
+        spec/hashing.md): a checkpoint keeps them inside the prompt."""
+        return self.block_pool.num_hash_lookahead_tokens
+
+    def reserve_checkpoint(self, request_id: str, query_start: int, query_end: int,
+                           prefill_end: int) -> None:
+        """Record this allocation's checkpoint (or that it has none)."""
+        found = self.checkpoint_for(request_id, query_start, query_end, prefill_end)
+        if found is None:
+            self.checkpoints.pop(request_id, None)
+        else:
+            self.checkpoints[request_id] = found
+
+    def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
+        # A checkpoint block holds the state at its checkpoint position; when
+        # that is not the block's own end its full-block key would name the
+        # wrong state, so the block is not published (D-MAMBA-12).
+        mask = super().cache_mask(request, num_cached, num_full)
+        found = self.caching_checkpoint
+        if found is None:
+            return mask
+        position, column = found
+        if position == (column + 1) * self.block_size or not num_cached <= column < num_full:
+            return mask
+        mask = [True] * (num_full - num_cached) if mask is None else list(mask)
+        mask[column - num_cached] = False
+        return mask
 
     # -- allocation -----------------------------------------------------------------
 
@@ -92,6 +166,8 @@ class MambaManager(SingleTypeManager):
         num_new = required - len(new_computed_blocks) - held
         if num_new > 0:
             num_new = 1 if request_id in self.given_state else 1 + self.num_speculative_blocks
+        # (A prefill checkpoint's extra block is counted by the coordinator,
+        # ``checkpoint_for``: a chunk that reserves one always needs two state blocks.)
         # A new request's externally computed tokens get blocks at admission
         # (``allocate_external``) before the state blocks: count them too, or
         # the allocation could run dry halfway (D-MAMBA-5).
@@ -110,7 +186,8 @@ class MambaManager(SingleTypeManager):
         blocks = self.req_to_blocks[request_id]
         spec_blocks = self.num_speculative_blocks
         required = rules.cdiv(num_main_tokens, self.block_size) + spec_blocks
-        if required <= len(blocks):
+        checkpoint = int(request_id in self.checkpoints)
+        if required <= len(blocks) and not checkpoint:
             return []
         previous_len = len(blocks)
         given_before = request_id in self.given_state
@@ -120,7 +197,8 @@ class MambaManager(SingleTypeManager):
         elif previous_len > 0:
             # A hit: its last block holds the state to continue from.
             self.last_state_block[request_id] = previous_len - 1
-        num_padded = required - spec_blocks - 1
+        # A reserved checkpoint column is not padded: it gets a real block.
+        num_padded = required - spec_blocks - 1 - checkpoint
         blocks.extend([self.block_pool.null_block] * max(0, num_padded - previous_len))
         if given_before:
             # Move last step's speculative blocks past the padding so they are reused.
@@ -137,7 +215,7 @@ class MambaManager(SingleTypeManager):
         super().remove_skipped_blocks(request_id, num_total_computed_tokens)
         if self.mode != "align":
             return
-        num_computed = max(0, num_total_computed_tokens - self.num_speculative_blocks)
+        num_computed = num_total_computed_tokens  # settled basis (D-MAMBA-3)
         last = self.last_state_block.get(request_id)
         if last is not None and last < rules.cdiv(num_computed, self.block_size) - 1:
             blocks = self.req_to_blocks[request_id]
@@ -156,12 +234,29 @@ class MambaManager(SingleTypeManager):
         if self.mode == "none":
             return
         before = self.num_cached_blocks[request_id]
-        super().cache_blocks(request, block_hashes, request_id, num_tokens)
-        for block in self.req_to_blocks[request_id][before:self.num_cached_blocks[request_id]]:
+        self.caching_checkpoint = self.checkpoints.get(request_id)
+        try:
+            super().cache_blocks(request, block_hashes, request_id, num_tokens)
+        finally:
+            self.caching_checkpoint = None
+        after = self.num_cached_blocks[request_id]
+        for position in range(before, after):
+            block = self.req_to_blocks[request_id][position]
             if not block.is_null and block.block_hash is not None:
                 self.cached_this_step.add(block.block_hash)
+                if self.mode == "align":
+                    self.offers.append((request_id, block, (position + 1) * self.block_size))
+
+    def take_offers(self) -> list[tuple[str, KVCacheBlock, int]]:
+        """The boundary states offered since the last call, oldest first."""
+        offers, self.offers = self.offers, []
+        return offers
 
     def release(self, request_id: str) -> None:
+        # Its blocks go back to the pool: an offer not yet taken would name a
+        # block another request may be handed next (MOFF-1).
+        self.offers = [offer for offer in self.offers if offer[0] != request_id]
+        self.checkpoints.pop(request_id, None)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
         super().release(request_id)

@@ -16,6 +16,7 @@ from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
 from pagedkv.reference.hasher import make_block_hasher
+from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.recovery import recover
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
@@ -215,6 +216,9 @@ class KVCacheManager:
             num_total_computed_tokens=total, num_main_tokens=main,
             num_encoder_tokens=num_encoder_tokens,
             num_external_computed_tokens=num_external_computed_tokens)
+        # Prefill checkpoints (spec/mamba.md): the chunk is [total, main).
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        demand += coordinator.checkpoint_demand(request_id, total, main, prefill_end)
         if full_sequence_must_fit:
             whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
             demand = max(demand, coordinator.full_sequence_demand(
@@ -228,6 +232,7 @@ class KVCacheManager:
                               num_local_computed_tokens=local,
                               num_external_computed_tokens=num_external_computed_tokens)
         # 7. Allocate.
+        coordinator.reserve_checkpoints(request_id, total, main, prefill_end)
         new_blocks = coordinator.allocate_new_blocks(
             request_id=request_id, num_tokens=need, num_main_tokens=main,
             num_encoder_tokens=num_encoder_tokens)
@@ -328,6 +333,17 @@ class KVCacheManager:
             return None
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba ``align`` boundary states cached since the last call, for a KV
+        connector to offload: request id -> ``(group id, block id, tokens)``
+        by group, then oldest first (spec/mamba.md, MOFF-1)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for group in self.coordinator.managers:
+            if isinstance(group, MambaManager):
+                for request_id, block, num_tokens in group.take_offers():
+                    offloads.setdefault(request_id, []).append((group.group_id, block.block_id, num_tokens))
+        return offloads
 
     def new_step_starts(self) -> None:
         """A scheduler step begins: Mamba groups may serve states cached in

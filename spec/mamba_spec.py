@@ -40,6 +40,12 @@ class MambaSpec(KVCacheSpec):
     - ``mamba_cache_mode``: one of ``MAMBA_CACHE_MODES``.
     - ``num_speculative_blocks``: extra state blocks kept for speculative
       decoding steps.
+    - ``num_prefill_checkpoint_blocks``: ``> 0`` (mode ``align`` only) lets a
+      prefill chunk reserve one extra state block so the worker can export
+      the state at a hash boundary inside the chunk (spec/mamba.md, MCKPT-1).
+    - ``prefill_checkpoint_alignment``: the token step, counted from the
+      chunk start, at which the backend can export such a state; ``None``
+      means it cannot, and no checkpoint is reserved.
     - ``page_size_padded`` (keyword only): pad the page to this many bytes so
       that it matches the attention layers' pages (CFG-15).
     """
@@ -49,6 +55,8 @@ class MambaSpec(KVCacheSpec):
     mamba_type: str = "mamba2"
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
     page_size_padded: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -86,6 +94,12 @@ class MambaSpec(KVCacheSpec):
             raise InvalidConfigError(
                 "MambaSpec.num_speculative_blocks must be an int >= 0, "
                 f"got {self.num_speculative_blocks!r}")
+        if type(self.num_prefill_checkpoint_blocks) is not int or self.num_prefill_checkpoint_blocks < 0:
+            raise InvalidConfigError(
+                "MambaSpec.num_prefill_checkpoint_blocks must be an int >= 0, "
+                f"got {self.num_prefill_checkpoint_blocks!r}")
+        if self.prefill_checkpoint_alignment is not None:
+            _positive(self, "prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
         if self.page_size_padded is not None:
             _positive(self, "page_size_padded", self.page_size_padded)
             if self.page_size_padded < self.real_page_size_bytes:
@@ -114,4 +128,11 @@ class MambaSpec(KVCacheSpec):
         return blocks * self.page_size_bytes
 
     def token_slot_key(self) -> object:
-        return (self.mamba_cache_mode, self.num_speculative_blocks)
+        return (self.mamba_cache_mode, self.num_speculative_blocks,
+                self.num_prefill_checkpoint_blocks, self.prefill_checkpoint_alignment)
+
+    @property
+    def has_prefill_checkpoints(self) -> bool:
+        """Whether a prefill chunk may reserve a checkpoint block (MCKPT-1)."""
+        return (self.mamba_cache_mode == "align" and self.num_prefill_checkpoint_blocks > 0
+                and self.prefill_checkpoint_alignment is not None)

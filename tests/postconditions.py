@@ -150,7 +150,7 @@ def check_allocation(manager: Any, request_id: str, num_total_computed: int, num
                 raise _fail("SKIP-1", f"request {request_id!r} group {group_id} still holds {blocks[:dead]} "
                             f"in the {dead} blocks {num_total_computed} computed tokens skip")
         if isinstance(spec, MambaSpec) and spec.mamba_cache_mode in ("none", "all"):
-            dead = min(len(blocks), (max(0, num_total_computed - spec.num_speculative_blocks) - 1) // block_size)
+            dead = min(len(blocks), (num_total_computed - 1) // block_size)
             if any(block != NULL for block in blocks[:max(0, dead)]):
                 raise _fail("MAMBA-1", f"request {request_id!r} group {group_id} holds old states "
                             f"{blocks[:dead]} after {num_total_computed} computed tokens")
@@ -162,3 +162,43 @@ def check_allocation(manager: Any, request_id: str, num_total_computed: int, num
                 invariant = "SWA-1" if isinstance(spec, SlidingWindowSpec) else "CHUNK-1"
                 raise _fail(invariant, f"request {request_id!r} group {group_id} holds {held} blocks, "
                             f"over its admission cap {cap}")
+
+
+def _is_null_block(block: Any) -> bool:
+    """The null block in either representation (an object, or block id 0)."""
+    return bool(block.is_null) if hasattr(block, "is_null") else block == 0
+
+
+def mamba_checkpoints(manager: Any) -> list[dict[str, tuple[int, int]]]:
+    """Each Mamba group's prefill-checkpoint table (spec/mamba.md), for comparison."""
+    return [dict(group.checkpoints) for group in manager.coordinator.managers
+            if hasattr(group, "checkpoints")]
+
+
+def check_mamba_checkpoint(manager: Any, request_id: str) -> None:
+    """MCKPT-1 right after an allocation: a recorded checkpoint names a real
+    block at its column; MCKPT-3: a checkpoint inside its block is not
+    published under the block's full-block key."""
+    for group in manager.coordinator.managers:
+        found = getattr(group, "checkpoints", {}).get(request_id)
+        if found is None:
+            continue
+        position, column = found
+        blocks = group.req_to_blocks[request_id]
+        if column >= len(blocks) or _is_null_block(blocks[column]):
+            raise _fail("MCKPT-1", f"request {request_id!r} group {group.group_id}: checkpoint at "
+                        f"{position} reserved column {column} but the block there is null or missing")
+        block = blocks[column]
+        block_id = block.block_id if hasattr(block, "block_id") else block
+        if position != (column + 1) * group.block_size and \
+                manager.snapshot().pool.block_hashes[block_id] is not None:
+            raise _fail("MCKPT-3", f"request {request_id!r} group {group.group_id}: block {block_id} "
+                        f"holds the checkpoint at {position} but carries a full-block key")
+
+
+def check_offers_dropped(manager: Any, request_id: str) -> None:
+    """MOFF-1 after ``free``: no Mamba group still offers the request's blocks."""
+    for group in manager.coordinator.managers:
+        if any(offer[0] == request_id for offer in getattr(group, "offers", ())):
+            raise _fail("MOFF-1", f"group {group.group_id} still offers a block of freed request "
+                        f"{request_id!r}")

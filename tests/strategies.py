@@ -168,9 +168,17 @@ def group_spec(draw: st.DrawFn, kind: str) -> KVCacheSpec:
         return ChunkedLocalAttentionSpec(block_size, 1, 8, "float16",
                                          attention_chunk_size=block_size * draw(st.integers(1, 3)))
     if kind == "mamba":
-        return MambaSpec(block_size, shapes=((2,),), dtypes=("float16",),
-                         mamba_cache_mode=draw(st.sampled_from(["all"] * 4 + ["align"] * 3 + ["none"])),
-                         num_speculative_blocks=draw(st.integers(0, 2)))
+        # Prefill checkpoints (spec/mamba.md) need align mode and chunks of
+        # two blocks or more; a Mamba block of 8 over hash blocks of 2 also
+        # draws checkpoints inside a block (MCKPT-4).
+        mode = draw(st.sampled_from(["all"] * 4 + ["align"] * 3 + ["none"]))
+        checkpoints = mode == "align" and draw(st.booleans())
+        return MambaSpec(draw(st.sampled_from([2, 4, 8])) if checkpoints else block_size,
+                         shapes=((2,),), dtypes=("float16",), mamba_cache_mode=mode,
+                         num_speculative_blocks=draw(st.integers(0, 2)),
+                         num_prefill_checkpoint_blocks=int(checkpoints),
+                         prefill_checkpoint_alignment=draw(st.sampled_from([None, 1, 2, 4]))
+                         if checkpoints else None)
     if kind == "cross_attention":
         return CrossAttentionSpec(block_size, 1, 8, "float16")
     assert kind == "sink", kind

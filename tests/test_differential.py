@@ -166,6 +166,7 @@ class Lockstep(RuleBasedStateMachine):
                 assert state == first_state, _diff(names[0], first_state, name, state)
                 assert manager.usage == first.usage
                 assert manager.block_pool.get_num_free_blocks() == first.block_pool.get_num_free_blocks()
+                assert postconditions.mamba_checkpoints(manager) == postconditions.mamba_checkpoints(first)
             manager.check_invariants()
             postconditions.check_position_keys(manager, [pair.requests[index] for pair in known])
 
@@ -199,6 +200,11 @@ class Lockstep(RuleBasedStateMachine):
                 postconditions.check_block_hashes(request, options["hash_fn"], hash_block_size,
                                                   options.get("hash_seed"),
                                                   options.get("num_hash_lookahead_tokens", 0))
+
+    def check_checkpoints(self, pair: Tracked) -> None:
+        """MCKPT-1 after a successful allocation, in every implementation."""
+        for index, manager in enumerate(self.managers):
+            postconditions.check_mamba_checkpoint(manager, pair.requests[index].request_id)
 
     def check_allocation(self, pair: Tracked, total_computed: int, num_new_tokens: int, lookahead: int) -> None:
         for index, manager in enumerate(self.managers):
@@ -249,6 +255,7 @@ class Lockstep(RuleBasedStateMachine):
         if out[0] is not None:
             pair.known = True
             self.check_allocation(pair, hit_tokens + external, chunk, lookahead)
+            self.check_checkpoints(pair)
             pair.set_computed(hit_tokens + external + chunk)
 
     @precondition(lambda self: bool(self.computing()))
@@ -268,6 +275,7 @@ class Lockstep(RuleBasedStateMachine):
         # The in-flight tokens widen the live window like new ones (SWA-1 cap).
         self.check_allocation(pair, max(0, pair.num_computed - in_flight), chunk + in_flight, lookahead)
         if out[0] is not None:
+            self.check_checkpoints(pair)
             pair.set_computed(pair.num_computed + chunk)
 
     @precondition(lambda self: bool(self.sampling()))
@@ -293,6 +301,8 @@ class Lockstep(RuleBasedStateMachine):
         """Finish a request, or preempt it (free now, re-admit from scratch later)."""
         pair = self.tracked[data.draw(st.sampled_from(self.running()), label="request")]
         self.each(lambda i, m: m.free(pair.requests[i]))
+        for index, manager in enumerate(self.managers):
+            postconditions.check_offers_dropped(manager, pair.requests[index].request_id)
         pair.known = False
         pair.set_computed(0)
         if finish:
@@ -330,6 +340,13 @@ class Lockstep(RuleBasedStateMachine):
         for manager in self.managers:  # MAMBA-2: nothing is remembered across steps
             for group in manager.coordinator.managers:
                 assert not getattr(group, "cached_this_step", ()), "MAMBA-2: states kept past new_step_starts()"
+
+    @precondition(lambda self: self.has_mamba)
+    @rule()
+    def take_boundary_state_offloads(self) -> None:
+        """A KV connector drains the Mamba boundary-state offers (MOFF-1):
+        the same requests, groups, block ids and token counts everywhere."""
+        self.each(lambda i, m: m.take_boundary_state_offloads())
 
     @precondition(lambda self: self.setup.options["log_stats"])
     @rule()

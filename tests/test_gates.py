@@ -312,6 +312,43 @@ def _check_reordered_hashes(manager: Any, request: Any) -> None:
     postconditions.check_block_hashes(request, "sha256", manager.hash_block_size, None)
 
 
+def _checkpoint_manager(manager: Any) -> tuple[Any, Surgery, Any]:
+    """A Mamba prefill-checkpoint model (spec/examples.md §7a) of ``manager``'s
+    implementation, after a 64-token chunk that reserved ``(48, 0)``."""
+    implementation = next(module for module in IMPLEMENTATIONS.values()
+                          if isinstance(manager, module.KVCacheManager))
+    mamba = MambaSpec(32, shapes=((2,),), dtypes=("float16",), mamba_cache_mode="align",
+                      num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=16)
+    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(16, 1, 8, "float16")),
+              KVCacheGroupSpec(("mamba",), mamba))
+    checkpointed = implementation.KVCacheManager(KVCacheConfig(40, (), groups), 1024, hash_block_size=16)
+    request = checkpointed.make_request("a", list(range(104)))
+    assert checkpointed.allocate_slots(request, 64) is not None
+    postconditions.check_mamba_checkpoint(checkpointed, "a")  # the honest state passes
+    return checkpointed, Surgery(checkpointed), request
+
+
+def _check_checkpoint_column_nulled(manager: Any, request: Any) -> None:
+    checkpointed, surgery, _ = _checkpoint_manager(manager)
+    surgery.put(1, 0, 0)
+    postconditions.check_mamba_checkpoint(checkpointed, "a")
+
+
+def _check_checkpoint_published(manager: Any, request: Any) -> None:
+    checkpointed, surgery, _ = _checkpoint_manager(manager)
+    surgery.set_key(surgery.ids(1)[0], b"planted", 1)
+    postconditions.check_mamba_checkpoint(checkpointed, "a")
+
+
+def _check_offer_kept_after_free(manager: Any, request: Any) -> None:
+    checkpointed, surgery, request = _checkpoint_manager(manager)
+    checkpointed.free(request)
+    postconditions.check_offers_dropped(checkpointed, "a")  # the honest free drops them
+    group = surgery.groups[1]
+    group.offers.append(("a", surgery.pool.blocks[1] if surgery.is_reference else 1, 32))
+    postconditions.check_offers_dropped(checkpointed, "a")
+
+
 POSTCONDITION_CORRUPTIONS: dict[str, tuple[Callable[[Surgery], None], Callable[[Any, Any], None]]] = {
     "REQ-7": (_swap_first_full_blocks, lambda m, r: postconditions.check_position_keys(m, [r])),
     "HASH-1": (lambda s: None, _check_reordered_hashes),
@@ -320,6 +357,9 @@ POSTCONDITION_CORRUPTIONS: dict[str, tuple[Callable[[Surgery], None], Callable[[
     "MAMBA-1": (_real_block_in_dead_position(MAMBA), _check_allocation),
     "SWA-1": (_over_the_cap(SWA), _check_allocation),
     "CHUNK-1": (_over_the_cap(CHUNK), _check_allocation),
+    "MCKPT-1": (lambda s: None, _check_checkpoint_column_nulled),
+    "MCKPT-3": (lambda s: None, _check_checkpoint_published),
+    "MOFF-1": (lambda s: None, _check_offer_kept_after_free),
 }
 
 

@@ -39,6 +39,10 @@ class UnsupportedVllmSpecError(InvalidConfigError):
     """A vLLM KV cache spec kind pagedkv does not manage (yet)."""
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _dtype(value: Any) -> str:
     name = str(value).removeprefix("torch.")
     return name if name in DTYPE_SIZES else "float16"
@@ -103,7 +107,11 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
                              len(shapes) - len(dtypes)),
                          mamba_type=str(getattr(spec, "mamba_type", "mamba2")) or "mamba2",
                          mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
-                         num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0)))
+                         num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0)),
+                         num_prefill_checkpoint_blocks=int(
+                             getattr(spec, "num_prefill_checkpoint_blocks", 0) or 0),
+                         prefill_checkpoint_alignment=_optional_int(
+                             getattr(spec, "prefill_checkpoint_alignment", None)))
     raise UnsupportedVllmSpecError(
         f"pagedkv has no manager for vLLM's {kind} (KV cache group spec {spec!r})")
 

@@ -80,8 +80,11 @@ class CoordinatorView:
         self.core = core
         self.block_pool = pool
         self.kv_cache_config = vllm_config
+        from .mamba import MambaManagerView, CoreMambaManager  # the Mamba views build on this module
         self.single_type_managers: tuple[GroupManagerView, ...] = tuple(
-            _compat.posing_as(GroupManagerView, _compat.vllm_manager_class(group))(
+            _compat.posing_as(
+                MambaManagerView if isinstance(manager, CoreMambaManager) else GroupManagerView,
+                _compat.vllm_manager_class(group))(
                 manager, group.kv_cache_spec, group_id, pool, dcp_world_size)
             for group_id, (manager, group) in enumerate(
                 zip(core.managers, vllm_config.kv_cache_groups)))

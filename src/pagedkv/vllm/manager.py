@@ -389,8 +389,8 @@ class KVCacheManager:
         return [], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba boundary-state offloads: not in pagedkv, so none."""
-        return {}
+        """Mamba ``align`` boundary states cached since the last call (the core's, MOFF-1)."""
+        return self._core.take_boundary_state_offloads()
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
         """Mamba partial-tail offloads: not in pagedkv, so none."""

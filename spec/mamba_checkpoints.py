@@ -1,0 +1,80 @@
+"""Mamba prefill checkpoints: where a chunk's exported state lands (spec/mamba.md).
+
+These are the contract with the worker, not a manager rule: the worker
+exports a Mamba state at the position these functions name, into the block
+at the column they name, and the manager must have reserved exactly that
+block (MCKPT-1) or left the column null (MCKPT-2). Both implementations
+read them from here so the two sides of the contract cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.spec.kv_cache_spec import KVCacheSpec
+from pagedkv.spec.mamba_spec import MambaSpec
+
+__all__ = ["checkpoint_position", "checkpoint_column", "checkpoint_exportable",
+           "partial_hash_hits_configured", "FINE_GRAINED_KINDS"]
+
+
+def checkpoint_position(num_tokens: int, alignment: int, drop_eagle_block: bool,
+                        num_hash_lookahead_tokens: int = 0) -> int:
+    """The last reusable state boundary strictly inside the first ``num_tokens``.
+
+    A boundary is a multiple of ``alignment`` (the cache-hit alignment). It
+    must leave at least one token to recompute the logits from, and as many
+    as the hash lookahead needs to key it; with EAGLE the drafter re-reads
+    one more alignment unit, so the boundary moves one unit down (D-MAMBA-11).
+    """
+    if drop_eagle_block:
+        return max(num_tokens // alignment * alignment - alignment, 0)
+    limit = num_tokens - max(1, num_hash_lookahead_tokens)
+    return max(limit // alignment * alignment, 0)
+
+
+def checkpoint_column(query_end: int, block_size: int) -> int:
+    """The block index the worker writes a chunk's checkpoint into: the one
+    just before the block holding the running state at ``query_end``."""
+    return -(-query_end // block_size) - 2
+
+
+def checkpoint_exportable(*, query_start: int, query_end: int, position: int, hash_block_size: int,
+                          block_size: int, export_alignment: int | None) -> bool:
+    """Whether a backend can export the state at ``position`` while computing
+    tokens ``[query_start, query_end)``.
+
+    It can when the chunk starts on a hash boundary, the position lies
+    strictly inside the chunk at least one hash block past its start and a
+    whole number of ``export_alignment`` steps from it, and the target column
+    lies past the block holding the chunk's initial state.
+    """
+    if export_alignment is None:
+        return False
+    initial_column = (query_start - 1) // block_size
+    return (query_start % hash_block_size == 0
+            and checkpoint_column(query_end, block_size) > initial_column
+            and query_start + hash_block_size <= position
+            and query_start < position < query_end
+            and (position - query_start) % export_alignment == 0)
+
+
+FINE_GRAINED_KINDS = frozenset({"full_attention", "sink_full_attention", "mamba"})
+"""Manager kinds vLLM 0.33 lets look up hits at hash-block granularity."""
+
+
+def partial_hash_hits_configured(kinds: Sequence[str], specs: Sequence[KVCacheSpec],
+                                 block_sizes: Sequence[int], hash_block_size: int) -> bool:
+    """Whether vLLM 0.33 would turn on sub-block (partial) hash hits here
+    (MCKPT-4): a Mamba ``align`` group whose block is larger than a hash
+    block, and every other group able to look up at hash-block granularity
+    (a kind in ``FINE_GRAINED_KINDS`` or a block of one hash block). One
+    group alone never has them (vLLM's unitary coordinator keeps the
+    scheduler's block alignment)."""
+    if len(specs) < 2:
+        return False
+    if not any(isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" and size > hash_block_size
+               for spec, size in zip(specs, block_sizes)):
+        return False
+    return all(kind in FINE_GRAINED_KINDS or size == hash_block_size
+               for kind, size in zip(kinds, block_sizes))
