@@ -21,8 +21,6 @@ from tests.strategies import ALPHABET, Setup, manager_options, workloads
 from tests.test_differential import LOCKSTEP_SETTINGS, Lockstep
 
 
-
-
 @st.composite
 def checkpoint_setups(draw: st.DrawFn) -> Setup:
     mamba_block = draw(st.sampled_from([4, 8]))

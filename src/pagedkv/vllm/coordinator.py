@@ -80,7 +80,7 @@ class CoordinatorView:
         self.core = core
         self.block_pool = pool
         self.kv_cache_config = vllm_config
-        from .mamba import MambaManagerView, CoreMambaManager  # the Mamba views build on this module
+        from .mamba import CoreMambaManager, MambaManagerView  # the Mamba views build on this module
         self.single_type_managers: tuple[GroupManagerView, ...] = tuple(
             _compat.posing_as(
                 MambaManagerView if isinstance(manager, CoreMambaManager) else GroupManagerView,
