@@ -26,17 +26,18 @@ class SlidingWindowManager(SingleTypeManager):
     before those are served as null blocks: window 8, block 4, a 16-token
     hit is ``[N, N, b2, b3]``."""
 
-    __slots__ = ("window", "contiguous_blocks")
+    __slots__ = ("window", "contiguous_blocks", "retained")
 
     def _setup(self) -> None:
         spec = self.kv_cache_spec
         assert isinstance(spec, SlidingWindowSpec)
         self.window = spec.sliding_window
         self.contiguous_blocks = -(-(self.window - 1) // self.block_size)
+        self.retained = spec.retained_window  # window + extra retained tokens (D-SWA-13)
 
     def skipped_tokens(self, num_computed: int) -> int:
-        """``max(0, n - w + 1)``. Cost: O(1)."""
-        skipped = num_computed - self.window + 1
+        """``max(0, n - (w + extra) + 1)``. Cost: O(1)."""
+        skipped = num_computed - self.retained + 1
         return skipped if skipped > 0 else 0  # no max(): the decode fast path calls this per group
 
     def first_hit_block(self, length: int) -> int:

@@ -38,7 +38,9 @@ class SlidingWindowManager(_WindowedManager):
         return rules.contiguous_blocks_for_hit(self.window, self.block_size)
 
     def skipped_tokens(self, num_computed: int) -> int:
-        return rules.sliding_window_skipped_tokens(num_computed, self.window)
+        # The extra retained tokens extend the window's trailing edge (D-SWA-13).
+        assert isinstance(self.kv_cache_spec, SlidingWindowSpec)
+        return rules.sliding_window_skipped_tokens(num_computed, self.kv_cache_spec.retained_window)
 
     def hit_span(self, length: int) -> tuple[int, int]:
         end = length // self.block_size

@@ -143,3 +143,25 @@ def test_per_group_hits_are_each_groups_own(impl: ModuleType) -> None:
     assert hit.get_block_ids() == (a_full[:4], [])
     assert manager.snapshot() == before
     assert manager.make_prefix_cache_stats().requests == 0
+
+
+def test_extra_retained_tokens_delay_the_window_release(impl: ModuleType) -> None:
+    """D-SWA-13: window 4, block 2, 2 extra retained tokens. After 7 computed
+    tokens plain SWA skips 4 tokens (blocks 0, 1 null), the retained window
+    only 2 (block 0 null); a hit still needs only the window's blocks."""
+    plain = make(impl, SlidingWindowSpec(2, 1, 8, "float16", sliding_window=4))
+    kept = make(impl, SlidingWindowSpec(2, 1, 8, "float16", sliding_window=4, extra_retained_tokens=2))
+    held = []
+    for manager in (plain, kept):
+        request = manager.make_request("a", list(range(7)))
+        assert manager.allocate_slots(request, 7) is not None
+        request.num_computed_tokens = 7
+        request.append_output_token_ids(7)
+        assert manager.allocate_slots(request, 1) is not None
+        held.append(manager.get_block_ids("a")[0])
+    assert held[0][:2] == [N, N] and held[0][2] != N
+    assert held[1][0] == N and N not in held[1][1:]
+    hit, length = kept.get_computed_blocks(kept.make_request("b", list(range(8)) + [50]))
+    assert length == 8 and hit.get_block_ids()[0][:2] == [N, N]
+    with pytest.raises(Exception, match="extra_retained_tokens"):
+        SlidingWindowSpec(2, 1, 8, "float16", sliding_window=4, extra_retained_tokens=-1)
