@@ -33,6 +33,7 @@ from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request, RequestFacts, RequestView
 from pagedkv.spec.types import BlockHash
 
+from . import group_hits
 from .admission import admission_caps, full_sequence_demand
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
@@ -325,6 +326,24 @@ class KVCacheCoordinator:
         Cost: depends on the kind.
         """
         raise NotImplementedError
+
+    def find_longest_cache_hit_per_group(
+            self, block_hashes: Sequence[BlockHash],
+            max_cache_hit_length: int) -> tuple[tuple[list[int], ...], tuple[int, ...]]:
+        """Each group's own longest hit, not reconciled (``group_hits``). Pure."""
+        if not self.enable_caching:
+            return tuple([] for _ in self.managers), tuple(0 for _ in self.managers)
+        return group_hits.per_group_hits(self.managers, self.views(block_hashes, max_cache_hit_length),
+                                         max_cache_hit_length, self.alignment)
+
+    def uncached_shared_prefix(self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int,
+                               hit_length: int) -> int:
+        """Tokens the leading group hits beyond the common hit (``group_hits``). Pure."""
+        if len(self.managers) < 2 or not self.enable_caching:
+            return 0
+        return group_hits.uncached_shared_prefix(
+            self.managers, self.views(block_hashes, max_cache_hit_length), max_cache_hit_length,
+            self.alignment, hit_length)
 
     def views(self, block_hashes: Sequence[BlockHash], max_tokens: int | None = None) -> HashViews:
         """The request's hashes per group block size. Cost: O(1) (lazy)."""

@@ -209,6 +209,28 @@ class KVCacheManager:
                          preempted=request.num_preemptions > 0)
         return KVCacheBlocks(hit, self._pool.block_hashes), num_hit_tokens
 
+    def get_computed_blocks_per_group(self, request: RequestView) -> tuple[KVCacheBlocks, tuple[int, ...]]:
+        """Each group's own longest hit, not reconciled across groups (what a
+        KV connector reads). Pure; no stats. Cost: one search per group."""
+        coordinator = self._coordinator
+        if (not self.enable_caching or request.skip_reading_prefix_cache
+                or not self.num_kv_cache_groups):
+            return self._empty, tuple(0 for _ in coordinator.managers)
+        hits, lengths = coordinator.find_longest_cache_hit_per_group(
+            request.block_hashes, request.num_tokens - 1)
+        return KVCacheBlocks(hits, self._pool.block_hashes), lengths
+
+    def shared_prefix_boundary(self, request: RequestView, num_hit_tokens: int) -> int:
+        """The leading group's own hit when it exceeds the common hit
+        ``num_hit_tokens``, else 0 (the reference's docstring, D-SWA-11).
+        Pure. Cost: 0 with one group, else one search of the leading group."""
+        if (not self.enable_caching or self.num_kv_cache_groups < 2
+                or request.skip_reading_prefix_cache):
+            return 0
+        extra = self._coordinator.uncached_shared_prefix(
+            request.block_hashes, request.num_tokens - 1, num_hit_tokens)
+        return num_hit_tokens + extra if extra else 0
+
     def allocate_slots(
         self,
         request: RequestView,

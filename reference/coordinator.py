@@ -105,6 +105,36 @@ class KVCacheCoordinator:
         """Hit blocks per group and the hit length (nothing without a prefix cache)."""
         raise NotImplementedError
 
+    def find_longest_cache_hit_per_group(
+            self, block_hashes: Sequence[BlockHash],
+            max_length: int) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Each group's own longest hit, not reconciled across groups (what a
+        KV connector reads, spec/operations.md): the largest aligned
+        ``L <= max_length`` the group alone can serve, and its blocks."""
+        blocks: list[list[KVCacheBlock]] = []
+        lengths: list[int] = []
+        for manager in self.managers:
+            view = self.view(manager, block_hashes)
+            length = max_length // self.alignment * self.alignment if self.enable_caching else 0
+            while length > 0 and not manager.can_hit(view, length, max_length):
+                length -= self.alignment
+            blocks.append(manager.hit_blocks(view, length) if length else [])
+            lengths.append(length)
+        return tuple(blocks), tuple(lengths)
+
+    def uncached_shared_prefix(self, block_hashes: Sequence[BlockHash], max_length: int,
+                               hit_length: int) -> int:
+        """Tokens the leading group (the first full-attention group, else
+        group 0) hits beyond the common hit ``hit_length``: a prefix shared
+        with an earlier request that a sparser group has not cached. 0 with
+        fewer than two groups."""
+        if len(self.managers) < 2:
+            return 0
+        leading = next((index for index, manager in enumerate(self.managers)
+                        if isinstance(manager, FullAttentionManager)), 0)
+        _, lengths = self.find_longest_cache_hit_per_group(block_hashes, max_length)
+        return max(0, lengths[leading] - hit_length)
+
     def _tokens_for(self, manager: SingleTypeManager, num_tokens: int, num_encoder_tokens: int) -> int:
         return num_encoder_tokens if isinstance(manager, CrossAttentionManager) else num_tokens
 

@@ -139,6 +139,31 @@ class KVCacheManager:
                                            preempted=request.num_preemptions > 0)
         return KVCacheBlocks(hits), num_hit_tokens
 
+    def get_computed_blocks_per_group(self, request: RequestView) -> tuple[KVCacheBlocks, tuple[int, ...]]:
+        """Each group's own longest hit (at most ``num_tokens - 1`` tokens),
+        not reconciled across groups: what a KV connector reads. Pure; no stats."""
+        request = RequestFacts.capture(request)
+        if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
+            return KVCacheBlocks([[] for _ in self.coordinator.managers]), tuple(
+                0 for _ in self.coordinator.managers)
+        max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))
+        hits, lengths = self.coordinator.find_longest_cache_hit_per_group(request.block_hashes, max_length)
+        return KVCacheBlocks(hits), lengths
+
+    def shared_prefix_boundary(self, request: RequestView, num_hit_tokens: int) -> int:
+        """The junction of a prefix ``request`` shares with an earlier request
+        that the leading group caches but a sparser group does not (yet):
+        the leading group's own hit when it exceeds the common hit
+        ``num_hit_tokens`` (from ``get_computed_blocks``), else 0. The engine
+        may pin it as ``request.shared_prefix_boundary`` so that sparse
+        retention keeps the window tail there (D-SWA-11). Pure."""
+        request = RequestFacts.capture(request)
+        if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
+            return 0
+        max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))
+        extra = self.coordinator.uncached_shared_prefix(request.block_hashes, max_length, num_hit_tokens)
+        return num_hit_tokens + extra if extra else 0
+
     def allocate_slots(self, request: RequestView, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None,

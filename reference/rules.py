@@ -22,6 +22,7 @@ __all__ = [
     "sliding_window_skipped_tokens",
     "chunked_local_skipped_tokens",
     "contiguous_blocks_for_hit",
+    "replay_boundaries",
     "reachable_block_mask",
     "hit_alignment",
     "hash_block_size",
@@ -164,9 +165,33 @@ def contiguous_blocks_for_hit(sliding_window: int, block_size: int) -> int:
     return cdiv(sliding_window - 1, block_size)
 
 
+def replay_boundaries(num_prompt_tokens: int, alignment: int, use_eagle: bool) -> tuple[int, ...]:
+    """Token positions a later request replaying this prompt can resume at,
+    so sparse retention keeps the window tail ending there.
+
+    An exact resend is capped at ``num_prompt_tokens - 1`` (its last token is
+    recomputed for its logits). With EAGLE a hit drops its last block, so the
+    reachable positions are one alignment unit below the resend's and a
+    longer sibling's aligned ends (they differ only for an aligned prompt).
+    An empty prompt has none.
+
+    pre: num_prompt_tokens >= 0
+    pre: alignment >= 1
+    post: all(0 <= boundary < max(num_prompt_tokens, 1) for boundary in __return__)
+    post: num_prompt_tokens >= 1 or __return__ == ()
+    """
+    if num_prompt_tokens < 1:
+        return ()
+    if not use_eagle:
+        return (num_prompt_tokens - 1,)
+    resend = (num_prompt_tokens - 1) // alignment * alignment
+    extension = num_prompt_tokens // alignment * alignment
+    return tuple(sorted({max(resend - alignment, 0), max(extension - alignment, 0)}))
+
+
 def reachable_block_mask(start_block: int, end_block: int, block_size: int, alignment: int,
                          need: int, shift: int, retention_interval: int | None,
-                         num_prompt_tokens: int | None) -> list[bool] | None:
+                         boundaries: tuple[int, ...]) -> list[bool] | None:
     """Which sliding-window blocks in ``[start_block, end_block)`` are worth
     caching: only those that can end a hit at some aligned length. ``None``
     means every block is worth it.
@@ -175,13 +200,15 @@ def reachable_block_mask(start_block: int, end_block: int, block_size: int, alig
     blocks before block ``L / block_size + shift`` (``shift`` is 1 with EAGLE,
     whose hit peeks one block further). ``retention_interval`` thins the
     kept tails: ``None`` keeps one at every aligned boundary, ``0`` only the
-    tail of the latest boundary a prompt replay can hit, ``k > 0`` one per
-    ``k``-token segment plus that replay tail.
+    tails ending at ``boundaries`` (token positions, floored to the
+    alignment: the prompt's replay positions and a shared-prefix junction),
+    ``k > 0`` one per ``k``-token segment plus those tails.
 
     pre: 0 <= start_block <= end_block
     pre: block_size >= 1 and alignment >= block_size and alignment % block_size == 0
     pre: need >= 1 and shift in (0, 1)
     pre: retention_interval is None or (retention_interval >= 0 and retention_interval % alignment == 0)
+    pre: all(boundary >= 0 for boundary in boundaries)
     post: __return__ is None or len(__return__) == end_block - start_block
     """
     per_boundary = None if retention_interval == 0 else (
@@ -193,11 +220,11 @@ def reachable_block_mask(start_block: int, end_block: int, block_size: int, alig
         for index in range(max(start_block, shift), end_block):
             if (index - shift) % per_boundary >= per_boundary - need:
                 mask[index - start_block] = True
-    if retention_interval is not None and num_prompt_tokens is not None and num_prompt_tokens >= 1:
-        latest = (num_prompt_tokens - 1) // alignment * alignment
-        tail_end = latest // block_size + shift
-        for index in range(max(start_block, tail_end - need), min(end_block, tail_end)):
-            mask[index - start_block] = True
+    if retention_interval is not None:
+        for boundary in boundaries:
+            tail_end = boundary // alignment * alignment // block_size + shift
+            for index in range(max(start_block, tail_end - need), min(end_block, tail_end)):
+                mask[index - start_block] = True
     return mask
 
 

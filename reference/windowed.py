@@ -38,7 +38,9 @@ class SlidingWindowManager(_WindowedManager):
         return rules.contiguous_blocks_for_hit(self.window, self.block_size)
 
     def skipped_tokens(self, num_computed: int) -> int:
-        return rules.sliding_window_skipped_tokens(num_computed, self.window)
+        # The extra retained tokens extend the window's trailing edge (D-SWA-13).
+        assert isinstance(self.kv_cache_spec, SlidingWindowSpec)
+        return rules.sliding_window_skipped_tokens(num_computed, self.kv_cache_spec.retained_window)
 
     def hit_span(self, length: int) -> tuple[int, int]:
         end = length // self.block_size
@@ -46,14 +48,29 @@ class SlidingWindowManager(_WindowedManager):
 
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
         # Only blocks that can end a hit at some aligned length are worth a
-        # cache entry (they would otherwise push out useful ones).
-        if self.alignment == self.block_size:
+        # cache entry (they would otherwise push out useful ones); with
+        # retention, only those ending a kept boundary (spec/managers.md §4).
+        if self.retention_interval is None and self.alignment == self.block_size:
             return None
-        need = self.contiguous_blocks + (1 if self.use_eagle else 0)
+        shift = 1 if self.use_eagle else 0
+        return rules.reachable_block_mask(num_cached, num_full, self.block_size, self.alignment,
+                                          self.contiguous_blocks + shift, shift, self.retention_interval,
+                                          self.kept_boundaries(request))
+
+    def kept_boundaries(self, request: HashedRequest) -> tuple[int, ...]:
+        """The positions whose window tail sparse retention keeps: the
+        prompt's replay positions and the shared-prefix junction the engine
+        pinned (with EAGLE also one block below it: a sibling diverging
+        right after the junction cannot use the block past it as its peek)."""
         prompt_tokens = getattr(request, "num_prompt_tokens", None)
-        return rules.reachable_block_mask(num_cached, num_full, self.block_size, self.alignment, need,
-                                          1 if self.use_eagle else 0, self.retention_interval,
-                                          prompt_tokens if isinstance(prompt_tokens, int) else None)
+        boundaries = list(rules.replay_boundaries(prompt_tokens, self.alignment, self.use_eagle)
+                          if isinstance(prompt_tokens, int) else ())
+        junction = getattr(request, "shared_prefix_boundary", 0)
+        if isinstance(junction, int) and junction > 0:
+            boundaries.append(junction)
+            if self.use_eagle and junction >= self.block_size:
+                boundaries.append(junction - self.block_size)
+        return tuple(boundaries)
 
 
 class ChunkedLocalAttentionManager(_WindowedManager):

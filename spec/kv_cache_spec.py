@@ -417,10 +417,23 @@ class SlidingWindowSpec(AttentionSpec):
     """
 
     sliding_window: int
+    # Tokens kept below the window but never attended: multi-module
+    # speculative decoding re-prefills the last ones, so their blocks are
+    # released that much later (D-SWA-13). Hits still need only the window.
+    extra_retained_tokens: int = 0
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
         _positive(self, "sliding_window", self.sliding_window)
+        if type(self.extra_retained_tokens) is not int or self.extra_retained_tokens < 0:
+            raise InvalidConfigError(
+                f"SlidingWindowSpec.extra_retained_tokens must be a non-negative int, "
+                f"got {self.extra_retained_tokens!r}")
+
+    @property
+    def retained_window(self) -> int:
+        """Tokens whose blocks are kept: the window plus the extra retained ones."""
+        return self.sliding_window + self.extra_retained_tokens
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
         """The per-request cap, in blocks (CFG-7): what startup sizing counts
@@ -432,14 +445,15 @@ class SlidingWindowSpec(AttentionSpec):
         _positive(self, "max_num_batched_tokens", max_num_batched_tokens)
         _positive(self, "max_model_len", max_model_len)
         return sizing.sliding_window_admission_blocks(
-            self.sliding_window, max_num_batched_tokens, max_model_len, self.block_size)
+            self.retained_window, max_num_batched_tokens, max_model_len, self.block_size)
 
     def max_memory_usage_bytes(self, setting: ModelSetting) -> int:
         """The admission cap in pages (CFG-7); no context parallelism."""
         return _admission_cap_bytes(self, setting)
 
     def token_slot_key(self) -> object:
-        return self.sliding_window
+        return self.sliding_window if not self.extra_retained_tokens else (
+            self.sliding_window, self.extra_retained_tokens)
 
 
 def _admission_cap_bytes(spec: SlidingWindowSpec | ChunkedLocalAttentionSpec, setting: ModelSetting) -> int:

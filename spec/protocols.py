@@ -100,6 +100,10 @@ class KVCacheManagerLike(Protocol):
 
     def get_computed_blocks(self, request: RequestView) -> tuple[Any, int]: ...
 
+    def get_computed_blocks_per_group(self, request: RequestView) -> tuple[Any, tuple[int, ...]]: ...
+
+    def shared_prefix_boundary(self, request: RequestView, num_hit_tokens: int) -> int: ...
+
     def allocate_slots(
         self,
         request: RequestView,

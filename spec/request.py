@@ -89,7 +89,7 @@ class RequestFacts:
 
     __slots__ = ("request_id", "all_token_ids", "num_tokens", "num_prompt_tokens", "num_computed_tokens",
                  "block_hashes", "num_preemptions", "lora_id", "lora_name", "cache_salt", "mm_features",
-                 "skip_reading_prefix_cache", "session_id", "lora_path")
+                 "skip_reading_prefix_cache", "session_id", "lora_path", "shared_prefix_boundary")
 
     request_id: str
     all_token_ids: Sequence[int]
@@ -109,6 +109,9 @@ class RequestFacts:
     lora_path: str | None
     """Not part of :class:`RequestView`: read if the request has it (events
     hash-key it with the LoRA name, D-HASH-7), else ``None``."""
+    # Optional (not in RequestView): the junction the engine pinned from
+    # get_computed_blocks' boundary; 0 when absent (spec/operations.md).
+    shared_prefix_boundary: int
 
     def __init__(self, request: RequestView) -> None:
         """Read every attribute of ``request`` now.
@@ -132,6 +135,7 @@ class RequestFacts:
             self.skip_reading_prefix_cache = request.skip_reading_prefix_cache
             self.session_id = getattr(request, "session_id", None)
             self.lora_path = getattr(request, "lora_path", None)
+            self.shared_prefix_boundary = getattr(request, "shared_prefix_boundary", 0)
         except AttributeError as error:
             raise InvalidArgumentError(f"request must have the attributes of RequestView: {error}") from None
         if not isinstance(self.request_id, str):
@@ -217,6 +221,7 @@ class Request:
         "request_id", "_all_token_ids", "num_prompt_tokens", "num_computed_tokens",
         "block_hashes", "num_preemptions", "lora_id", "lora_name", "lora_path", "cache_salt",
         "mm_features", "skip_reading_prefix_cache", "_block_hasher", "prompt_token_bytes",
+        "shared_prefix_boundary",
     )
 
     def __init__(
@@ -283,6 +288,8 @@ class Request:
         self.mm_features: tuple[MultiModalFeature, ...] = features
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
         self._block_hasher = block_hasher
+        # Set by the engine from get_computed_blocks' boundary (optional).
+        self.shared_prefix_boundary = 0
         if block_hasher is not None:
             self.block_hashes.extend(block_hasher(self))
 

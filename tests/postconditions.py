@@ -125,7 +125,7 @@ def check_hit(manager: Any, request: Request, block_ids: Sequence[Sequence[int]]
 def _skipped(spec: KVCacheSpec, num_computed: int) -> int | None:
     """Leading tokens no longer read (spec/managers.md); None: the type skips none."""
     if isinstance(spec, SlidingWindowSpec):
-        return max(0, num_computed - spec.sliding_window + 1)
+        return max(0, num_computed - spec.retained_window + 1)
     if isinstance(spec, ChunkedLocalAttentionSpec):
         return num_computed // spec.attention_chunk_size * spec.attention_chunk_size
     return None

@@ -163,7 +163,8 @@ def group_spec(draw: st.DrawFn, kind: str) -> KVCacheSpec:
     if kind == "full":
         return FullAttentionSpec(block_size, 1, 8, "float16")
     if kind == "sliding_window":
-        return SlidingWindowSpec(block_size, 1, 8, "float16", sliding_window=draw(st.integers(1, 9)))
+        return SlidingWindowSpec(block_size, 1, 8, "float16", sliding_window=draw(st.integers(1, 9)),
+                                 extra_retained_tokens=draw(st.sampled_from([0, 0, 0, 1, 3])))
     if kind == "chunked_local":
         return ChunkedLocalAttentionSpec(block_size, 1, 8, "float16",
                                          attention_chunk_size=block_size * draw(st.integers(1, 3)))

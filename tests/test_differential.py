@@ -238,6 +238,13 @@ class Lockstep(RuleBasedStateMachine):
         hit_tokens = hits[0][1]
         for index, manager in enumerate(self.managers):
             postconditions.check_hit(manager, pair.requests[index], hits[index][0].get_block_ids(), hit_tokens)
+        # Per-group hits and the shared-prefix boundary are pure queries; an
+        # engine may pin the boundary on the request (D-SWA-11, D-SWA-12).
+        self.each(lambda i, m: m.get_computed_blocks_per_group(pair.requests[i]))
+        boundary = self.each(lambda i, m: m.shared_prefix_boundary(pair.requests[i], hit_tokens))[0]
+        if boundary and data.draw(st.booleans(), label="pin shared_prefix_boundary"):
+            for request in pair.requests:
+                request.shared_prefix_boundary = boundary
         remaining = pair.num_tokens - hit_tokens
         external = 0
         if data.draw(st.booleans(), label="external tokens"):

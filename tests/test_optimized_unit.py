@@ -502,18 +502,18 @@ def test_reserved_blocks_do_not_block_a_reset() -> None:
 
 
 @given(st.integers(0, 12), st.integers(0, 12), st.sampled_from([1, 2, 4]), st.sampled_from([4, 8]),
-       st.integers(1, 3), st.sampled_from([None, 0, 8, 16]), st.one_of(st.none(), st.integers(1, 60)))
+       st.integers(1, 3), st.sampled_from([None, 0, 8, 16]), st.lists(st.integers(0, 60), max_size=3))
 def test_reachable_block_mask_matches_the_reference_rule(
         start: int, width: int, block_size: int, alignment: int, need: int,
-        retention: int | None, prompt: int | None) -> None:
+        retention: int | None, boundaries: list[int]) -> None:
     from pagedkv.reference import rules
 
     if alignment % block_size or (retention is not None and retention % alignment):
         return
     for shift in (0, 1):
         assert reachable_block_mask(start, start + width, block_size, alignment, need, shift, retention,
-                                    prompt) == rules.reachable_block_mask(
-            start, start + width, block_size, alignment, need, shift, retention, prompt)
+                                    boundaries) == rules.reachable_block_mask(
+            start, start + width, block_size, alignment, need, shift, retention, tuple(boundaries))
 
 
 @given(st.data())

@@ -45,15 +45,9 @@ WORKER_LIMIT_S = 900
 # and no request may hit fewer tokens on pagedkv; extra hits on pagedkv's side (and a different
 # preemption count that follows from them in a tiny pool) are reported as KNOWN, not failed.
 # `--strict` fails on them too. Remove an entry once the workload comes out identical.
-KNOWN_DIFFERENCES = {
-    "hybrid/": (
-        "sliding-window blocks: vLLM 0.32 keeps only the SWA blocks a later hit can reach cached "
-        "(sparse retention, shared-prefix junctions: get_computed_blocks returns 0 hit tokens and "
-        "a shared_prefix_boundary) and hands uncached freed blocks out first, so it misses where "
-        "pagedkv, which keeps every full SWA block cached, hits (issue 10, retention); in the "
-        "32-block preempting pool the extra hits also shift one preemption"
-    ),
-}
+# Workload-name prefix -> why. Empty: the hybrid entry went once pagedkv's sliding-window
+# retention and shared-prefix boundary followed vLLM (D-SWA-10, D-SWA-11).
+KNOWN_DIFFERENCES: dict[str, str] = {}
 
 
 def log(msg: str) -> None:

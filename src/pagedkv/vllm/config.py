@@ -78,7 +78,8 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
         return SlidingWindowMLASpec(**fields, sliding_window=spec.sliding_window,
                                     **_compression(spec, fields["block_size"]))
     if kind == "SlidingWindowSpec":
-        return SlidingWindowSpec(**fields, sliding_window=spec.sliding_window)
+        return SlidingWindowSpec(**fields, sliding_window=spec.sliding_window,
+                                 extra_retained_tokens=getattr(spec, "extra_retained_tokens", 0))
     if kind == "ChunkedLocalAttentionSpec":
         return ChunkedLocalAttentionSpec(**fields, attention_chunk_size=spec.attention_chunk_size)
     if kind == "CrossAttentionSpec":

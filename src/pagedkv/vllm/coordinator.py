@@ -17,7 +17,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pagedkv.optimized.coordinator import KVCacheCoordinator
+from pagedkv.optimized.single_type import FullAttentionManager
 from pagedkv.optimized.single_type import SingleTypeManager as GroupManager
+from pagedkv.spec.errors import InvalidConfigError
 
 from . import _compat
 from .blocks import BlockPoolView, BlockView
@@ -96,7 +98,37 @@ class CoordinatorView:
         self.enable_partial_hash_hits = False
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
-        self.retention_interval = retention_interval
+        self._retention_interval = retention_interval
+        # The dense reference group of per-group lookups: the first
+        # full-attention group of a hybrid with caching on, else None.
+        self.full_attention_group_id: int | None = next(
+            (group_id for group_id, manager in enumerate(core.managers)
+             if isinstance(manager, FullAttentionManager)),
+            None) if len(core.managers) > 1 and core.enable_caching else None
+
+    @property
+    def retention_interval(self) -> int | None:
+        return self._retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, value: int | None) -> None:
+        # vLLM's tests set it after construction; the core's sliding-window
+        # managers read it when they cache, so it takes effect from then on.
+        if value is not None and (type(value) is not int or value < 0
+                                  or value % self.core.alignment):
+            raise InvalidConfigError(
+                f"retention_interval must be None, 0 or a positive multiple of "
+                f"{self.core.alignment}, got {value!r}")
+        self._retention_interval = value
+        for manager in self.core.managers:
+            manager.retention_interval = value
+
+    def find_longest_cache_hit_per_group(
+            self, block_hashes: Sequence[Any],
+            max_cache_hit_length: int) -> tuple[tuple[list[BlockView], ...], tuple[int, ...]]:
+        """Each group's own hit (vLLM's per-group lookup for connectors)."""
+        hits, lengths = self.core.find_longest_cache_hit_per_group(block_hashes, max_cache_hit_length)
+        return tuple(self.block_pool.views(group) for group in hits), lengths
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[Sequence[Any]],

@@ -210,18 +210,34 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Any,
                             max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
-        """The prefix hit (blocks, tokens, shared-prefix boundary = 0)."""
+        """The prefix hit: blocks, tokens and the shared-prefix boundary (the
+        leading group's own hit when a sparser group lags it, else 0)."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         view: Any = (self._request(request) if max_cache_hit_length is None
                      else CappedRequest(request, max_cache_hit_length))
         blocks, num_hit_tokens = self._core.get_computed_blocks(view)
-        return self._vllm_blocks(blocks), num_hit_tokens, 0
+        boundary = (self._core.shared_prefix_boundary(view, num_hit_tokens)
+                    if self.num_kv_cache_groups > 1 else 0)
+        return self._vllm_blocks(blocks), num_hit_tokens, boundary
 
     def get_computed_blocks_for_connector(
             self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
-        """pagedkv's hit is common to every group: it never diverges."""
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        """A Mamba hybrid with full attention reports the full-attention
+        group's own hit (the connector supplies what lagging groups miss) and
+        whether it ran deeper than another group; otherwise, or when another
+        group hit deeper than full attention, the common hit."""
+        full_group = self.coordinator.full_attention_group_id
+        if (full_group is None or not self.prefix_cache_lookup_enabled(request)
+                or not getattr(self.kv_cache_config, "has_mamba_layers", False)):
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        view: Any = (self._request(request) if max_cache_hit_length is None
+                     else CappedRequest(request, max_cache_hit_length))
+        blocks, lengths = self._core.get_computed_blocks_per_group(view)
+        num_local = lengths[full_group]
+        if any(length > num_local for length in lengths):
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        return self._vllm_blocks(blocks), num_local, 0, min(lengths) < num_local
 
     # --------------------------------------------------------- allocation
 

@@ -82,6 +82,11 @@ class VllmRequestView:
     def skip_reading_prefix_cache(self) -> bool:
         return bool(self.request.skip_reading_prefix_cache)
 
+    @property
+    def shared_prefix_boundary(self) -> int:
+        # Set by vLLM's scheduler from get_computed_blocks (0.33); absent in 0.32.
+        return int(getattr(self.request, "shared_prefix_boundary", 0) or 0)
+
 
 class CappedRequest(VllmRequestView):
     """A request whose lookup may hit at most ``max_hit_tokens`` tokens."""
