@@ -57,6 +57,7 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
+from .pool_caching import cache_new_run
 from .pool_recover import recover_pool
 from .pool_view import NULL_BLOCK, PoolView
 
@@ -405,12 +406,18 @@ class BlockPool(PoolView):
         """:meth:`cache_full_blocks` without validation: caching on,
         ``group_id`` in range, ``0 <= num_cached_blocks < num_full_blocks <=
         min(len(blocks), len(block_hashes))``. Cost: O(num_full_blocks - num_cached_blocks)."""
+        # Runs of newly hashed positions: (first index, hashes), for events.
+        runs: list[tuple[int, list[BlockHash]]] = []
+        if mask is None:  # the rule first, in bulk (pool_caching.py)
+            keys = block_hashes[num_cached_blocks:num_full_blocks]
+            if cache_new_run(self, blocks[num_cached_blocks:num_full_blocks], keys, group_id):
+                if self.enable_kv_cache_events:
+                    runs.append((num_cached_blocks, list(keys)))
+                num_full_blocks = num_cached_blocks  # done: skip the per-block loop
         hashes = self._hash
         gids = self._gid
         table = self.cached_by_group[group_id]
         events = self.enable_kv_cache_events
-        # Runs of newly hashed positions: (first index, hashes), for events.
-        runs: list[tuple[int, list[BlockHash]]] = []
         last = -2
         setdefault = table.setdefault
         for i in range(num_cached_blocks, num_full_blocks):

@@ -228,6 +228,30 @@ def test_pool_duplicate_blocks_share_a_key_first_wins() -> None:
     pool.check_invariants()
 
 
+def test_pool_three_identical_blocks_keep_insertion_order() -> None:
+    """D-PERF-10: the first holder in the map, later ones apart; evicting
+    any keeps the others in insertion order (snapshot and lookups)."""
+    pool = BlockPool(8, True)
+    request = make_request(list(range(4)))
+    key = request.block_hashes[0]
+    holders = [pool.get_new_blocks(1) for _ in range(4)]
+    for blocks in holders:
+        cache(pool, request, blocks, 1)
+    ids = [blocks[0] for blocks in holders]
+    assert pool.snapshot().cached[0][1] == tuple(ids)
+    pool.evict_blocks(holders[1])  # a later holder
+    assert pool.snapshot().cached[0][1] == (ids[0], ids[2], ids[3])
+    pool.evict_blocks(holders[0])  # the first: the next takes over
+    assert pool.get_cached_block(key, [0]) == [ids[2]]
+    assert pool.snapshot().cached[0][1] == (ids[2], ids[3])
+    pool.recover({b: 1 for b in ids})
+    assert pool.snapshot().cached[0][1] == (ids[2], ids[3])
+    pool.check_invariants()
+    pool.evict_blocks(holders[2] + holders[3])
+    assert pool.get_cached_block(key, [0]) is None and pool.snapshot().cached == ()
+    pool.check_invariants()
+
+
 def test_pool_caching_disabled_never_hashes() -> None:
     pool = BlockPool(4, False)
     request = make_request(list(range(8)))
