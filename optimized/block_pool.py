@@ -169,8 +169,20 @@ class BlockPool(PoolView):
         sentinel = queue.sentinel
         ref = self._ref
         hashes = self._hash
-        out = [0] * num_blocks
         block = nxt[sentinel]
+        end = block + num_blocks
+        if num_blocks > 1 and nxt[block] == block + 1:
+            # Consecutive ids linked in order (a fresh pool's queue): checked
+            # and taken with slices when none carries a key.
+            out = list(range(block, end))
+            if nxt[block:end - 1] == out[1:] and self._gid[block:end].count(-1) == num_blocks:
+                ref[block:end] = [1] * num_blocks
+                block = nxt[end - 1]
+                nxt[sentinel] = block
+                queue.prev[block] = sentinel
+                queue.size -= num_blocks
+                return out
+        out = [0] * num_blocks
         if self.enable_caching:
             evict = self._evict
             for i in range(num_blocks):
