@@ -19,8 +19,13 @@ Representation (everything indexed by block id, plain lists for speed):
   ``_gid[b] < 0`` rather than ``_hash[b] is None``: reading the hash
   touches (increfs) a bytes object scattered in memory, a cache miss per
   block, while ``-1`` and the small group ids are shared, always-hot ints.
-- ``cached_by_group[g]``: ``{raw hash: [block ids in insertion order]}``;
-  a lookup returns the first id.
+- ``cached_by_group[g]``: ``{raw hash: first block id}``, what a lookup
+  returns; ``dup_by_group[g]``: ``{raw hash: [later block ids]}``, only for
+  the rare keys that several identical blocks carry (insertion order kept:
+  the first of them takes over when the first holder is evicted). A plain
+  int per key allocates no container per cached block: a list per key made
+  the garbage collector's full collections, which walk the pool-sized
+  lists, dominate prompt allocation in large pools (D-PERF-10).
 - ``_queue``: :class:`FreeBlockQueue` (its link arrays are read directly in
   the hot loops below, bound to locals).
 
@@ -52,6 +57,7 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
+from .pool_caching import cache_new_run
 from .pool_recover import recover_pool
 from .pool_view import NULL_BLOCK, PoolView
 
@@ -74,7 +80,7 @@ class BlockPool(PoolView):
 
     __slots__ = (
         "num_blocks", "enable_caching", "enable_kv_cache_events",
-        "num_groups", "_ref", "_hash", "_gid", "cached_by_group", "_queue", "_events",
+        "num_groups", "_ref", "_hash", "_gid", "cached_by_group", "dup_by_group", "_queue", "_events",
         "reserved", "num_hash_lookahead_tokens",
     )
 
@@ -97,7 +103,8 @@ class BlockPool(PoolView):
         self._ref: list[int] = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
         self._gid: list[int] = [-1] * num_blocks
-        self.cached_by_group: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
+        self.cached_by_group: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
+        self.dup_by_group: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
         # The null block is never queued (POOL-1).
         self._queue = FreeBlockQueue(num_blocks, range(1, num_blocks))
         self._events: list[KVCacheEvent] = []
@@ -132,10 +139,10 @@ class BlockPool(PoolView):
             if not 0 <= group_id < self.num_groups:
                 raise InvalidArgumentError(
                     f"group id must lie in [0, {self.num_groups}), got {group_id!r}")
-            holders = cached[group_id].get(block_hash)
-            if holders is None:
+            first = cached[group_id].get(block_hash)
+            if first is None:
                 return None
-            out.append(holders[0])
+            out.append(first)
         return out
 
     # ------------------------------------------------------------ allocation
@@ -162,8 +169,20 @@ class BlockPool(PoolView):
         sentinel = queue.sentinel
         ref = self._ref
         hashes = self._hash
-        out = [0] * num_blocks
         block = nxt[sentinel]
+        end = block + num_blocks
+        if num_blocks > 1 and nxt[block] == block + 1:
+            # Consecutive ids linked in order (a fresh pool's queue): checked
+            # and taken with slices when none carries a key.
+            out = list(range(block, end))
+            if nxt[block:end - 1] == out[1:] and self._gid[block:end].count(-1) == num_blocks:
+                ref[block:end] = [1] * num_blocks
+                block = nxt[end - 1]
+                nxt[sentinel] = block
+                queue.prev[block] = sentinel
+                queue.size -= num_blocks
+                return out
+        out = [0] * num_blocks
         if self.enable_caching:
             evict = self._evict
             for i in range(num_blocks):
@@ -200,12 +219,18 @@ class BlockPool(PoolView):
         (O(duplicates of the key) when identical blocks share it)."""
         block_hash = self._hash[block]
         assert block_hash is not None
-        table = self.cached_by_group[self._gid[block]]
-        holders = table[block_hash]
-        if len(holders) == 1:
+        group_id = self._gid[block]
+        table, dups = self.cached_by_group[group_id], self.dup_by_group[group_id]
+        later = dups.get(block_hash) if dups else None  # the rule: no duplicates at all
+        if later is None:
             del table[block_hash]
         else:
-            holders.remove(block)
+            if table[block_hash] == block:
+                table[block_hash] = later.pop(0)
+            else:
+                later.remove(block)
+            if not later:
+                del dups[block_hash]
         self._hash[block] = None
         self._gid[block] = -1
         if self.enable_kv_cache_events:
@@ -393,12 +418,18 @@ class BlockPool(PoolView):
         """:meth:`cache_full_blocks` without validation: caching on,
         ``group_id`` in range, ``0 <= num_cached_blocks < num_full_blocks <=
         min(len(blocks), len(block_hashes))``. Cost: O(num_full_blocks - num_cached_blocks)."""
+        # Runs of newly hashed positions: (first index, hashes), for events.
+        runs: list[tuple[int, list[BlockHash]]] = []
+        if mask is None:  # the rule first, in bulk (pool_caching.py)
+            keys = block_hashes[num_cached_blocks:num_full_blocks]
+            if cache_new_run(self, blocks[num_cached_blocks:num_full_blocks], keys, group_id):
+                if self.enable_kv_cache_events:
+                    runs.append((num_cached_blocks, list(keys)))
+                num_full_blocks = num_cached_blocks  # done: skip the per-block loop
         hashes = self._hash
         gids = self._gid
         table = self.cached_by_group[group_id]
         events = self.enable_kv_cache_events
-        # Runs of newly hashed positions: (first index, hashes), for events.
-        runs: list[tuple[int, list[BlockHash]]] = []
         last = -2
         setdefault = table.setdefault
         for i in range(num_cached_blocks, num_full_blocks):
@@ -410,11 +441,10 @@ class BlockPool(PoolView):
             block_hash = block_hashes[i]
             hashes[block] = block_hash
             gids[block] = group_id
-            # One probe of the table: a new key (the rule) gets the fresh list.
-            fresh = [block]
-            holders = setdefault(block_hash, fresh)
-            if holders is not fresh:
-                holders.append(block)
+            # One probe of the table; a key already cached (identical
+            # blocks, rare) records this block as a later holder.
+            if setdefault(block_hash, block) != block:
+                self.dup_by_group[group_id].setdefault(block_hash, []).append(block)
             if events:
                 if i == last + 1:
                     runs[-1][1].append(block_hash)
@@ -477,6 +507,8 @@ class BlockPool(PoolView):
             return False
         for table in self.cached_by_group:
             table.clear()
+        for dups in self.dup_by_group:
+            dups.clear()
         self._hash[:] = [None] * self.num_blocks  # in place: views share the list
         self._gid[:] = [-1] * self.num_blocks
         if self.enable_kv_cache_events:

@@ -57,9 +57,17 @@ def check_pool_invariants(pool: BlockPool) -> None:
         fail("POOL-4", f"free count {pool.get_num_free_blocks()} or usage {pool.get_usage()} "
                        f"disagrees with the queue's {len(queue)} blocks")
     seen: set[int] = set()
+    if len(pool.dup_by_group) != len(pool.cached_by_group):
+        fail("CACHE-1", f"{len(pool.dup_by_group)} duplicate tables for {len(pool.cached_by_group)} groups")
     for group_id, table in enumerate(pool.cached_by_group):
-        for block_hash, ids in table.items():
-            if not ids or len(set(ids)) != len(ids):
+        dups = pool.dup_by_group[group_id]
+        for block_hash, later in dups.items():
+            if not later or block_hash not in table:
+                fail("CACHE-1", f"map entry {block_hash.hex()} lists later holders {later} "
+                                f"{'but no first one' if later else 'that are none'}")
+        for block_hash, first in table.items():
+            ids = [first, *dups.get(block_hash, ())]
+            if len(set(ids)) != len(ids):
                 fail("CACHE-1", f"map entry {block_hash.hex()} holds {ids}")
             for b in ids:
                 if pool.block_hashes[b] != block_hash or pool.block_group_ids[b] != group_id:

@@ -29,17 +29,31 @@ def recover_pool(pool: BlockPool, holders: Mapping[int, int]) -> None:
         if (block == 0 or block in reserved or not pool.enable_caching or hashes[block] is None
                 or not 0 <= gids[block] < pool.num_groups):
             hashes[block], gids[block] = None, -1
+    # Every key's holders in their old order as far as they are valid, then
+    # the hashed blocks the map lost; stored back as first + later holders.
+    kept: list[dict[bytes, list[int]]] = []
     for group_id, table in enumerate(pool.cached_by_group):
-        kept = {key: [b for b in dict.fromkeys(blocks) if type(b) is int and 0 < b < num_blocks
-                      and hashes[b] == key and gids[b] == group_id] for key, blocks in table.items()}
-        table.clear()
-        table.update({key: blocks for key, blocks in kept.items() if blocks})
+        dups = pool.dup_by_group[group_id] if group_id < len(pool.dup_by_group) else {}
+        kept.append({key: [b for b in dict.fromkeys([first, *dups.get(key, ())])
+                           if type(b) is int and 0 < b < num_blocks
+                           and hashes[b] == key and gids[b] == group_id]
+                     for key, first in table.items()})
     for block in range(1, num_blocks):
         block_hash = hashes[block]
         if block_hash is not None:
-            holders_of_key = pool.cached_by_group[gids[block]].setdefault(block_hash, [])
+            holders_of_key = kept[gids[block]].setdefault(block_hash, [])
             if block not in holders_of_key:
                 holders_of_key.append(block)
+    del pool.dup_by_group[len(kept):]
+    pool.dup_by_group.extend({} for _ in range(len(kept) - len(pool.dup_by_group)))
+    for table, dups, holders_by_key in zip(pool.cached_by_group, pool.dup_by_group, kept):
+        table.clear()
+        dups.clear()
+        for key, holders_of_key in holders_by_key.items():
+            if holders_of_key:
+                table[key] = holders_of_key[0]
+                if len(holders_of_key) > 1:
+                    dups[key] = holders_of_key[1:]
     queue = pool._queue
     order = dict.fromkeys(b for b in [*queue.walk(num_blocks), *range(1, num_blocks)]
                           if 0 < b < num_blocks and ref[b] == 0)

@@ -35,7 +35,8 @@ class PoolView:
     _ref: list[int]
     _hash: list[BlockHash | None]
     _gid: list[int]
-    cached_by_group: list[dict[bytes, list[int]]]
+    cached_by_group: list[dict[bytes, int]]
+    dup_by_group: list[dict[bytes, list[int]]]
     _queue: FreeBlockQueue
     _events: list[KVCacheEvent]
 
@@ -100,7 +101,9 @@ class PoolView:
         cached: list[tuple[bytes, tuple[int, ...]]] = []
         for group_id, table in enumerate(self.cached_by_group):
             suffix = group_suffix(group_id)
-            cached.extend((block_hash + suffix, tuple(ids)) for block_hash, ids in table.items())
+            dups = self.dup_by_group[group_id]
+            cached.extend((block_hash + suffix, (first, *dups.get(block_hash, ())))
+                          for block_hash, first in table.items())
         cached.sort()
         return PoolSnapshot(
             num_blocks=self.num_blocks,
@@ -110,6 +113,14 @@ class PoolView:
             cached=tuple(cached),
             pending_events=tuple(self._events),
         )
+
+    def holders(self, group_id: int, block_hash: bytes) -> list[int]:
+        """The blocks cached under ``block_hash`` in group ``group_id``, in
+        insertion order (empty when none). Cost: O(holders)."""
+        first = self.cached_by_group[group_id].get(block_hash)
+        if first is None:
+            return []
+        return [first, *self.dup_by_group[group_id].get(block_hash, ())]
 
     def check_invariants(self) -> None:
         """Check POOL-1..4, CACHE-1..3 and EVT-1; "an expensive no-op" when

@@ -146,7 +146,7 @@ class SingleTypeManager:
         span found cached by :meth:`longest_hit`). Cost: O(L / b)."""
         first = self.first_hit_block(length) if length else 0
         table = self.block_pool.cached_by_group[self.group_id]
-        return [0] * first + [table[view[index]][0] for index in range(first, length // self.block_size)]
+        return [0] * first + [table[view[index]] for index in range(first, length // self.block_size)]
 
     # --------------------------------------------------------------- allocation
 
@@ -302,10 +302,10 @@ class FullAttentionManager(SingleTypeManager):
         hit: list[int] = []
         append = hit.append
         for block_hash in block_hashes[:max_length // self.block_size]:
-            holders = table_get(block_hash)
-            if holders is None:
+            block = table_get(block_hash)  # the key's first holder (an int)
+            if block is None:
                 break
-            append(holders[0])
+            append(block)
         if self.use_eagle and hit:
             hit.pop()
         return hit

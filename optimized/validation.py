@@ -55,45 +55,36 @@ def _block_lists(blocks: Any) -> tuple[list[int], ...]:
     return blocks.blocks
 
 
-_INT_ONLY = frozenset((int,))
-"""The element types of a well-formed hit group (exactly int: a bool or a
-numpy integer is refused)."""
-
-
 def _hit_holds(coordinator: KVCacheCoordinator, block_hashes: Sequence[BlockHash],
                computed: tuple[list[int], ...]) -> bool:
     """Whether the hit passes checks 1h, 1h′ and 1i at once, decided with
     whole-list operations (the common case: a hit handed back untouched
     from ``get_computed_blocks``). ``False`` means "not shown here": the
     caller then runs the checks one by one, in the spec's order, which
-    decide the error. ``True`` only when every group's blocks are ints,
-    none null, each carrying the request's hash of its position in its
-    group (so inside the pool: ``block_hashes`` has one entry per block).
-    Cost: O(hit blocks), in C loops.
+    decide the error. ``True`` only when every group's blocks are ints and
+    each is the block the group's map serves for the request's hash of its
+    position (the one a lookup returns): such a block lies in the pool, is
+    not the null block and carries that key in that group (CACHE-1).
+    Cost: O(hit blocks), in C loops; it reads the map's int values, not
+    the blocks' hash objects (a cache miss per block).
     """
-    pool = coordinator.block_pool
-    hashes = pool.block_hashes
-    group_ids = pool.block_group_ids
-    single_group = len(computed) == 1
+    tables = coordinator.block_pool.cached_by_group
     views = None
     for group_id, group in enumerate(computed):
         if not group:
             continue
-        if set(map(type, group)) != _INT_ONLY or min(group) < 1:
-            return False  # null blocks (windowed hits) and malformed ids: one by one
+        held = len(group)
+        # Exactly int (a bool or numpy integer compares equal to one).
+        if list(map(type, group)).count(int) != held:
+            return False
         if views is None:
             views = coordinator.views(block_hashes)
         view = views.at(coordinator.block_sizes[group_id])
-        held = len(group)
         if held > len(view):
             return False
-        try:
-            if list(map(hashes.__getitem__, group)) != view[:held]:
-                return False
-        except IndexError:
-            return False  # an id past the pool: 1h names it
-        # One group: a block carrying a hash is cached in group 0 (CACHE-3).
-        if not single_group and list(map(group_ids.__getitem__, group)).count(group_id) != held:
+        # Null blocks (windowed hits), later holders of a duplicated key and
+        # stale blocks all differ from the map's value: one by one.
+        if list(map(tables[group_id].get, view[:held])) != group:
             return False
     return True
 

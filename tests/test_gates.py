@@ -121,7 +121,10 @@ class Surgery:
             self.pool.block_group_ids[block_id] = group
             while len(self.pool.cached_by_group) <= group:
                 self.pool.cached_by_group.append({})
-            self.pool.cached_by_group[group].setdefault(raw, []).append(block_id)
+                self.pool.dup_by_group.append({})
+            # First holder in the table, later ones in the duplicates (D-PERF-10).
+            if self.pool.cached_by_group[group].setdefault(raw, block_id) != block_id:
+                self.pool.dup_by_group[group].setdefault(raw, []).append(block_id)
 
     def drop_key(self, block_id: int) -> None:
         if self.is_reference:
@@ -135,10 +138,15 @@ class Surgery:
         else:
             raw, group = self.pool.block_hashes[block_id], self.pool.block_group_ids[block_id]
             if raw is not None:
-                holders = self.pool.cached_by_group[group][raw]
+                table, dups = self.pool.cached_by_group[group], self.pool.dup_by_group[group]
+                holders = self.pool.holders(group, raw)
                 holders.remove(block_id)
-                if not holders:
-                    del self.pool.cached_by_group[group][raw]
+                del table[raw]
+                dups.pop(raw, None)
+                if holders:
+                    table[raw] = holders[0]
+                if holders[1:]:
+                    dups[raw] = holders[1:]
                 self.pool.block_hashes[block_id] = None
                 self.pool.block_group_ids[block_id] = -1
 

@@ -228,6 +228,94 @@ def test_pool_duplicate_blocks_share_a_key_first_wins() -> None:
     pool.check_invariants()
 
 
+def test_pool_three_identical_blocks_keep_insertion_order() -> None:
+    """D-PERF-10: the first holder in the map, later ones apart; evicting
+    any keeps the others in insertion order (snapshot and lookups)."""
+    pool = BlockPool(8, True)
+    request = make_request(list(range(4)))
+    key = request.block_hashes[0]
+    holders = [pool.get_new_blocks(1) for _ in range(4)]
+    for blocks in holders:
+        cache(pool, request, blocks, 1)
+    ids = [blocks[0] for blocks in holders]
+    assert pool.snapshot().cached[0][1] == tuple(ids)
+    pool.evict_blocks(holders[1])  # a later holder
+    assert pool.snapshot().cached[0][1] == (ids[0], ids[2], ids[3])
+    pool.evict_blocks(holders[0])  # the first: the next takes over
+    assert pool.get_cached_block(key, [0]) == [ids[2]]
+    assert pool.snapshot().cached[0][1] == (ids[2], ids[3])
+    pool.recover({b: 1 for b in ids})
+    assert pool.snapshot().cached[0][1] == (ids[2], ids[3])
+    pool.check_invariants()
+    pool.evict_blocks(holders[2] + holders[3])
+    assert pool.get_cached_block(key, [0]) is None and pool.snapshot().cached == ()
+    pool.check_invariants()
+
+
+def test_pool_consecutive_cached_blocks_are_evicted_when_reused() -> None:
+    """get_new_blocks' slice path takes consecutive ids only when none carries
+    a key: cached ones, linked in order, still go through eviction."""
+    pool = BlockPool(6, True, enable_kv_cache_events=True)
+    request = make_request(list(range(12)))
+    blocks = pool.get_new_blocks(3)
+    cache(pool, request, blocks, 3)
+    pool.free_blocks(blocks)
+    pool.take_events()
+    assert pool.get_new_blocks(2) == [4, 5]  # unhashed, consecutive
+    assert pool.get_new_blocks(3) == blocks  # consecutive and linked in order, but hashed
+    assert pool.snapshot().cached == ()
+    assert [e.block_hashes for e in pool.take_events() if isinstance(e, BlockRemoved)] == [
+        (key,) for key in request.block_hashes[:3]]
+    assert pool.ref_counts[1:] == [1] * 5 and pool.get_num_free_blocks() == 0
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("order", ["consecutive", "scattered"])
+def test_pool_bulk_caching_falls_back_to_the_per_block_rule(order: str) -> None:
+    """A run whose key repeats, or whose blocks are hashed already or null,
+    is keyed exactly as block by block (first holder in the map, later ones
+    apart, skipped blocks untouched), whether its ids are consecutive or not."""
+    pool = BlockPool(10, True, enable_kv_cache_events=True)
+    request = make_request(list(range(12)))
+    keys = request.block_hashes
+    fresh = pool.get_new_blocks(6)
+    run = fresh[:3] if order == "consecutive" else [fresh[2], fresh[0], fresh[4]]
+    cache(pool, request, run, 3, view=[keys[0], keys[1], keys[0]])  # a key twice in the run
+    assert pool.snapshot().cached == tuple(sorted(
+        [(keys[0] + bytes(4), (run[0], run[2])), (keys[1] + bytes(4), (run[1],))]))
+    events = pool.take_events()
+    assert [e.block_hashes for e in events if isinstance(e, BlockStored)] == [(keys[0], keys[1], keys[0])]
+    other = [fresh[5], run[1], 0] if order == "scattered" else [fresh[3], fresh[4], fresh[5]]
+    cache(pool, request, other, 3, view=[keys[2], keys[1], keys[2]])
+    pool.check_invariants()
+    held = pool.snapshot().cached
+    if order == "scattered":  # a hashed block keeps its key; the null block gets none
+        assert (keys[1] + bytes(4), (run[1],)) in held and (keys[2] + bytes(4), (other[0],)) in held
+    else:  # a key cached already: the new block is a later holder
+        assert (keys[1] + bytes(4), (run[1], other[1])) in held
+        assert (keys[2] + bytes(4), (other[0], other[2])) in held
+
+
+@pytest.mark.parametrize("corruption", ["later holders without a first", "first listed again", "empty list"])
+def test_pool_invariants_catch_a_broken_duplicate_map(corruption: str) -> None:
+    """The side map of later holders (D-PERF-10) is checked as part of CACHE-1."""
+    pool = BlockPool(6, True)
+    request = make_request(list(range(4)))
+    blocks = pool.get_new_blocks(1)
+    cache(pool, request, blocks, 1)
+    pool.check_invariants()
+    key = request.block_hashes[0]
+    dups = pool.dup_by_group[0]
+    if corruption == "later holders without a first":
+        dups[b"\7" * len(key)] = [blocks[0]]
+    elif corruption == "first listed again":
+        dups[key] = [blocks[0]]
+    else:
+        dups[key] = []
+    with pytest.raises(InvariantViolation, match="^CACHE-1"):
+        pool.check_invariants()
+
+
 def test_pool_caching_disabled_never_hashes() -> None:
     pool = BlockPool(4, False)
     request = make_request(list(range(8)))
