@@ -46,18 +46,18 @@ from pagedkv.spec.errors import (
     InvariantViolation,
     PoolExhaustedError,
 )
-from pagedkv.spec.hashing import HashedRequest, event_block_keys
+from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import (
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockHash,
     BlockRemoved,
-    BlockStored,
     KVCacheEvent,
 )
 
 from .free_queue import FreeBlockQueue
 from .pool_caching import cache_new_run
+from .pool_events import stored_events
 from .pool_recover import recover_pool
 from .pool_view import NULL_BLOCK, PoolView
 
@@ -451,23 +451,9 @@ class BlockPool(PoolView):
                 else:
                     runs.append((i, [block_hash]))
                 last = i
-        for first, run in runs:
-            extra_keys, lookahead_token_ids = event_block_keys(
-                request, first, first + len(run), block_size, self.num_hash_lookahead_tokens)
-            self._events.append(BlockStored(
-                block_hashes=tuple(run),
-                parent_block_hash=None if first == 0 else block_hashes[first - 1],
-                token_ids=tuple(request.all_token_ids[first * block_size:
-                                                      (first + len(run)) * block_size]),
-                block_size=block_size,
-                lora_id=request.lora_id,
-                medium=MEDIUM_GPU,
-                lora_name=request.lora_name,
-                group_idx=group_id,
-                session_id=getattr(request, "session_id", None),
-                extra_keys=extra_keys,
-                lookahead_token_ids=lookahead_token_ids,
-            ))
+        if runs:
+            self._events.extend(stored_events(request, runs, block_hashes, block_size, group_id,
+                                              self.num_hash_lookahead_tokens))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks, in the given order (each
