@@ -338,8 +338,13 @@ class KVCacheCoordinator:
         """Each group's own longest hit, not reconciled (``group_hits``). Pure."""
         if not self.enable_caching:
             return tuple([] for _ in self.managers), tuple(0 for _ in self.managers)
-        return group_hits.per_group_hits(self.managers, self.views(block_hashes, max_cache_hit_length),
-                                         max_cache_hit_length, self.alignment)
+        blocks, lengths = group_hits.per_group_hits(
+            [manager for manager, cacheable in zip(self.managers, self.cacheable) if cacheable],
+            self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.alignment)
+        # A group outside prefix caching hits nothing (PFX-1).
+        found = iter(zip(blocks, lengths))
+        pairs = [next(found) if cacheable else ([], 0) for cacheable in self.cacheable]
+        return tuple(pair[0] for pair in pairs), tuple(pair[1] for pair in pairs)
 
     def uncached_shared_prefix(self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int,
                                hit_length: int) -> int:

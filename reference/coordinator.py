@@ -118,7 +118,11 @@ class KVCacheCoordinator:
         ``L <= max_length`` the group alone can serve, and its blocks."""
         blocks: list[list[KVCacheBlock]] = []
         lengths: list[int] = []
-        for manager in self.managers:
+        for manager, cacheable in zip(self.managers, self.cacheable):
+            if not cacheable:  # hits nothing (PFX-1)
+                blocks.append([])
+                lengths.append(0)
+                continue
             view = self.view(manager, block_hashes)
             length = max_length // self.alignment * self.alignment if self.enable_caching else 0
             while length > 0 and not manager.can_hit(view, length, max_length):
@@ -202,6 +206,8 @@ class KVCacheCoordinator:
         """Why a hit handed back to ``allocate_slots`` is no longer valid (a
         block evicted or reused since ``get_computed_blocks``), or ``None``."""
         for manager, hits in zip(self.managers, new_computed_blocks):
+            if not hits:
+                continue
             view = self.view(manager, block_hashes)
             for index, block in enumerate(hits):
                 if block.is_null:
@@ -268,7 +274,8 @@ class HybridCoordinator(KVCacheCoordinator):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
                                max_length: int) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        views = [self.view(manager, block_hashes) for manager in self.managers]
+        views = [self.view(manager, block_hashes) if cacheable else []
+                 for manager, cacheable in zip(self.managers, self.cacheable)]
         length = max_length // self.alignment * self.alignment
         # A group outside prefix caching serves every length with no block (PFX-1).
         while length > 0 and not all(not cacheable or manager.can_hit(view, length, max_length)

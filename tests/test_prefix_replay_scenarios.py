@@ -80,3 +80,15 @@ def test_window_block_size_does_not_bound_the_hit_alignment(impl: ModuleType) ->
     hit, length = manager.get_computed_blocks(  # type: ignore[attr-defined]
         manager.make_request("b", PROMPT))  # type: ignore[attr-defined]
     assert length == 24 and len(hit.get_block_ids()[0]) == 6 and hit.get_block_ids()[1] == []
+
+
+def test_hash_block_size_need_not_divide_the_window_block_size(impl: ModuleType) -> None:
+    # Full attention hashed at its 8-token block; the replayed window's 4-token
+    # blocks are never hashed, so the hash block need not divide them.
+    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(8, 1, 8, "float16")),
+              KVCacheGroupSpec(("swa",), SlidingWindowMLASpec(4, 1, 8, "float16",
+                                                             sliding_window=8, bounded_replay=True)))
+    manager = impl.KVCacheManager(KVCacheConfig(40, (), groups), 256, hash_block_size=8)
+    prefill(manager, "a")
+    hit, length = manager.get_computed_blocks(manager.make_request("b", PROMPT))
+    assert length == 24 and len(hit.get_block_ids()[0]) == 3 and hit.get_block_ids()[1] == []
