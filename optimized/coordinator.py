@@ -126,6 +126,8 @@ class KVCacheCoordinator:
                 alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval))
         self.managers: tuple[SingleTypeManager, ...] = tuple(managers)
+        self.cacheable_managers: tuple[SingleTypeManager, ...] = tuple(
+            manager for manager, cacheable in zip(managers, self.cacheable) if cacheable)
         # Prefill checkpoints land where vLLM would align hits (MCKPT-4).
         self.mamba_managers: tuple[MambaManager, ...] = tuple(
             manager for manager in managers if isinstance(manager, MambaManager))
@@ -339,7 +341,7 @@ class KVCacheCoordinator:
         if not self.enable_caching:
             return tuple([] for _ in self.managers), tuple(0 for _ in self.managers)
         blocks, lengths = group_hits.per_group_hits(
-            [manager for manager, cacheable in zip(self.managers, self.cacheable) if cacheable],
+            self.cacheable_managers,
             self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.alignment)
         # A group outside prefix caching hits nothing (PFX-1).
         found = iter(zip(blocks, lengths))
@@ -351,8 +353,11 @@ class KVCacheCoordinator:
         """Tokens the leading group hits beyond the common hit (``group_hits``). Pure."""
         if len(self.managers) < 2 or not self.enable_caching:
             return 0
+        if not self.cacheable_managers:
+            return 0
+        # Only prefix-cacheable groups can lead (PFX-1).
         return group_hits.uncached_shared_prefix(
-            self.managers, self.views(block_hashes, max_cache_hit_length), max_cache_hit_length,
+            self.cacheable_managers, self.views(block_hashes, max_cache_hit_length), max_cache_hit_length,
             self.alignment, hit_length)
 
     def views(self, block_hashes: Sequence[BlockHash], max_tokens: int | None = None) -> HashViews:
@@ -568,8 +573,7 @@ class HybridCoordinator(KVCacheCoordinator):
         managers = self.managers
         cacheable = self.cacheable
         # A group outside prefix caching serves every length with no block (PFX-1).
-        length = longest_common_hit([manager for manager, c in zip(managers, cacheable) if c],
-                                    views, max_cache_hit_length, self.alignment)
+        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.alignment)
         if length == 0:
             return tuple([] for _ in managers), 0
         return tuple([manager.hit_blocks(views.at(manager.block_size), length) if c else []

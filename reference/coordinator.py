@@ -139,8 +139,12 @@ class KVCacheCoordinator:
         fewer than two groups."""
         if len(self.managers) < 2:
             return 0
-        leading = next((index for index, manager in enumerate(self.managers)
-                        if isinstance(manager, FullAttentionManager)), 0)
+        # Only prefix-cacheable groups can lead (PFX-1).
+        candidates = [index for index, cacheable in enumerate(self.cacheable) if cacheable]
+        if not candidates:
+            return 0
+        leading = next((index for index in candidates
+                        if isinstance(self.managers[index], FullAttentionManager)), candidates[0])
         _, lengths = self.find_longest_cache_hit_per_group(block_hashes, max_length)
         return max(0, lengths[leading] - hit_length)
 

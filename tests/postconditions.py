@@ -85,6 +85,12 @@ def check_position_keys(manager: Any, requests: Iterable[Request]) -> None:
         for group_id, (spec, blocks) in enumerate(zip(_specs(manager), lists)):
             if isinstance(spec, MambaSpec):
                 continue
+            if not prefix_cacheable(spec):
+                hashed = [block for block in blocks if keys[block] is not None]
+                if hashed:
+                    raise _fail("PFX-1", f"request {request.request_id!r} group {group_id} is outside "
+                                f"prefix caching but holds hashed blocks {hashed}")
+                continue
             view = group_view(request.block_hashes, hash_block_size, manager.block_sizes[group_id])
             for index, block in enumerate(blocks):
                 key = keys[block]
