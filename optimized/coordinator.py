@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from math import lcm
 
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
@@ -106,7 +107,11 @@ class KVCacheCoordinator:
         self.hash_block_size = hash_block_size
         self.block_sizes = tuple(block_sizes)
         self.max_model_len = max_model_len
-        self.alignment = lcm(*self.block_sizes) if self.block_sizes else 1
+        # Groups outside prefix caching (bounded-replay windows) neither hit
+        # nor cache nor bound the hit alignment (PFX-1, D-API-40).
+        self.cacheable: tuple[bool, ...] = tuple(prefix_cacheable(group.kv_cache_spec) for group in groups)
+        cacheable_sizes = [size for size, cacheable in zip(self.block_sizes, self.cacheable) if cacheable]
+        self.alignment = lcm(*cacheable_sizes) if cacheable_sizes else 1
         self.block_pool = block_pool
         managers: list[SingleTypeManager] = []
         for group_id, group in enumerate(groups):
@@ -121,6 +126,8 @@ class KVCacheCoordinator:
                 alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval))
         self.managers: tuple[SingleTypeManager, ...] = tuple(managers)
+        self.cacheable_managers: tuple[SingleTypeManager, ...] = tuple(
+            manager for manager, cacheable in zip(managers, self.cacheable) if cacheable)
         # Prefill checkpoints land where vLLM would align hits (MCKPT-4).
         self.mamba_managers: tuple[MambaManager, ...] = tuple(
             manager for manager in managers if isinstance(manager, MambaManager))
@@ -333,16 +340,24 @@ class KVCacheCoordinator:
         """Each group's own longest hit, not reconciled (``group_hits``). Pure."""
         if not self.enable_caching:
             return tuple([] for _ in self.managers), tuple(0 for _ in self.managers)
-        return group_hits.per_group_hits(self.managers, self.views(block_hashes, max_cache_hit_length),
-                                         max_cache_hit_length, self.alignment)
+        blocks, lengths = group_hits.per_group_hits(
+            self.cacheable_managers,
+            self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.alignment)
+        # A group outside prefix caching hits nothing (PFX-1).
+        found = iter(zip(blocks, lengths))
+        pairs = [next(found) if cacheable else ([], 0) for cacheable in self.cacheable]
+        return tuple(pair[0] for pair in pairs), tuple(pair[1] for pair in pairs)
 
     def uncached_shared_prefix(self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int,
                                hit_length: int) -> int:
         """Tokens the leading group hits beyond the common hit (``group_hits``). Pure."""
         if len(self.managers) < 2 or not self.enable_caching:
             return 0
+        if not self.cacheable_managers:
+            return 0
+        # Only prefix-cacheable groups can lead (PFX-1).
         return group_hits.uncached_shared_prefix(
-            self.managers, self.views(block_hashes, max_cache_hit_length), max_cache_hit_length,
+            self.cacheable_managers, self.views(block_hashes, max_cache_hit_length), max_cache_hit_length,
             self.alignment, hit_length)
 
     def views(self, block_hashes: Sequence[BlockHash], max_tokens: int | None = None) -> HashViews:
@@ -478,7 +493,9 @@ class KVCacheCoordinator:
         # caching stops at the last one; an EAGLE group caches the block
         # past it, which its hit predicate reads (D-HIT-5).
         aligned = num_tokens - num_tokens % self.alignment if len(managers) > 1 else num_tokens
-        for manager in managers:
+        for manager, cacheable in zip(managers, self.cacheable):
+            if not cacheable:
+                continue
             tokens = aligned
             if manager.use_eagle and aligned > 0:
                 tokens = min(finalized, finalized - finalized % self.alignment + manager.block_size)
@@ -554,11 +571,13 @@ class HybridCoordinator(KVCacheCoordinator):
         the hit length. Cost: see ``longest_common_hit``, plus the hit blocks."""
         views = self.views(block_hashes, max_cache_hit_length)
         managers = self.managers
-        length = longest_common_hit(managers, views, max_cache_hit_length, self.alignment)
+        cacheable = self.cacheable
+        # A group outside prefix caching serves every length with no block (PFX-1).
+        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.alignment)
         if length == 0:
             return tuple([] for _ in managers), 0
-        return tuple([manager.hit_blocks(views.at(manager.block_size), length)
-                      for manager in managers]), length
+        return tuple([manager.hit_blocks(views.at(manager.block_size), length) if c else []
+                      for manager, c in zip(managers, cacheable)]), length
 
 
 def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
@@ -575,7 +594,7 @@ def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
     """
     groups = kv_cache_config.kv_cache_groups
     kind: type[KVCacheCoordinator]
-    if not enable_caching or not groups:
+    if not enable_caching or not any(prefix_cacheable(group.kv_cache_spec) for group in groups):
         # Zero groups (an attention-free model): nothing to cache or hit.
         kind = NoPrefixCacheCoordinator
     elif (len(groups) == 1 and block_sizes[0] == hash_block_size

@@ -126,11 +126,13 @@ def allocate_args(
     check_hit_allowed(request_id, known_request, coordinator.enable_caching, num_groups,
                       num_new_computed_tokens, has_hits)
     # 1f. the hit's size matches num_new_computed_tokens in every group.
+    # A group outside prefix caching takes no hit block, at any length (PFX-1).
     encoder = coordinator.encoder_groups
+    cacheable = coordinator.cacheable
     for group_id, block_size in enumerate(coordinator.block_sizes):
         held = len(computed[group_id]) if computed is not None else 0
-        expected = 0 if encoder[group_id] else num_new_computed_tokens // block_size
-        if num_new_computed_tokens % block_size or held != expected:
+        expected = 0 if encoder[group_id] or not cacheable[group_id] else num_new_computed_tokens // block_size
+        if (cacheable[group_id] and num_new_computed_tokens % block_size) or held != expected:
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
                 f"{held} computed blocks of group {group_id} (block size {block_size})")

@@ -20,6 +20,7 @@ from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
@@ -65,7 +66,11 @@ class KVCacheCoordinator:
         self.block_pool = block_pool
         self.block_sizes = list(block_sizes)
         self.hash_block_size = hash_block_size
-        self.alignment = rules.hit_alignment(self.block_sizes)
+        # Groups outside prefix caching (bounded-replay windows) neither hit
+        # nor cache nor bound the hit alignment (PFX-1, D-API-40).
+        self.cacheable = [prefix_cacheable(group.kv_cache_spec) for group in groups]
+        self.alignment = rules.hit_alignment(
+            [size for size, cacheable in zip(self.block_sizes, self.cacheable) if cacheable])
         self.managers: list[SingleTypeManager] = []
         for group_id, (group, block_size) in enumerate(zip(groups, block_sizes)):
             kind = manager_kind_for(group.kv_cache_spec)
@@ -113,7 +118,11 @@ class KVCacheCoordinator:
         ``L <= max_length`` the group alone can serve, and its blocks."""
         blocks: list[list[KVCacheBlock]] = []
         lengths: list[int] = []
-        for manager in self.managers:
+        for manager, cacheable in zip(self.managers, self.cacheable):
+            if not cacheable:  # hits nothing (PFX-1)
+                blocks.append([])
+                lengths.append(0)
+                continue
             view = self.view(manager, block_hashes)
             length = max_length // self.alignment * self.alignment if self.enable_caching else 0
             while length > 0 and not manager.can_hit(view, length, max_length):
@@ -130,8 +139,12 @@ class KVCacheCoordinator:
         fewer than two groups."""
         if len(self.managers) < 2:
             return 0
-        leading = next((index for index, manager in enumerate(self.managers)
-                        if isinstance(manager, FullAttentionManager)), 0)
+        # Only prefix-cacheable groups can lead (PFX-1).
+        candidates = [index for index, cacheable in enumerate(self.cacheable) if cacheable]
+        if not candidates:
+            return 0
+        leading = next((index for index in candidates
+                        if isinstance(self.managers[index], FullAttentionManager)), candidates[0])
         _, lengths = self.find_longest_cache_hit_per_group(block_hashes, max_length)
         return max(0, lengths[leading] - hit_length)
 
@@ -197,6 +210,8 @@ class KVCacheCoordinator:
         """Why a hit handed back to ``allocate_slots`` is no longer valid (a
         block evicted or reused since ``get_computed_blocks``), or ``None``."""
         for manager, hits in zip(self.managers, new_computed_blocks):
+            if not hits:
+                continue
             view = self.view(manager, block_hashes)
             for index, block in enumerate(hits):
                 if block.is_null:
@@ -229,7 +244,9 @@ class KVCacheCoordinator:
         # Several groups: cache whole alignment units only; an EAGLE group also
         # the block after the last one (D-HIT-5).
         aligned = num_tokens // self.alignment * self.alignment if len(self.managers) > 1 else num_tokens
-        for manager in self.managers:
+        for manager, cacheable in zip(self.managers, self.cacheable):
+            if not cacheable:
+                continue
             tokens = aligned
             if manager.use_eagle and aligned > 0:
                 tokens = min(finalized, finalized // self.alignment * self.alignment + manager.block_size)
@@ -261,12 +278,16 @@ class HybridCoordinator(KVCacheCoordinator):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
                                max_length: int) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        views = [self.view(manager, block_hashes) for manager in self.managers]
+        views = [self.view(manager, block_hashes) if cacheable else []
+                 for manager, cacheable in zip(self.managers, self.cacheable)]
         length = max_length // self.alignment * self.alignment
-        while length > 0 and not all(manager.can_hit(view, length, max_length)
-                                     for manager, view in zip(self.managers, views)):
+        # A group outside prefix caching serves every length with no block (PFX-1).
+        while length > 0 and not all(not cacheable or manager.can_hit(view, length, max_length)
+                                     for manager, view, cacheable
+                                     in zip(self.managers, views, self.cacheable)):
             length -= self.alignment
-        return tuple(manager.hit_blocks(view, length) for manager, view in zip(self.managers, views)), length
+        return tuple(manager.hit_blocks(view, length) if cacheable else []
+                     for manager, view, cacheable in zip(self.managers, views, self.cacheable)), length
 
 
 class NoPrefixCacheCoordinator(KVCacheCoordinator):
@@ -286,7 +307,8 @@ def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
     managers over ``block_pool``: group ``g`` gets ``block_sizes[g]``; requests are hashed at ``hash_block_size``;
     ``max_model_len`` and ``max_num_batched_tokens`` give the windowed
     groups' admission caps."""
-    kind = (HybridCoordinator if enable_caching and kv_cache_config.kv_cache_groups
+    kind = (HybridCoordinator if enable_caching and any(
+        prefix_cacheable(group.kv_cache_spec) for group in kv_cache_config.kv_cache_groups)
             else NoPrefixCacheCoordinator)
     return kind(kv_cache_config, block_pool=block_pool, block_sizes=block_sizes,
                 hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle,

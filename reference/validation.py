@@ -93,10 +93,11 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
     check_hit_allowed(request_id, known_request, coordinator.enable_caching, num_groups,
                       num_new_computed_tokens, any(hits))
     # 1f. the hit's size matches num_new_computed_tokens in every group.
-    for manager, group_hits in zip(coordinator.managers, hits):
-        expected = (0 if isinstance(manager, CrossAttentionManager)
+    # A group outside prefix caching takes no hit block, at any length (PFX-1).
+    for manager, group_hits, cacheable in zip(coordinator.managers, hits, coordinator.cacheable):
+        expected = (0 if isinstance(manager, CrossAttentionManager) or not cacheable
                     else num_new_computed_tokens // manager.block_size)
-        if num_new_computed_tokens % manager.block_size or len(group_hits) != expected:
+        if (cacheable and num_new_computed_tokens % manager.block_size) or len(group_hits) != expected:
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
                 f"{len(group_hits)} computed blocks of group {manager.group_id} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from math import gcd, lcm
 
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import check_lookahead, normalize_hash_fn
@@ -65,15 +66,19 @@ def check_manager_args(
                     f"kv_cache_groups[{group_id}]: context parallelism supports full attention "
                     f"only, got {type(group.kv_cache_spec).__name__}")
     normalize_hash_fn(hash_fn)
+    # Groups outside prefix caching are never hashed nor hit (PFX-1): only the
+    # others constrain the hash block size and the hit alignment.
     block_sizes = tuple(group.kv_cache_spec.block_size * scale for group in groups)
-    if hash_block_size is None and block_sizes:
-        hash_block_size = gcd(*block_sizes)
+    cacheable_sizes = tuple(size for size, group in zip(block_sizes, groups)
+                            if prefix_cacheable(group.kv_cache_spec)) or block_sizes
+    if hash_block_size is None and cacheable_sizes:
+        hash_block_size = gcd(*cacheable_sizes)
     if hash_block_size is not None and (type(hash_block_size) is not int or hash_block_size < 1 or any(
-            size % hash_block_size for size in block_sizes)):
+            size % hash_block_size for size in cacheable_sizes)):
         raise InvalidConfigError(
-            f"hash_block_size must be a positive int dividing every group's block size "
-            f"{list(block_sizes)}, got {hash_block_size!r}")
-    alignment = lcm(*block_sizes) if block_sizes else 1
+            f"hash_block_size must be a positive int dividing every prefix-cacheable group's block "
+            f"size {list(cacheable_sizes)}, got {hash_block_size!r}")
+    alignment = lcm(*cacheable_sizes) if cacheable_sizes else 1
     if type(retention_interval) is int and retention_interval > 0 and not any(
             manager_kind_for(group.kv_cache_spec) in ("sliding_window", "mamba") for group in groups):
         raise InvalidConfigError(

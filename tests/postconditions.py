@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.errors import InvariantViolation
 from pagedkv.spec.hashing import ExtraKeys, block_extra_keys, hash_block_tokens, normalize_hash_fn, seed_hash
 from pagedkv.spec.kv_cache_spec import (
@@ -84,6 +85,12 @@ def check_position_keys(manager: Any, requests: Iterable[Request]) -> None:
         for group_id, (spec, blocks) in enumerate(zip(_specs(manager), lists)):
             if isinstance(spec, MambaSpec):
                 continue
+            if not prefix_cacheable(spec):
+                hashed = [block for block in blocks if keys[block] is not None]
+                if hashed:
+                    raise _fail("PFX-1", f"request {request.request_id!r} group {group_id} is outside "
+                                f"prefix caching but holds hashed blocks {hashed}")
+                continue
             view = group_view(request.block_hashes, hash_block_size, manager.block_sizes[group_id])
             for index, block in enumerate(blocks):
                 key = keys[block]
@@ -102,7 +109,8 @@ def check_hit(manager: Any, request: Request, block_ids: Sequence[Sequence[int]]
     keys, and takes no cross-attention block."""
     specs = _specs(manager)
     block_sizes = manager.block_sizes
-    alignment = math.lcm(*block_sizes) if block_sizes else 1
+    cacheable = [prefix_cacheable(spec) for spec in specs]
+    alignment = math.lcm(*(size for size, c in zip(block_sizes, cacheable) if c)) if any(cacheable) else 1
     if length % alignment or not 0 <= length <= max(0, request.num_tokens - 1) or len(block_ids) != len(specs):
         raise _fail("HYB-1", f"hit of {length} tokens for request {request.request_id!r} "
                     f"({request.num_tokens} tokens, alignment {alignment}, {len(block_ids)} lists)")
@@ -111,6 +119,11 @@ def check_hit(manager: Any, request: Request, block_ids: Sequence[Sequence[int]]
         if isinstance(spec, CrossAttentionSpec):
             if blocks:
                 raise _fail("XATTN-1", f"group {group_id} contributes {list(blocks)} to a prefix hit")
+            continue
+        if not cacheable[group_id]:
+            if blocks:
+                raise _fail("PFX-1", f"group {group_id} is outside prefix caching but contributes "
+                            f"{list(blocks)} to a prefix hit")
             continue
         if len(blocks) * block_sizes[group_id] != length:
             raise _fail("HYB-1", f"group {group_id} hit {len(blocks)} blocks of {block_sizes[group_id]} "

@@ -16,6 +16,7 @@ from typing import Any
 import hypothesis.strategies as st
 
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MMFeature
+from pagedkv.spec.attention_variants import SlidingWindowMLASpec
 from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -182,16 +183,20 @@ def group_spec(draw: st.DrawFn, kind: str) -> KVCacheSpec:
                          if checkpoints else None)
     if kind == "cross_attention":
         return CrossAttentionSpec(block_size, 1, 8, "float16")
+    if kind == "bounded_replay":
+        # A window outside prefix caching: it never hits nor caches (PFX-1).
+        return SlidingWindowMLASpec(block_size, 1, 8, "float16", sliding_window=draw(st.integers(1, 9)),
+                                    bounded_replay=True)
     assert kind == "sink", kind
     return SinkFullAttentionSpec(block_size, 1, 8, "float16", sink_len=block_size * draw(st.integers(1, 2)))
 
 
 @st.composite
 def hybrid_groups(draw: st.DrawFn) -> list[KVCacheSpec]:
-    """1-4 types, 1-3 groups each, sometimes a cross-attention or sink group."""
+    """1-4 types, 1-3 groups each, sometimes a cross-attention, sink or bounded-replay group."""
     kinds = draw(st.lists(st.sampled_from(HYBRID_KINDS), min_size=1, max_size=4, unique=True))
     specs = [draw(group_spec(kind)) for kind in kinds for _ in range(draw(st.integers(1, 3)))]
-    for extra in ("cross_attention", "sink"):
+    for extra in ("cross_attention", "sink", "bounded_replay"):
         if draw(st.integers(0, 7)) == 0:
             specs.append(draw(group_spec(extra)))
     return draw(st.permutations(specs))

@@ -27,7 +27,7 @@ import pagedkv.optimized as optimized
 import pagedkv.reference as reference
 import tests.test_differential as differential
 from pagedkv.reference.block_pool import KVCacheBlock
-from pagedkv.spec import FullAttentionSpec, InvariantViolation, KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec import FullAttentionSpec, InvariantViolation, KVCacheConfig, KVCacheGroupSpec, SlidingWindowMLASpec
 from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -357,6 +357,24 @@ def _check_offer_kept_after_free(manager: Any, request: Any) -> None:
     postconditions.check_offers_dropped(checkpointed, "a")
 
 
+def _check_hit_from_a_replayed_window(manager: Any, request: Any) -> None:
+    """A bounded-replay window group (spec/examples.md §12) handed a block in a hit."""
+    implementation = next(module for module in IMPLEMENTATIONS.values()
+                          if isinstance(manager, module.KVCacheManager))
+    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(4, 1, 8, "float16")),
+              KVCacheGroupSpec(("swa",), SlidingWindowMLASpec(4, 1, 8, "float16", sliding_window=8,
+                                                             bounded_replay=True)))
+    replay = implementation.KVCacheManager(KVCacheConfig(40, (), groups), 256, hash_block_size=4)
+    first = replay.make_request("a", list(range(25)))
+    assert replay.allocate_slots(first, 25) is not None
+    other = replay.make_request("b", list(range(25)))
+    hit, length = replay.get_computed_blocks(other)
+    block_ids = hit.get_block_ids()
+    postconditions.check_hit(replay, other, block_ids, length)  # the honest answer passes
+    block_ids[1].extend(replay.get_block_ids("a")[1][:length // 4])
+    postconditions.check_hit(replay, other, block_ids, length)
+
+
 POSTCONDITION_CORRUPTIONS: dict[str, tuple[Callable[[Surgery], None], Callable[[Any, Any], None]]] = {
     "REQ-7": (_swap_first_full_blocks, lambda m, r: postconditions.check_position_keys(m, [r])),
     "HASH-1": (lambda s: None, _check_reordered_hashes),
@@ -368,6 +386,7 @@ POSTCONDITION_CORRUPTIONS: dict[str, tuple[Callable[[Surgery], None], Callable[[
     "MCKPT-1": (lambda s: None, _check_checkpoint_column_nulled),
     "MCKPT-3": (lambda s: None, _check_checkpoint_published),
     "MOFF-1": (lambda s: None, _check_offer_kept_after_free),
+    "PFX-1": (lambda s: None, _check_hit_from_a_replayed_window),
 }
 
 

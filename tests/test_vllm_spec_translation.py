@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pagedkv.spec import FullAttentionSpec, MLAAttentionSpec, RSWASpec, SlidingWindowMLASpec
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
 from pagedkv.vllm.config import UnsupportedVllmSpecError, translate_spec
@@ -39,8 +40,10 @@ def test_sliding_window_mla_keeps_window_compression_and_alignment() -> None:
                                tokens_per_state=1, bounded_replay=False))
     assert isinstance(spec, SlidingWindowMLASpec)
     assert (spec.sliding_window, spec.alignment, manager_kind_for(spec)) == (128, 576, "sliding_window")
-    with pytest.raises(UnsupportedVllmSpecError, match="bounded_replay"):
-        translate_spec(fake("SlidingWindowMLASpec", 32, sliding_window=128, bounded_replay=True))
+    # A bounded-replay group is managed but outside prefix caching (D-API-40).
+    replayed = translate_spec(fake("SlidingWindowMLASpec", 32, sliding_window=128, bounded_replay=True))
+    assert isinstance(replayed, SlidingWindowMLASpec) and replayed.bounded_replay
+    assert not prefix_cacheable(replayed)
 
 
 def test_compressed_mla_rswa_and_non_causal() -> None:

@@ -70,12 +70,9 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
             f"pagedkv has no manager for vLLM's {kind}: {_NOT_MANAGED[kind]} (KV cache group spec "
             f"{spec!r})")
     if kind == "SlidingWindowMLASpec":
-        if getattr(spec, "bounded_replay", False):
-            raise UnsupportedVllmSpecError(
-                "pagedkv has no manager for vLLM's SlidingWindowMLASpec with bounded_replay=True: "
-                "its group takes no part in prefix caching, which pagedkv's coordinators do not "
-                f"model yet (D-SPEC-14) (KV cache group spec {spec!r})")
+        # A bounded-replay group takes no part in prefix caching (PFX-1, D-API-40).
         return SlidingWindowMLASpec(**fields, sliding_window=spec.sliding_window,
+                                    bounded_replay=bool(getattr(spec, "bounded_replay", False)),
                                     **_compression(spec, fields["block_size"]))
     if kind == "SlidingWindowSpec":
         return SlidingWindowSpec(**fields, sliding_window=spec.sliding_window,

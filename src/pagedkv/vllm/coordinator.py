@@ -14,7 +14,7 @@ pagedkv's coordinator below the facade (``managers``, ``req_to_blocks``,
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pagedkv.optimized.coordinator import KVCacheCoordinator
 from pagedkv.optimized.single_type import FullAttentionManager
@@ -70,6 +70,15 @@ class GroupManagerView:
         return ids
 
 
+class SpecGroup(NamedTuple):
+    """One entry of vLLM's ``attention_groups``: groups of one spec searched together."""
+
+    spec: Any
+    group_ids: list[int]
+    manager_cls: type
+    use_eagle: bool
+
+
 class CoordinatorView:
     """vLLM's ``KVCacheCoordinator`` attributes over pagedkv's coordinator.
 
@@ -105,6 +114,26 @@ class CoordinatorView:
             (group_id for group_id, manager in enumerate(core.managers)
              if isinstance(manager, FullAttentionManager)),
             None) if len(core.managers) > 1 and core.enable_caching else None
+
+    @property
+    def attention_groups(self) -> list[SpecGroup]:
+        """vLLM's hit-search grouping, for inspection: the prefix-cacheable
+        groups (PFX-1) gathered by equal spec and manager class, full
+        attention first. pagedkv's search does not use it."""
+        found: list[SpecGroup] = []
+        for group_id, (manager, group) in enumerate(zip(self.single_type_managers,
+                                                        self.kv_cache_config.kv_cache_groups)):
+            if not getattr(group.kv_cache_spec, "prefix_cacheable", True):
+                continue
+            for spec_group in found:
+                if spec_group.spec == group.kv_cache_spec and spec_group.manager_cls is type(manager):
+                    spec_group.group_ids.append(group_id)
+                    break
+            else:
+                found.append(SpecGroup(group.kv_cache_spec, [group_id], type(manager), False))
+        full = _compat.spec_classes().get("FullAttentionSpec")
+        found.sort(key=lambda spec_group: not (full is not None and isinstance(spec_group.spec, full)))
+        return found
 
     @property
     def retention_interval(self) -> int | None:

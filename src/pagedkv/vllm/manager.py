@@ -32,6 +32,7 @@ from .blocks import BlockPoolView, BlockView
 from .config import translate_config
 from .coordinator import ZeroingBlockIds, make_coordinator_view
 from .requests import CappedRequest, VllmRequestView
+from .zeroing import ZeroingRecorder
 
 __all__ = ["KVCacheManager"]
 
@@ -120,6 +121,7 @@ class KVCacheManager:
         self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
                                                  self.block_pool, retention, self.enable_caching,
                                                  dcp_world_size)
+        self._zeroing = ZeroingRecorder(kv_cache_config, self._core.coordinator.block_sizes)
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -274,6 +276,11 @@ class KVCacheManager:
                 tuple([b if type(b) is int else int(b.block_id) for b in group]
                       for group in new_computed_blocks.blocks),
                 self._core.block_pool.block_hashes)
+        zeroing = self._zeroing
+        before: tuple[int, ...] = ()
+        if zeroing.groups:
+            known = request.request_id in self._core.coordinator.requests
+            before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
         new_blocks = self._core.allocate_slots(
             self._request(request), num_new_tokens, num_new_computed_tokens,
             hit, num_lookahead_tokens, num_external_computed_tokens,
@@ -282,6 +289,13 @@ class KVCacheManager:
             num_in_flight_tokens=getattr(request, "num_in_flight_tokens", 0) or 0)
         if new_blocks is None:
             return None
+        if zeroing.groups:
+            zeroing.record_allocation(
+                before, self._core.get_block_ids(request.request_id),
+                None if hit is None else hit.get_block_ids(),
+                num_loaded_tokens=(request.num_computed_tokens + num_new_computed_tokens
+                                   + num_external_computed_tokens),
+                skip_group_ids=skip_zeroing_group_ids)
         return self._vllm_blocks(new_blocks)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
@@ -394,11 +408,13 @@ class KVCacheManager:
         self._core.new_step_starts()
 
     def take_new_block_ids(self) -> ZeroingBlockIds:
-        """Blocks to zero: KV cache zeroing is not in pagedkv, so none."""
-        return []
+        """Blocks handed out since the last call that the worker zeroes (zeroing.py)."""
+        return self._zeroing.take()
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """KV cache zeroing is not in pagedkv: nothing is recorded."""
+        """Zero the request's blocks from ``start_token`` on again (a failed load)."""
+        if self._zeroing.groups and request_id in self._core.coordinator.requests:
+            self._zeroing.record_from(self._core.get_block_ids(request_id), start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
         """Copy-on-write copies: pagedkv makes none (no sub-block hits)."""
