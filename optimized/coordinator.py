@@ -30,6 +30,7 @@ from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
+from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request, RequestFacts, RequestView
 from pagedkv.spec.types import BlockHash
@@ -138,6 +139,10 @@ class KVCacheCoordinator:
             mamba.hash_block_size = hash_block_size
             mamba.drop_eagle_checkpoint = use_eagle
             mamba.cache_hit_alignment_tokens = hash_block_size if self.partial_hash_hits else self.alignment
+        self._use_eagle = use_eagle
+        self._kinds = tuple(manager_kind_for(group.kv_cache_spec) for group in groups)
+        self._specs = tuple(group.kv_cache_spec for group in groups)
+        self.partial_hits_enabled = False
         # Cross-attention groups count encoder tokens, the others decoder tokens.
         self.encoder_groups: tuple[bool, ...] = tuple(
             isinstance(manager, CrossAttentionManager) for manager in managers)
@@ -390,9 +395,15 @@ class KVCacheCoordinator:
                         expected if type(expected) is list else list(expected))
                         and list(map(group_ids.__getitem__, group)).count(group_id) == len(group)):
                     continue
+            manager = self.managers[group_id]
+            fine = isinstance(manager, MambaManager) and manager.partial_hits
+            hash_size = self.hash_block_size
             for index, block in enumerate(group):
                 if not block:
                     continue
+                if fine and group_ids[block] == group_id and hashes[block] in state_keys_in_block(
+                        block_hashes, index, hash_size, manager.block_size):
+                    continue  # a state block may carry any boundary's key inside it (MPART-1)
                 if (index >= len(view) or hashes[block] != view[index]
                         or group_ids[block] != group_id):
                     return (f"group {group_id} position {index}: block {block} no longer caches "
@@ -492,7 +503,9 @@ class KVCacheCoordinator:
         # Several groups: only whole alignment units can ever be hit, so
         # caching stops at the last one; an EAGLE group caches the block
         # past it, which its hit predicate reads (D-HIT-5).
-        aligned = num_tokens - num_tokens % self.alignment if len(managers) > 1 else num_tokens
+        # With sub-block hits every hash block is a unit (MPART-1).
+        unit = self.hash_block_size if self.partial_hits_enabled else self.alignment
+        aligned = num_tokens - num_tokens % unit if len(managers) > 1 else num_tokens
         for manager, cacheable in zip(managers, self.cacheable):
             if not cacheable:
                 continue
@@ -533,6 +546,33 @@ class KVCacheCoordinator:
         """The request's cached-block count per group. Cost: O(groups)."""
         return tuple(manager.num_cached_blocks[request_id] for manager in self.managers)
 
+    def enable_partial_hash_hits(self) -> None:
+        """Turn sub-block hits on before any request is known (MPART-1..4).
+
+        Raises:
+            InvalidConfigError: unsupported configuration (D-MAMBA-15) or
+                requests already known.
+        Cost: O(groups).
+        """
+        check_supported(partial_hits_supported(
+            self._kinds, self._specs, self.block_sizes, self.hash_block_size,
+            enable_caching=self.enable_caching, use_eagle=self._use_eagle,
+            configured=self.partial_hash_hits))
+        if self.requests:
+            raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
+        self.partial_hits_enabled = True
+        for manager in self.managers:
+            if isinstance(manager, MambaManager):
+                manager.partial_hits = manager.block_size != self.hash_block_size
+            else:
+                # Full attention at the hash block size: hits on every hash block.
+                manager.alignment = self.hash_block_size
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """Every Mamba group's queued copy-on-write pairs, groups in id order
+        (MPART-3). Cost: O(groups + copies)."""
+        return [pair for manager in self.mamba_managers for pair in manager.take_copies()]
+
     def new_step_starts(self) -> None:
         """Per-step hook of every manager. Cost: O(groups)."""
         for manager in self.managers:
@@ -569,15 +609,32 @@ class HybridCoordinator(KVCacheCoordinator):
                                max_cache_hit_length: int) -> tuple[tuple[list[int], ...], int]:
         """Blocks per group (null blocks where a type no longer reads) and
         the hit length. Cost: see ``longest_common_hit``, plus the hit blocks."""
-        views = self.views(block_hashes, max_cache_hit_length)
         managers = self.managers
         cacheable = self.cacheable
+        if self.partial_hits_enabled:
+            # Every group reads the hash-block hashes (MPART-1): full groups
+            # are at the hash block size, Mamba groups look up states.
+            views: HashViews = RawHashViews(block_hashes, self.hash_block_size)
+            alignment = self.hash_block_size
+        else:
+            views = self.views(block_hashes, max_cache_hit_length)
+            alignment = self.alignment
         # A group outside prefix caching serves every length with no block (PFX-1).
-        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.alignment)
+        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, alignment)
         if length == 0:
             return tuple([] for _ in managers), 0
         return tuple([manager.hit_blocks(views.at(manager.block_size), length) if c else []
                       for manager, c in zip(managers, cacheable)]), length
+
+
+class RawHashViews(HashViews):
+    """Every block size sees the hash-block hashes themselves (sub-block hits)."""
+
+    __slots__ = ()
+
+    def at(self, block_size: int) -> Sequence[BlockHash]:
+        """The request's own list. Cost: O(1)."""
+        return self.block_hashes
 
 
 def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
