@@ -22,12 +22,13 @@ facade validates first (``validation.py``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from math import lcm
 
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
 from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
@@ -143,6 +144,8 @@ class KVCacheCoordinator:
         self._kinds = tuple(manager_kind_for(group.kv_cache_spec) for group in groups)
         self._specs = tuple(group.kv_cache_spec for group in groups)
         self.partial_hits_enabled = False
+        # Copy endpoints taken and not yet released, with multiplicity (MPART-3).
+        self.retained: Counter[int] = Counter()
         # Cross-attention groups count encoder tokens, the others decoder tokens.
         self.encoder_groups: tuple[bool, ...] = tuple(
             isinstance(manager, CrossAttentionManager) for manager in managers)
@@ -570,8 +573,29 @@ class KVCacheCoordinator:
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         """Every Mamba group's queued copy-on-write pairs, groups in id order
-        (MPART-3). Cost: O(groups + copies)."""
-        return [pair for manager in self.mamba_managers for pair in manager.take_copies()]
+        (MPART-3); their retention references pass to the caller.
+        Cost: O(groups + copies)."""
+        pairs = [pair for manager in self.mamba_managers for pair in manager.take_copies()]
+        if pairs:
+            self.retained.update(block for pair in pairs for block in pair)
+        return pairs
+
+    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
+        """Drop one retention reference per id, in order (MPART-3).
+
+        Raises:
+            InvalidArgumentError: an id not retained that many times (no change).
+        Cost: O(len(block_ids)).
+        """
+        wanted = Counter(block_ids)
+        for block, times in wanted.items():
+            if self.retained[block] < times:
+                raise InvalidArgumentError(
+                    f"block_ids: block {block!r} is released {times} time(s) but retained "
+                    f"{self.retained[block]} time(s) by taken copies")
+        self.retained.subtract(wanted)
+        self.retained = +self.retained
+        self.block_pool.free_blocks(block_ids)
 
     def new_step_starts(self) -> None:
         """Per-step hook of every manager. Cost: O(groups)."""

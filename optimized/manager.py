@@ -517,8 +517,13 @@ class KVCacheManager:
         return pairs, [block for pair in pairs for block in pair]
 
     def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
-        """Drop one retention reference per block id, in order. Cost: O(len(block_ids))."""
-        self._coordinator.block_pool.free_blocks(block_ids)
+        """Drop one retention reference per block id, in order.
+
+        Raises:
+            InvalidArgumentError: an id not retained by a taken copy (no change).
+        Cost: O(len(block_ids)).
+        """
+        self._coordinator.release_copy_retentions(block_ids)
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba ``align`` boundary states cached since the last call, for a KV

@@ -12,6 +12,7 @@ coordinator's hit.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from pagedkv.reference import rules
@@ -22,7 +23,7 @@ from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManage
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
@@ -101,6 +102,9 @@ class KVCacheCoordinator:
         self._specs = [group.kv_cache_spec for group in groups]
         self.partial_hits_enabled = False
         self._use_eagle = use_eagle
+        # Copy endpoints handed out by ``take_block_copies`` and not yet
+        # released, with multiplicity: one retention reference each (MPART-3).
+        self.retained: Counter[int] = Counter()
         # Tokens a multi-module drafter re-prefills (num_prefill_lookahead - 1),
         # never cached (D-HASH-12); the facade sets it.
         self.num_reprefillable_tokens = 0
@@ -299,9 +303,28 @@ class KVCacheCoordinator:
                 manager.partial_hits = True
 
     def take_block_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
-        """Every group's queued copy-on-write pairs, groups in id order (MPART-3)."""
-        return [pair for manager in self.managers if isinstance(manager, MambaManager)
-                for pair in manager.take_copies()]
+        """Every group's queued copy-on-write pairs, groups in id order; their
+        retention references pass to the caller (MPART-3)."""
+        pairs = [pair for manager in self.managers if isinstance(manager, MambaManager)
+                 for pair in manager.take_copies()]
+        self.retained.update(block.block_id for pair in pairs for block in pair)
+        return pairs
+
+    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
+        """Drop one retention reference per id, in order (MPART-3).
+
+        Raises:
+            InvalidArgumentError: an id not retained that many times (no change).
+        """
+        wanted = Counter(block_ids)
+        for block_id, times in wanted.items():
+            if self.retained[block_id] < times:
+                raise InvalidArgumentError(
+                    f"block_ids: block {block_id!r} is released {times} time(s) but retained "
+                    f"{self.retained[block_id]} time(s) by taken copies")
+        self.retained.subtract(wanted)
+        self.retained = +self.retained
+        self.block_pool.free_blocks([self.block_pool.blocks[block_id] for block_id in block_ids])
 
     def new_step_starts(self) -> None:
         """A scheduler step begins."""

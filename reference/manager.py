@@ -377,9 +377,12 @@ class KVCacheManager:
                 [block.block_id for pair in pairs for block in pair])
 
     def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
-        """Drop the retention reference of each block id, in order (after the copies ran)."""
-        self.coordinator.block_pool.free_blocks([self.coordinator.block_pool.blocks[block_id]
-                                                 for block_id in block_ids])
+        """Drop the retention reference of each block id, in order (after the copies ran).
+
+        Raises:
+            InvalidArgumentError: an id not retained by a taken copy (no change).
+        """
+        self.coordinator.release_copy_retentions(block_ids)
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba ``align`` boundary states cached since the last call, for a KV

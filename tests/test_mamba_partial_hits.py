@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec, SlidingWindowSpec
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.implementations import IMPLEMENTATIONS
@@ -44,6 +44,7 @@ def hybrid(impl: ModuleType, **kwargs: Any) -> Any:
 
 
 def ref_count(manager: Any, block: int) -> int:
+    manager.check_invariants()
     count: int = manager.snapshot().pool.ref_counts[block]
     return count
 
@@ -105,7 +106,10 @@ def test_running_producer_moves_its_key_to_the_copy(impl: ModuleType) -> None:
     hit_blocks, hit = manager.get_computed_blocks(sibling)
     assert hit == 6
     assert manager.allocate_slots(sibling, 2, hit, hit_blocks) is None
+    with pytest.raises(InvalidArgumentError, match="block_ids"):
+        manager.release_copy_retentions([source_id, source_id])   # retained once: refused
     manager.release_copy_retentions([source_id, copy_id])
+    manager.check_invariants()
     manager.new_step_starts()
     hit_blocks, hit = manager.get_computed_blocks(sibling)
     assert hit == 6 and hit_blocks.get_block_ids()[1][1] == copy_id
