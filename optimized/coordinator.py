@@ -564,6 +564,9 @@ class KVCacheCoordinator:
         if self.requests:
             raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
         self.partial_hits_enabled = True
+        # A producer's published tail makes its next step allocate a copy,
+        # which the decode fast path does not know: general path only (D-MAMBA-17).
+        self.decode_step = None
         for manager in self.managers:
             if isinstance(manager, MambaManager):
                 manager.partial_hits = manager.block_size != self.hash_block_size
