@@ -574,12 +574,12 @@ class KVCacheCoordinator:
                 # Full attention at the hash block size: hits on every hash block.
                 manager.alignment = self.hash_block_size
 
-    def take_block_copies(self) -> list[tuple[int, int]]:
+    def take_block_copies(self, *, hand_over: bool = False) -> list[tuple[int, int]]:
         """Every Mamba group's queued copy-on-write pairs, groups in id order
         (MPART-3); their retention references pass to the caller.
         Cost: O(groups + copies)."""
         pairs = [pair for manager in self.mamba_managers for pair in manager.take_copies()]
-        if pairs:
+        if pairs and not hand_over:  # handed over: plain pool references (D-MAMBA-19)
             self.retained.update(block for pair in pairs for block in pair)
         return pairs
 

@@ -508,12 +508,13 @@ class KVCacheManager:
         """
         self._coordinator.enable_partial_hash_hits()
 
-    def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[int]]:
+    def take_kv_cache_block_copies(self, *, hand_over: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
         """Copy-on-write copies queued since the last call and the retained
         block ids (each pair's source then destination), released with
-        :meth:`release_copy_retentions` once the copies ran (MPART-3).
+        :meth:`release_copy_retentions` once the copies ran (MPART-3), or
+        with ``hand_over`` freed by the caller through the pool (D-MAMBA-19).
         Cost: O(groups + copies)."""
-        pairs = self._coordinator.take_block_copies()
+        pairs = self._coordinator.take_block_copies(hand_over=hand_over)
         return pairs, [block for pair in pairs for block in pair]
 
     def release_copy_retentions(self, block_ids: Sequence[int]) -> None:

@@ -302,12 +302,15 @@ class KVCacheCoordinator:
             if isinstance(manager, MambaManager) and manager.block_size != self.hash_block_size:
                 manager.partial_hits = True
 
-    def take_block_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+    def take_block_copies(self, *, hand_over: bool = False) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
         """Every group's queued copy-on-write pairs, groups in id order; their
-        retention references pass to the caller (MPART-3)."""
+        retention references pass to the caller (MPART-3): tracked until
+        :meth:`release_copy_retentions`, or with ``hand_over`` plain pool
+        references the caller frees itself (D-MAMBA-19)."""
         pairs = [pair for manager in self.managers if isinstance(manager, MambaManager)
                  for pair in manager.take_copies()]
-        self.retained.update(block.block_id for pair in pairs for block in pair)
+        if not hand_over:
+            self.retained.update(block.block_id for pair in pairs for block in pair)
         return pairs
 
     def release_copy_retentions(self, block_ids: Sequence[int]) -> None:

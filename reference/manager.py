@@ -367,12 +367,14 @@ class KVCacheManager:
         """
         self.coordinator.enable_partial_hash_hits()
 
-    def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[int]]:
+    def take_kv_cache_block_copies(self, *, hand_over: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
         """Copy-on-write copies queued since the last call, as ``(source id,
         destination id)``, and the retained block ids (each pair's source then
         destination): the caller runs the copies, then hands the retained ids
-        to :meth:`release_copy_retentions` (MPART-3)."""
-        pairs = self.coordinator.take_block_copies()
+        to :meth:`release_copy_retentions` (MPART-3). With ``hand_over`` the
+        retentions become plain references the caller frees through the pool
+        (an engine's own deferred free, D-MAMBA-19)."""
+        pairs = self.coordinator.take_block_copies(hand_over=hand_over)
         return ([(source.block_id, destination.block_id) for source, destination in pairs],
                 [block.block_id for pair in pairs for block in pair])
 
