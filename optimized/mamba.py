@@ -45,7 +45,8 @@ class MambaManager(SingleTypeManager):
     __slots__ = ("mode", "num_speculative_blocks", "cached_this_step", "last_state_block",
                  "given_state", "checkpoints", "has_checkpoints", "cache_hit_alignment_tokens",
                  "hash_block_size", "drop_eagle_checkpoint",
-                 "caching_checkpoint", "offers", "partial_hits", "partial_hit", "copies")
+                 "caching_checkpoint", "offers", "partial_hits", "partial_hit", "copies",
+                 "published_tail")
 
     uses_eagle_rule = False
 
@@ -81,6 +82,8 @@ class MambaManager(SingleTypeManager):
         self.partial_hits = False
         self.partial_hit: dict[str, tuple[int, int]] = {}
         self.copies: list[tuple[int, int]] = []
+        # Requests that published their prompt tail (once each, MPART-4).
+        self.published_tail: set[str] = set()
 
     # ---------------------------------------------------------------- hits
 
@@ -361,7 +364,8 @@ class MambaManager(SingleTypeManager):
         Cost: O(1) plus the key's bytes."""
         prompt = getattr(request, "num_prompt_tokens", None)
         hash_size, size = self.hash_block_size, self.block_size
-        if (type(prompt) is not int or request_id in self.checkpoints or num_tokens <= 0
+        if (type(prompt) is not int or request_id in self.checkpoints or request_id in self.published_tail
+                or num_tokens <= 0
                 or num_tokens % hash_size or num_tokens % size == 0
                 or num_tokens != checkpoint_position(prompt, hash_size, self.drop_eagle_checkpoint,
                                                      self.hash_lookahead_tokens())):
@@ -374,6 +378,7 @@ class MambaManager(SingleTypeManager):
         if key is None:
             return
         key_block(self.block_pool, blocks[column], key, self.group_id)
+        self.published_tail.add(request_id)
         self.cached_this_step.add(key)
         self.partial_hit[request_id] = (column, blocks[column])
         if self.num_cached_blocks[request_id] > column:
@@ -392,6 +397,7 @@ class MambaManager(SingleTypeManager):
         self.checkpoints.pop(request_id, None)
         if self.partial_hit:
             self.partial_hit.pop(request_id, None)
+        self.published_tail.discard(request_id)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
         super().release(request_id)

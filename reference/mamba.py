@@ -77,6 +77,9 @@ class MambaManager(SingleTypeManager):
         self.partial_hits = False
         self.partial_hit: dict[str, tuple[int, KVCacheBlock]] = {}
         self.copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        # Requests that published their prompt tail: once per request, so the
+        # block a producer keeps writing after its copy is never keyed again.
+        self.published_tail: set[str] = set()
 
     # -- hits ---------------------------------------------------------------------
 
@@ -325,7 +328,8 @@ class MambaManager(SingleTypeManager):
         (D-MAMBA-16); the request must copy it before writing on."""
         prompt = getattr(request, "num_prompt_tokens", None)
         hash_size, size = self.hash_block_size, self.block_size
-        if (type(prompt) is not int or request_id in self.checkpoints or num_tokens <= 0
+        if (type(prompt) is not int or request_id in self.checkpoints or request_id in self.published_tail
+                or num_tokens <= 0
                 or num_tokens % hash_size or num_tokens % size == 0
                 or num_tokens != checkpoint_position(prompt, hash_size, self.drop_eagle_checkpoint,
                                                      self.hash_lookahead_tokens())):
@@ -337,6 +341,7 @@ class MambaManager(SingleTypeManager):
             return
         source = blocks[column]
         self.cached_this_step.add(key_block(self.block_pool, source, key, self.group_id))
+        self.published_tail.add(request_id)
         self.partial_hit[request_id] = (column, source)
         self.num_cached_blocks[request_id] = min(self.num_cached_blocks[request_id], column)
 
@@ -363,6 +368,7 @@ class MambaManager(SingleTypeManager):
         self.offers = [offer for offer in self.offers if offer[0] != request_id]
         self.checkpoints.pop(request_id, None)
         self.partial_hit.pop(request_id, None)
+        self.published_tail.discard(request_id)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
         super().release(request_id)

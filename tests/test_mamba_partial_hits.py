@@ -100,6 +100,7 @@ def test_running_producer_moves_its_key_to_the_copy(impl: ModuleType) -> None:
     # MPART-4: the producer keeps writing its own block; the key now names the copy.
     assert manager.get_block_ids("0")[1][1] == source
     assert key_of(manager, copy_id) == published
+    assert key_of(manager, source) is None   # published once: never re-keyed while written
     assert ref_count(manager, copy_id) == 1 and ref_count(manager, source) == 2
     # Not a hit in the step that fills it.
     sibling = manager.make_request("1", [0, 0, 1, 1, 2, 2, 3, 3])
