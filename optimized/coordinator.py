@@ -509,6 +509,8 @@ class KVCacheCoordinator:
         # With sub-block hits every hash block is a unit (MPART-1).
         unit = self.hash_block_size if self.partial_hits_enabled else self.alignment
         aligned = num_tokens - num_tokens % unit if len(managers) > 1 else num_tokens
+        for mamba in self.mamba_managers:
+            mamba.caching_end = num_tokens  # a prompt tail is published only there (MPART-4)
         for manager, cacheable in zip(managers, self.cacheable):
             if not cacheable:
                 continue

@@ -46,7 +46,7 @@ class MambaManager(SingleTypeManager):
                  "given_state", "checkpoints", "has_checkpoints", "cache_hit_alignment_tokens",
                  "hash_block_size", "drop_eagle_checkpoint",
                  "caching_checkpoint", "offers", "partial_hits", "partial_hit", "copies",
-                 "published_tail")
+                 "published_tail", "caching_end")
 
     uses_eagle_rule = False
 
@@ -84,6 +84,8 @@ class MambaManager(SingleTypeManager):
         self.copies: list[tuple[int, int]] = []
         # Requests that published their prompt tail (once each, MPART-4).
         self.published_tail: set[str] = set()
+        # The unaligned end of the caching call in progress (set by the coordinator).
+        self.caching_end = -1
 
     # ---------------------------------------------------------------- hits
 
@@ -251,7 +253,7 @@ class MambaManager(SingleTypeManager):
         copied: list[int] = []
         if partial is not None:
             destination = self._copy_on_write(request_id, partial, given_before)
-            if not given_before:
+            if destination is not None and not given_before:
                 copied.append(destination)
         if given_before:
             # The running state sits just before the speculative blocks.
@@ -274,16 +276,18 @@ class MambaManager(SingleTypeManager):
         self.given_state.add(request_id)
         return copied + blocks[previous_len:] if copied else blocks[previous_len:]
 
-    def _copy_on_write(self, request_id: str, partial: tuple[int, int], given_before: bool) -> int:
+    def _copy_on_write(self, request_id: str, partial: tuple[int, int], given_before: bool) -> int | None:
         """Queue ``(source, destination)`` with a retention reference on each
         (MPART-3): a new request's hit moves onto the copy; a running
         producer keeps its block and its published key moves to the copy
         (MPART-4). Returns the destination. Cost: O(1)."""
         column, source = partial
         pool = self.block_pool
-        destination = pool.get_new_blocks(1)[0]
         blocks = self.req_to_blocks[request_id]
-        assert blocks[column] == source and source
+        if blocks[column] != source:
+            return None  # the published state was released since: nothing to copy
+        destination = pool.get_new_blocks(1)[0]
+        assert source
         if given_before:
             move_key(pool, source, destination)
             pool._ref[source] += 1
@@ -365,7 +369,7 @@ class MambaManager(SingleTypeManager):
         prompt = getattr(request, "num_prompt_tokens", None)
         hash_size, size = self.hash_block_size, self.block_size
         if (type(prompt) is not int or request_id in self.checkpoints or request_id in self.published_tail
-                or num_tokens <= 0
+                or num_tokens != self.caching_end or num_tokens <= 0
                 or num_tokens % hash_size or num_tokens % size == 0
                 or num_tokens != checkpoint_position(prompt, hash_size, self.drop_eagle_checkpoint,
                                                      self.hash_lookahead_tokens())):

@@ -262,6 +262,8 @@ class KVCacheCoordinator:
         unit = self.hash_block_size if self.partial_hits_enabled else self.alignment
         aligned = num_tokens // unit * unit if len(self.managers) > 1 else num_tokens
         for manager, cacheable in zip(self.managers, self.cacheable):
+            if isinstance(manager, MambaManager):
+                manager.caching_end = num_tokens  # a prompt tail is published only there (MPART-4)
             if not cacheable:
                 continue
             tokens = aligned

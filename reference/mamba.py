@@ -80,6 +80,8 @@ class MambaManager(SingleTypeManager):
         # Requests that published their prompt tail: once per request, so the
         # block a producer keeps writing after its copy is never keyed again.
         self.published_tail: set[str] = set()
+        # The unaligned end of the caching call in progress (set by the coordinator).
+        self.caching_end = -1
 
     # -- hits ---------------------------------------------------------------------
 
@@ -229,7 +231,7 @@ class MambaManager(SingleTypeManager):
         copied: list[KVCacheBlock] = []
         if partial is not None:
             destination = self._copy_on_write(request_id, partial, given_before)
-            if not given_before:
+            if destination is not None and not given_before:
                 copied.append(destination)
         if given_before:
             # The running state sits just before the speculative blocks.
@@ -252,7 +254,7 @@ class MambaManager(SingleTypeManager):
         return copied + blocks[previous_len:]
 
     def _copy_on_write(self, request_id: str, partial: tuple[int, KVCacheBlock],
-                       given_before: bool) -> KVCacheBlock:
+                       given_before: bool) -> KVCacheBlock | None:
         """Take the copy's destination and queue ``(source, destination)``;
         both endpoints keep one retention reference until the copy is taken
         and released (MPART-3). A new request's hit moves onto the copy (the
@@ -260,9 +262,10 @@ class MambaManager(SingleTypeManager):
         so the published key moves to the copy instead (MPART-4). Returns the
         destination (new blocks of the request when it moved onto it)."""
         column, source = partial
-        destination = self.block_pool.get_new_blocks(1)[0]
         blocks = self.req_to_blocks[request_id]
-        assert blocks[column] is source and not source.is_null
+        if blocks[column] is not source:
+            return None  # the published state was released since: nothing to copy
+        destination = self.block_pool.get_new_blocks(1)[0]
         if given_before:
             move_key(self.block_pool, source, destination)
             source.ref_cnt += 1  # the retention: the request keeps its own
@@ -329,7 +332,7 @@ class MambaManager(SingleTypeManager):
         prompt = getattr(request, "num_prompt_tokens", None)
         hash_size, size = self.hash_block_size, self.block_size
         if (type(prompt) is not int or request_id in self.checkpoints or request_id in self.published_tail
-                or num_tokens <= 0
+                or num_tokens != self.caching_end or num_tokens <= 0
                 or num_tokens % hash_size or num_tokens % size == 0
                 or num_tokens != checkpoint_position(prompt, hash_size, self.drop_eagle_checkpoint,
                                                      self.hash_lookahead_tokens())):
