@@ -121,8 +121,8 @@ class MambaManager(SingleTypeManager):
         key = state_key(fine_hashes, length, self.hash_block_size, self.block_size)
         if key is None:
             return None
-        holders = self.block_pool.cached_by_group[self.group_id].get(key)
-        return holders[0] if holders else None
+        found: int | None = self.block_pool.cached_by_group[self.group_id].get(key)
+        return found
 
     def skipped_tokens(self, num_computed: int) -> int:
         """Only the state after the last computed token is needed. Cost: O(1)."""

@@ -21,19 +21,26 @@ def key_block(pool: BlockPool, block: int, block_hash: BlockHash, group_id: int)
     assert block and pool._gid[block] < 0
     pool._hash[block] = block_hash
     pool._gid[block] = group_id
-    pool.cached_by_group[group_id].setdefault(block_hash, []).append(block)
+    # The first holder of a key is the table's; identical later ones go to the side map (D-PERF-10).
+    if pool.cached_by_group[group_id].setdefault(block_hash, block) != block:
+        pool.dup_by_group[group_id].setdefault(block_hash, []).append(block)
 
 
 def move_key(pool: BlockPool, source: int, destination: int) -> None:
     """Re-point ``source``'s key, if any, at the unkeyed ``destination``, which
-    takes ``source``'s place among the key's holders. Cost: O(holders)."""
+    takes ``source``'s place among the key's holders. Cost: O(1) (O(duplicates)
+    for a key several blocks carry)."""
     group_id = pool._gid[source]
     assert pool._gid[destination] < 0
     if group_id < 0:
         return
     block_hash = pool._hash[source]
     assert block_hash is not None
-    holders = pool.cached_by_group[group_id][block_hash]
-    holders[holders.index(source)] = destination
+    table = pool.cached_by_group[group_id]
+    if table[block_hash] == source:
+        table[block_hash] = destination
+    else:
+        later = pool.dup_by_group[group_id][block_hash]
+        later[later.index(source)] = destination
     pool._hash[destination], pool._gid[destination] = block_hash, group_id
     pool._hash[source], pool._gid[source] = None, -1
