@@ -350,7 +350,7 @@ class KVCacheCoordinator:
             return tuple([] for _ in self.managers), tuple(0 for _ in self.managers)
         blocks, lengths = group_hits.per_group_hits(
             self.cacheable_managers,
-            self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.alignment)
+            self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.hit_unit)
         # A group outside prefix caching hits nothing (PFX-1).
         found = iter(zip(blocks, lengths))
         pairs = [next(found) if cacheable else ([], 0) for cacheable in self.cacheable]
@@ -366,11 +366,19 @@ class KVCacheCoordinator:
         # Only prefix-cacheable groups can lead (PFX-1).
         return group_hits.uncached_shared_prefix(
             self.cacheable_managers, self.views(block_hashes, max_cache_hit_length), max_cache_hit_length,
-            self.alignment, hit_length)
+            self.hit_unit, hit_length)
 
     def views(self, block_hashes: Sequence[BlockHash], max_tokens: int | None = None) -> HashViews:
-        """The request's hashes per group block size. Cost: O(1) (lazy)."""
+        """The request's hashes per group block size (the hash-block hashes
+        for every group with sub-block hits, MPART-1). Cost: O(1) (lazy)."""
+        if self.partial_hits_enabled:
+            return RawHashViews(block_hashes, self.hash_block_size)
         return HashViews(block_hashes, self.hash_block_size, max_tokens)
+
+    @property
+    def hit_unit(self) -> int:
+        """The granularity of hit lengths: the hash block with sub-block hits, else the alignment."""
+        return self.hash_block_size if self.partial_hits_enabled else self.alignment
 
     def stale_hit(self, block_hashes: Sequence[BlockHash],
                   new_computed_blocks: Sequence[Sequence[int]]) -> str | None:
@@ -384,7 +392,7 @@ class KVCacheCoordinator:
         """
         pool = self.block_pool
         hashes, group_ids = pool.block_hashes, pool.block_group_ids
-        views = self.views(block_hashes)
+        views = HashViews(block_hashes, self.hash_block_size)  # the keys' views, not the lookup's
         for group_id, group in enumerate(new_computed_blocks):
             if not group:
                 continue
@@ -521,7 +529,7 @@ class KVCacheCoordinator:
                 manager.cache_blocks(request, None, request_id, tokens)
             else:
                 if views is None:
-                    views = self.views(request.block_hashes, num_tokens)
+                    views = HashViews(request.block_hashes, hash_block_size, num_tokens)
                 manager.cache_blocks(request, views.at(manager.block_size), request_id, tokens)
 
     def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int) -> None:
@@ -640,16 +648,10 @@ class HybridCoordinator(KVCacheCoordinator):
         the hit length. Cost: see ``longest_common_hit``, plus the hit blocks."""
         managers = self.managers
         cacheable = self.cacheable
-        if self.partial_hits_enabled:
-            # Every group reads the hash-block hashes (MPART-1): full groups
-            # are at the hash block size, Mamba groups look up states.
-            views: HashViews = RawHashViews(block_hashes, self.hash_block_size)
-            alignment = self.hash_block_size
-        else:
-            views = self.views(block_hashes, max_cache_hit_length)
-            alignment = self.alignment
+        # With sub-block hits every group reads the hash-block hashes (MPART-1).
+        views = self.views(block_hashes, max_cache_hit_length)
         # A group outside prefix caching serves every length with no block (PFX-1).
-        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, alignment)
+        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.hit_unit)
         if length == 0:
             return tuple([] for _ in managers), 0
         return tuple([manager.hit_blocks(views.at(manager.block_size), length) if c else []

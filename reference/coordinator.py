@@ -126,15 +126,18 @@ class KVCacheCoordinator:
         ``L <= max_length`` the group alone can serve, and its blocks."""
         blocks: list[list[KVCacheBlock]] = []
         lengths: list[int] = []
+        fine = self.partial_hits_enabled  # sub-block hits: hash-block steps (MPART-1)
+        step = self.hash_block_size if fine else self.alignment
         for manager, cacheable in zip(self.managers, self.cacheable):
             if not cacheable:  # hits nothing (PFX-1)
                 blocks.append([])
                 lengths.append(0)
                 continue
-            view = self.view(manager, block_hashes)
-            length = max_length // self.alignment * self.alignment if self.enable_caching else 0
+            view = (list(block_hashes) if fine and isinstance(manager, MambaManager)
+                    else self.view(manager, block_hashes))
+            length = max_length // step * step if self.enable_caching else 0
             while length > 0 and not manager.can_hit(view, length, max_length):
-                length -= self.alignment
+                length -= step
             blocks.append(manager.hit_blocks(view, length) if length else [])
             lengths.append(length)
         return tuple(blocks), tuple(lengths)
