@@ -22,14 +22,16 @@ facade validates first (``validation.py``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from math import lcm
 
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
+from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request, RequestFacts, RequestView
 from pagedkv.spec.types import BlockHash
@@ -138,6 +140,12 @@ class KVCacheCoordinator:
             mamba.hash_block_size = hash_block_size
             mamba.drop_eagle_checkpoint = use_eagle
             mamba.cache_hit_alignment_tokens = hash_block_size if self.partial_hash_hits else self.alignment
+        self._use_eagle = use_eagle
+        self._kinds = tuple(manager_kind_for(group.kv_cache_spec) for group in groups)
+        self._specs = tuple(group.kv_cache_spec for group in groups)
+        self.partial_hits_enabled = False
+        # Copy endpoints taken and not yet released, with multiplicity (MPART-3).
+        self.retained: Counter[int] = Counter()
         # Cross-attention groups count encoder tokens, the others decoder tokens.
         self.encoder_groups: tuple[bool, ...] = tuple(
             isinstance(manager, CrossAttentionManager) for manager in managers)
@@ -342,7 +350,7 @@ class KVCacheCoordinator:
             return tuple([] for _ in self.managers), tuple(0 for _ in self.managers)
         blocks, lengths = group_hits.per_group_hits(
             self.cacheable_managers,
-            self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.alignment)
+            self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.hit_unit)
         # A group outside prefix caching hits nothing (PFX-1).
         found = iter(zip(blocks, lengths))
         pairs = [next(found) if cacheable else ([], 0) for cacheable in self.cacheable]
@@ -358,11 +366,19 @@ class KVCacheCoordinator:
         # Only prefix-cacheable groups can lead (PFX-1).
         return group_hits.uncached_shared_prefix(
             self.cacheable_managers, self.views(block_hashes, max_cache_hit_length), max_cache_hit_length,
-            self.alignment, hit_length)
+            self.hit_unit, hit_length)
 
     def views(self, block_hashes: Sequence[BlockHash], max_tokens: int | None = None) -> HashViews:
-        """The request's hashes per group block size. Cost: O(1) (lazy)."""
+        """The request's hashes per group block size (the hash-block hashes
+        for every group with sub-block hits, MPART-1). Cost: O(1) (lazy)."""
+        if self.partial_hits_enabled:
+            return RawHashViews(block_hashes, self.hash_block_size)
         return HashViews(block_hashes, self.hash_block_size, max_tokens)
+
+    @property
+    def hit_unit(self) -> int:
+        """The granularity of hit lengths: the hash block with sub-block hits, else the alignment."""
+        return self.hash_block_size if self.partial_hits_enabled else self.alignment
 
     def stale_hit(self, block_hashes: Sequence[BlockHash],
                   new_computed_blocks: Sequence[Sequence[int]]) -> str | None:
@@ -376,7 +392,7 @@ class KVCacheCoordinator:
         """
         pool = self.block_pool
         hashes, group_ids = pool.block_hashes, pool.block_group_ids
-        views = self.views(block_hashes)
+        views = HashViews(block_hashes, self.hash_block_size)  # the keys' views, not the lookup's
         for group_id, group in enumerate(new_computed_blocks):
             if not group:
                 continue
@@ -390,9 +406,15 @@ class KVCacheCoordinator:
                         expected if type(expected) is list else list(expected))
                         and list(map(group_ids.__getitem__, group)).count(group_id) == len(group)):
                     continue
+            manager = self.managers[group_id]
+            fine = isinstance(manager, MambaManager) and manager.partial_hits
+            hash_size = self.hash_block_size
             for index, block in enumerate(group):
                 if not block:
                     continue
+                if fine and group_ids[block] == group_id and hashes[block] in state_keys_in_block(
+                        block_hashes, index, hash_size, manager.block_size):
+                    continue  # a state block may carry any boundary's key inside it (MPART-1)
                 if (index >= len(view) or hashes[block] != view[index]
                         or group_ids[block] != group_id):
                     return (f"group {group_id} position {index}: block {block} no longer caches "
@@ -492,7 +514,11 @@ class KVCacheCoordinator:
         # Several groups: only whole alignment units can ever be hit, so
         # caching stops at the last one; an EAGLE group caches the block
         # past it, which its hit predicate reads (D-HIT-5).
-        aligned = num_tokens - num_tokens % self.alignment if len(managers) > 1 else num_tokens
+        # With sub-block hits every hash block is a unit (MPART-1).
+        unit = self.hash_block_size if self.partial_hits_enabled else self.alignment
+        aligned = num_tokens - num_tokens % unit if len(managers) > 1 else num_tokens
+        for mamba in self.mamba_managers:
+            mamba.caching_end = num_tokens  # a prompt tail is published only there (MPART-4)
         for manager, cacheable in zip(managers, self.cacheable):
             if not cacheable:
                 continue
@@ -503,7 +529,7 @@ class KVCacheCoordinator:
                 manager.cache_blocks(request, None, request_id, tokens)
             else:
                 if views is None:
-                    views = self.views(request.block_hashes, num_tokens)
+                    views = HashViews(request.block_hashes, hash_block_size, num_tokens)
                 manager.cache_blocks(request, views.at(manager.block_size), request_id, tokens)
 
     def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int) -> None:
@@ -532,6 +558,57 @@ class KVCacheCoordinator:
     def get_num_cached_blocks(self, request_id: str) -> tuple[int, ...]:
         """The request's cached-block count per group. Cost: O(groups)."""
         return tuple(manager.num_cached_blocks[request_id] for manager in self.managers)
+
+    def enable_partial_hash_hits(self) -> None:
+        """Turn sub-block hits on before any request is known (MPART-1..4).
+
+        Raises:
+            InvalidConfigError: unsupported configuration (D-MAMBA-15) or
+                requests already known.
+        Cost: O(groups).
+        """
+        check_supported(partial_hits_supported(
+            self._kinds, self._specs, self.block_sizes, self.hash_block_size,
+            enable_caching=self.enable_caching, use_eagle=self._use_eagle,
+            configured=self.partial_hash_hits))
+        if self.requests:
+            raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
+        self.partial_hits_enabled = True
+        # A producer's published tail makes its next step allocate a copy,
+        # which the decode fast path does not know: general path only (D-MAMBA-17).
+        self.decode_step = None
+        for manager in self.managers:
+            if isinstance(manager, MambaManager):
+                manager.partial_hits = manager.block_size != self.hash_block_size
+            else:
+                # Full attention at the hash block size: hits on every hash block.
+                manager.alignment = self.hash_block_size
+
+    def take_block_copies(self, *, hand_over: bool = False) -> list[tuple[int, int]]:
+        """Every Mamba group's queued copy-on-write pairs, groups in id order
+        (MPART-3); their retention references pass to the caller.
+        Cost: O(groups + copies)."""
+        pairs = [pair for manager in self.mamba_managers for pair in manager.take_copies()]
+        if pairs and not hand_over:  # handed over: plain pool references (D-MAMBA-19)
+            self.retained.update(block for pair in pairs for block in pair)
+        return pairs
+
+    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
+        """Drop one retention reference per id, in order (MPART-3).
+
+        Raises:
+            InvalidArgumentError: an id not retained that many times (no change).
+        Cost: O(len(block_ids)).
+        """
+        wanted = Counter(block_ids)
+        for block, times in wanted.items():
+            if self.retained[block] < times:
+                raise InvalidArgumentError(
+                    f"block_ids: block {block!r} is released {times} time(s) but retained "
+                    f"{self.retained[block]} time(s) by taken copies")
+        self.retained.subtract(wanted)
+        self.retained = +self.retained
+        self.block_pool.free_blocks(block_ids)
 
     def new_step_starts(self) -> None:
         """Per-step hook of every manager. Cost: O(groups)."""
@@ -569,15 +646,26 @@ class HybridCoordinator(KVCacheCoordinator):
                                max_cache_hit_length: int) -> tuple[tuple[list[int], ...], int]:
         """Blocks per group (null blocks where a type no longer reads) and
         the hit length. Cost: see ``longest_common_hit``, plus the hit blocks."""
-        views = self.views(block_hashes, max_cache_hit_length)
         managers = self.managers
         cacheable = self.cacheable
+        # With sub-block hits every group reads the hash-block hashes (MPART-1).
+        views = self.views(block_hashes, max_cache_hit_length)
         # A group outside prefix caching serves every length with no block (PFX-1).
-        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.alignment)
+        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.hit_unit)
         if length == 0:
             return tuple([] for _ in managers), 0
         return tuple([manager.hit_blocks(views.at(manager.block_size), length) if c else []
                       for manager, c in zip(managers, cacheable)]), length
+
+
+class RawHashViews(HashViews):
+    """Every block size sees the hash-block hashes themselves (sub-block hits)."""
+
+    __slots__ = ()
+
+    def at(self, block_size: int) -> Sequence[BlockHash]:
+        """The request's own list. Cost: O(1)."""
+        return self.block_hashes
 
 
 def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,

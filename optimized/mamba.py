@@ -29,9 +29,11 @@ from collections.abc import Sequence
 
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import checkpoint_column, checkpoint_exportable, checkpoint_position
+from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
+from .mamba_partial import key_block, move_key
 from .single_type import SingleTypeManager
 
 __all__ = ["MambaManager"]
@@ -43,7 +45,8 @@ class MambaManager(SingleTypeManager):
     __slots__ = ("mode", "num_speculative_blocks", "cached_this_step", "last_state_block",
                  "given_state", "checkpoints", "has_checkpoints", "cache_hit_alignment_tokens",
                  "hash_block_size", "drop_eagle_checkpoint",
-                 "caching_checkpoint", "offers")
+                 "caching_checkpoint", "offers", "partial_hits", "partial_hit", "copies",
+                 "published_tail", "caching_end")
 
     uses_eagle_rule = False
 
@@ -71,6 +74,18 @@ class MambaManager(SingleTypeManager):
         self.caching_checkpoint: tuple[int, int] | None = None
         # Boundary states offered to a KV connector until taken (MOFF-1).
         self.offers: list[tuple[str, int, int]] = []
+        # Sub-block hits (MPART-1..4), switched on by the coordinator: hits
+        # are looked up on the hash-block hashes; ``partial_hit`` is the
+        # (column, source) a request copies on its next allocation,
+        # ``copies`` the queued (source, destination) pairs, each endpoint
+        # holding one retention reference until taken and released.
+        self.partial_hits = False
+        self.partial_hit: dict[str, tuple[int, int]] = {}
+        self.copies: list[tuple[int, int]] = []
+        # Requests that published their prompt tail (once each, MPART-4).
+        self.published_tail: set[str] = set()
+        # The unaligned end of the caching call in progress (set by the coordinator).
+        self.caching_end = -1
 
     # ---------------------------------------------------------------- hits
 
@@ -83,7 +98,31 @@ class MambaManager(SingleTypeManager):
         positions looked up between the bound and the result)."""
         if self.mode == "none":
             return 0
+        if self.partial_hits:
+            # ``view`` holds the hash-block hashes: step one hash block down
+            # until the state after ``length`` tokens is cached (MPART-1).
+            step = self.hash_block_size
+            length = bound // step * step
+            while length > 0 and self._state_at(view, length) is None:
+                length -= step
+            return length
         return super().longest_hit(view, bound, max_length)
+
+    def hit_blocks(self, view: Sequence[BlockHash], length: int) -> list[int]:
+        """See the base class; with sub-block hits, the state block of the
+        hit after its padding. Cost: O(L / b)."""
+        if not self.partial_hits or length == 0:
+            return super().hit_blocks(view, length)
+        state = self._state_at(view, length)
+        assert state is not None
+        return [0] * (-(-length // self.block_size) - 1) + [state]
+
+    def _state_at(self, fine_hashes: Sequence[BlockHash], length: int) -> int | None:
+        key = state_key(fine_hashes, length, self.hash_block_size, self.block_size)
+        if key is None:
+            return None
+        found: int | None = self.block_pool.cached_by_group[self.group_id].get(key)
+        return found
 
     def skipped_tokens(self, num_computed: int) -> int:
         """Only the state after the last computed token is needed. Cost: O(1)."""
@@ -177,6 +216,12 @@ class MambaManager(SingleTypeManager):
         num_new = required - len(new_computed_blocks) - held
         if num_new > 0:
             num_new = 1 if request_id in self.given_state else 1 + self.num_speculative_blocks
+        # A hit ending inside its block (or a producer's published tail)
+        # takes the copy-on-write destination too (MPART-2).
+        if self.partial_hits and (request_id in self.partial_hit or (
+                new_computed_blocks and not num_external_computed_tokens
+                and (num_total_computed_tokens - num_external_computed_tokens) % self.block_size)):
+            num_new = max(num_new, 0) + 1
         # A new request's externally computed tokens get blocks at admission
         # (``allocate_external``) before the state blocks: count them too, or
         # the allocation could run dry halfway (D-MAMBA-5).
@@ -200,10 +245,16 @@ class MambaManager(SingleTypeManager):
         spec_blocks = self.num_speculative_blocks
         required = -(-num_main_tokens // self.block_size) + spec_blocks
         checkpoint = 1 if request_id in self.checkpoints else 0
-        if required <= len(blocks) and not checkpoint:
+        partial = self.partial_hit.pop(request_id, None) if self.partial_hit else None
+        if required <= len(blocks) and not checkpoint and partial is None:
             return []
         previous_len = len(blocks)
         given_before = request_id in self.given_state
+        copied: list[int] = []
+        if partial is not None:
+            destination = self._copy_on_write(request_id, partial, given_before)
+            if destination is not None and not given_before:
+                copied.append(destination)
         if given_before:
             # The running state sits just before the speculative blocks.
             self.last_state_block[request_id] = previous_len - 1 - spec_blocks
@@ -223,7 +274,48 @@ class MambaManager(SingleTypeManager):
         if missing > 0:
             blocks.extend(self.block_pool.get_new_blocks(missing))
         self.given_state.add(request_id)
-        return blocks[previous_len:]
+        return copied + blocks[previous_len:] if copied else blocks[previous_len:]
+
+    def _copy_on_write(self, request_id: str, partial: tuple[int, int], given_before: bool) -> int | None:
+        """Queue ``(source, destination)`` with a retention reference on each
+        (MPART-3): a new request's hit moves onto the copy; a running
+        producer keeps its block and its published key moves to the copy
+        (MPART-4). Returns the destination. Cost: O(1)."""
+        column, source = partial
+        pool = self.block_pool
+        blocks = self.req_to_blocks[request_id]
+        if blocks[column] != source:
+            return None  # the published state was released since: nothing to copy
+        destination = pool.get_new_blocks(1)[0]
+        assert source
+        if given_before:
+            move_key(pool, source, destination)
+            pool._ref[source] += 1
+            block_hash = pool._hash[destination]
+            if block_hash is not None:
+                self.cached_this_step.add(block_hash)  # filled by this step's copy
+        else:
+            blocks[column] = destination
+            pool._ref[destination] += 1
+        self.copies.append((source, destination))
+        return destination
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The queued copies, oldest first; emptied. Cost: O(1)."""
+        copies, self.copies = self.copies, []
+        return copies
+
+    def admit(self, request_id: str, new_computed_blocks: Sequence[int],
+              num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
+        """See the base class; a hit ending inside its state block is
+        recorded for copy-on-write (MPART-2). Cost: as the base class."""
+        super().admit(request_id, new_computed_blocks, num_local_computed_tokens,
+                      num_external_computed_tokens)
+        if (self.partial_hits and new_computed_blocks and not num_external_computed_tokens
+                and num_local_computed_tokens % self.block_size):
+            column = num_local_computed_tokens // self.block_size
+            self.partial_hit[request_id] = (column, self.req_to_blocks[request_id][column])
+            self.num_cached_blocks[request_id] = column
 
     def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
         """Release all but the live state (:meth:`released_tokens`) and, in
@@ -266,6 +358,35 @@ class MambaManager(SingleTypeManager):
                 added(block_hash)
                 if offer is not None:
                     offer((request_id, block, (position + 1) * block_size))
+        if self.partial_hits:
+            self._publish_prompt_tail(request, request_id, num_tokens)
+
+    def _publish_prompt_tail(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+        """Key the running state block under the partial key of the prompt's
+        last reusable hash boundary when caching ends there inside a block
+        (MPART-4; unkeyed blocks only, no prefill checkpoint: D-MAMBA-16).
+        Cost: O(1) plus the key's bytes."""
+        prompt = getattr(request, "num_prompt_tokens", None)
+        hash_size, size = self.hash_block_size, self.block_size
+        if (type(prompt) is not int or request_id in self.checkpoints or request_id in self.published_tail
+                or num_tokens != self.caching_end or num_tokens <= 0
+                or num_tokens % hash_size or num_tokens % size == 0
+                or num_tokens != checkpoint_position(prompt, hash_size, self.drop_eagle_checkpoint,
+                                                     self.hash_lookahead_tokens())):
+            return
+        column = -(-num_tokens // size) - 1
+        blocks = self.req_to_blocks[request_id]
+        if column >= len(blocks) or not blocks[column] or self.block_pool._gid[blocks[column]] >= 0:
+            return
+        key = state_key(request.block_hashes, num_tokens, hash_size, size)
+        if key is None:
+            return
+        key_block(self.block_pool, blocks[column], key, self.group_id)
+        self.published_tail.add(request_id)
+        self.cached_this_step.add(key)
+        self.partial_hit[request_id] = (column, blocks[column])
+        if self.num_cached_blocks[request_id] > column:
+            self.num_cached_blocks[request_id] = column
 
     def take_offers(self) -> list[tuple[str, int, int]]:
         """The boundary states offered since the last call, oldest first. Cost: O(1)."""
@@ -278,6 +399,9 @@ class MambaManager(SingleTypeManager):
         if self.offers:  # the blocks go back to the pool: drop their offers (MOFF-1)
             self.offers = [offer for offer in self.offers if offer[0] != request_id]
         self.checkpoints.pop(request_id, None)
+        if self.partial_hit:
+            self.partial_hit.pop(request_id, None)
+        self.published_tail.discard(request_id)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
         super().release(request_id)

@@ -499,6 +499,33 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
 
+    def enable_partial_hash_hits(self) -> None:
+        """Turn on sub-block hits with copy-on-write (spec/mamba.md, MPART-1..4).
+
+        Raises:
+            InvalidConfigError: unsupported configuration (D-MAMBA-15) or requests already known.
+        Cost: O(groups).
+        """
+        self._coordinator.enable_partial_hash_hits()
+
+    def take_kv_cache_block_copies(self, *, hand_over: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
+        """Copy-on-write copies queued since the last call and the retained
+        block ids (each pair's source then destination), released with
+        :meth:`release_copy_retentions` once the copies ran (MPART-3), or
+        with ``hand_over`` freed by the caller through the pool (D-MAMBA-19).
+        Cost: O(groups + copies)."""
+        pairs = self._coordinator.take_block_copies(hand_over=hand_over)
+        return pairs, [block for pair in pairs for block in pair]
+
+    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
+        """Drop one retention reference per block id, in order.
+
+        Raises:
+            InvalidArgumentError: an id not retained by a taken copy (no change).
+        Cost: O(len(block_ids)).
+        """
+        self._coordinator.release_copy_retentions(block_ids)
+
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba ``align`` boundary states cached since the last call, for a KV
         connector to offload: request id -> ``(group id, block id, tokens)``

@@ -157,24 +157,34 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
                     or not 0 < block < pool.num_blocks for block in sinks):
                 fail("SINK-1", f"group {manager.group_id}'s sink blocks {sinks} are not held as reserved")
         if isinstance(manager, MambaManager):
-            _check_states_cached_this_step(pool, manager.group_id, manager.cached_this_step, fail)
+            _check_states_cached_this_step(pool, manager.group_id, manager.cached_this_step, fail,
+                                           partial_keys=manager.partial_hits)
     if sorted(sink_blocks) != sorted(pool.reserved):
         fail("SINK-1", f"reserved blocks {sorted(pool.reserved)} != sink blocks {sorted(sink_blocks)}")
     for block in pool.reserved:
         holders[block] += 1  # sink blocks: held by the manager itself (SINK-1)
+    # MPART-3: copy endpoints, queued or taken and unreleased, hold one reference each.
+    for block, times in coordinator.retained.items():
+        holders[block] += times
+    for manager in managers:
+        if isinstance(manager, MambaManager):
+            for pair in manager.copies:
+                for block in pair:
+                    holders[block] += 1
     for block in range(1, pool.num_blocks):
         if pool.ref_counts[block] != holders[block]:
             fail("REQ-1", f"block {block}: ref {pool.ref_counts[block]}, held {holders[block]}")
 
 
 def _check_states_cached_this_step(pool: BlockPool, group_id: int, cached_this_step: set[BlockHash],
-                                   fail: Callable[[str, str], None]) -> None:
+                                   fail: Callable[[str, str], None], *, partial_keys: bool = False) -> None:
     """MAMBA-2 in this representation: the set holds raw hashes of the
     group's own view, the group id being implied by the manager. A key of
     the group (or of another one: raw hash plus group id) differs in length
-    from every hash the group's blocks carry."""
+    from every hash the group's blocks carry. With sub-block hits a
+    partial key (one hash-block hash) is a second valid length (MPART-1)."""
     lengths = {len(block_hash) for block_hash in cached_this_step}
     lengths.update(len(block_hash) for block_hash in pool.cached_by_group[group_id])
-    if len(lengths) > 1 or any(type(block_hash) is not bytes for block_hash in cached_this_step):
+    if len(lengths) > 1 + partial_keys or any(type(block_hash) is not bytes for block_hash in cached_this_step):
         fail("MAMBA-2", f"group {group_id} remembers a state that is not a hash of its view: "
                         f"{sorted(block_hash.hex() for block_hash in cached_this_step)}")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
+from pagedkv.spec.mamba_partial import hit_fits
 from pagedkv.spec.request import RequestView
 from pagedkv.spec.types import BlockHash
 
@@ -131,8 +132,13 @@ def allocate_args(
     cacheable = coordinator.cacheable
     for group_id, block_size in enumerate(coordinator.block_sizes):
         held = len(computed[group_id]) if computed is not None else 0
-        expected = 0 if encoder[group_id] or not cacheable[group_id] else num_new_computed_tokens // block_size
-        if (cacheable[group_id] and num_new_computed_tokens % block_size) or held != expected:
+        if encoder[group_id] or not cacheable[group_id]:
+            # A group outside prefix caching takes no hit block, at any length (PFX-1).
+            fits = held == 0 and (not cacheable[group_id] or num_new_computed_tokens % block_size == 0)
+        else:
+            fits = hit_fits(num_new_computed_tokens, held, block_size, coordinator.hash_block_size,
+                            getattr(coordinator.managers[group_id], "partial_hits", False))
+        if not fits:
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
                 f"{held} computed blocks of group {group_id} (block size {block_size})")

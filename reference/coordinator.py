@@ -12,6 +12,7 @@ coordinator's hit.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from pagedkv.reference import rules
@@ -22,10 +23,11 @@ from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManage
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
+from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 
@@ -97,6 +99,12 @@ class KVCacheCoordinator:
                 manager.cache_hit_alignment_tokens = (
                     hash_block_size if self.partial_hash_hits else self.alignment)
         self.known: set[str] = set()
+        self._specs = [group.kv_cache_spec for group in groups]
+        self.partial_hits_enabled = False
+        self._use_eagle = use_eagle
+        # Copy endpoints handed out by ``take_block_copies`` and not yet
+        # released, with multiplicity: one retention reference each (MPART-3).
+        self.retained: Counter[int] = Counter()
         # Tokens a multi-module drafter re-prefills (num_prefill_lookahead - 1),
         # never cached (D-HASH-12); the facade sets it.
         self.num_reprefillable_tokens = 0
@@ -118,15 +126,18 @@ class KVCacheCoordinator:
         ``L <= max_length`` the group alone can serve, and its blocks."""
         blocks: list[list[KVCacheBlock]] = []
         lengths: list[int] = []
+        fine = self.partial_hits_enabled  # sub-block hits: hash-block steps (MPART-1)
+        step = self.hash_block_size if fine else self.alignment
         for manager, cacheable in zip(self.managers, self.cacheable):
             if not cacheable:  # hits nothing (PFX-1)
                 blocks.append([])
                 lengths.append(0)
                 continue
-            view = self.view(manager, block_hashes)
-            length = max_length // self.alignment * self.alignment if self.enable_caching else 0
+            view = (list(block_hashes) if fine and isinstance(manager, MambaManager)
+                    else self.view(manager, block_hashes))
+            length = max_length // step * step if self.enable_caching else 0
             while length > 0 and not manager.can_hit(view, length, max_length):
-                length -= self.alignment
+                length -= step
             blocks.append(manager.hit_blocks(view, length) if length else [])
             lengths.append(length)
         return tuple(blocks), tuple(lengths)
@@ -216,6 +227,13 @@ class KVCacheCoordinator:
             for index, block in enumerate(hits):
                 if block.is_null:
                     continue
+                if isinstance(manager, MambaManager) and manager.partial_hits:
+                    # A state block may carry the key of any boundary inside it (MPART-1).
+                    keys = state_keys_in_block(block_hashes, index, manager.hash_block_size,
+                                               manager.block_size)
+                    if block.block_hash in {make_block_hash_with_group_id(key, manager.group_id)
+                                            for key in keys}:
+                        continue
                 if index >= len(view) or block.block_hash != make_block_hash_with_group_id(
                         view[index], manager.group_id):
                     return (f"group {manager.group_id} position {index}: block {block.block_id} no longer "
@@ -243,8 +261,12 @@ class KVCacheCoordinator:
             num_tokens = finalized
         # Several groups: cache whole alignment units only; an EAGLE group also
         # the block after the last one (D-HIT-5).
-        aligned = num_tokens // self.alignment * self.alignment if len(self.managers) > 1 else num_tokens
+        # With sub-block hits every hash block is a unit (MPART-1).
+        unit = self.hash_block_size if self.partial_hits_enabled else self.alignment
+        aligned = num_tokens // unit * unit if len(self.managers) > 1 else num_tokens
         for manager, cacheable in zip(self.managers, self.cacheable):
+            if isinstance(manager, MambaManager):
+                manager.caching_end = num_tokens  # a prompt tail is published only there (MPART-4)
             if not cacheable:
                 continue
             tokens = aligned
@@ -266,6 +288,52 @@ class KVCacheCoordinator:
         """Common prefix blocks per group."""
         return [manager.get_num_common_prefix_blocks(request_id) for manager in self.managers]
 
+    def enable_partial_hash_hits(self) -> None:
+        """Turn sub-block hits on (spec/mamba.md, MPART-1..4), before any
+        request is known.
+
+        Raises:
+            InvalidConfigError: the configuration does not support them (D-MAMBA-15).
+            InvalidConfigError: also when requests are already known.
+        """
+        check_supported(partial_hits_supported(
+            [manager_kind_for(spec) for spec in self._specs], self._specs, self.block_sizes,
+            self.hash_block_size, enable_caching=self.enable_caching, use_eagle=self._use_eagle,
+            configured=self.partial_hash_hits))
+        if self.known:
+            raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
+        self.partial_hits_enabled = True
+        for manager in self.managers:
+            if isinstance(manager, MambaManager) and manager.block_size != self.hash_block_size:
+                manager.partial_hits = True
+
+    def take_block_copies(self, *, hand_over: bool = False) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """Every group's queued copy-on-write pairs, groups in id order; their
+        retention references pass to the caller (MPART-3): tracked until
+        :meth:`release_copy_retentions`, or with ``hand_over`` plain pool
+        references the caller frees itself (D-MAMBA-19)."""
+        pairs = [pair for manager in self.managers if isinstance(manager, MambaManager)
+                 for pair in manager.take_copies()]
+        if not hand_over:
+            self.retained.update(block.block_id for pair in pairs for block in pair)
+        return pairs
+
+    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
+        """Drop one retention reference per id, in order (MPART-3).
+
+        Raises:
+            InvalidArgumentError: an id not retained that many times (no change).
+        """
+        wanted = Counter(block_ids)
+        for block_id, times in wanted.items():
+            if self.retained[block_id] < times:
+                raise InvalidArgumentError(
+                    f"block_ids: block {block_id!r} is released {times} time(s) but retained "
+                    f"{self.retained[block_id]} time(s) by taken copies")
+        self.retained.subtract(wanted)
+        self.retained = +self.retained
+        self.block_pool.free_blocks([self.block_pool.blocks[block_id] for block_id in block_ids])
+
     def new_step_starts(self) -> None:
         """A scheduler step begins."""
         for manager in self.managers:
@@ -278,14 +346,19 @@ class HybridCoordinator(KVCacheCoordinator):
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
                                max_length: int) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        views = [self.view(manager, block_hashes) if cacheable else []
+        # Sub-block hits (MPART-1): hash-block steps; Mamba groups read the
+        # hash-block hashes themselves.
+        fine = self.partial_hits_enabled
+        step = self.hash_block_size if fine else self.alignment
+        views = [(list(block_hashes) if fine and isinstance(manager, MambaManager)
+                  else self.view(manager, block_hashes)) if cacheable else []
                  for manager, cacheable in zip(self.managers, self.cacheable)]
-        length = max_length // self.alignment * self.alignment
+        length = max_length // step * step
         # A group outside prefix caching serves every length with no block (PFX-1).
         while length > 0 and not all(not cacheable or manager.can_hit(view, length, max_length)
                                      for manager, view, cacheable
                                      in zip(self.managers, views, self.cacheable)):
-            length -= self.alignment
+            length -= step
         return tuple(manager.hit_blocks(view, length) if cacheable else []
                      for manager, view, cacheable in zip(self.managers, views, self.cacheable)), length
 

@@ -90,6 +90,11 @@ def check_manager(manager: KVCacheManager) -> None:
     # REQ-1: a block's ref count is the number of places requests hold it
     # (plus one for a reserved sink block).
     holders: Counter[int] = Counter(block.block_id for block in pool.reserved)
+    # MPART-3: each copy endpoint, queued or taken and not yet released, holds one reference.
+    holders.update(manager.coordinator.retained)
+    for group in managers:
+        if isinstance(group, MambaManager):
+            holders.update(block.block_id for pair in group.copies for block in pair)
     for group in managers:
         for blocks in group.req_to_blocks.values():
             holders.update(block.block_id for block in blocks if not block.is_null)

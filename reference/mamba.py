@@ -24,10 +24,12 @@ from collections.abc import Sequence
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference.mamba_partial import hit_padding, key_block, move_key
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.mamba_checkpoints import checkpoint_column, checkpoint_exportable, checkpoint_position
+from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash, BlockHashWithGroupId
 
@@ -67,6 +69,19 @@ class MambaManager(SingleTypeManager):
         # Boundary states offered to a KV connector, oldest first, until taken
         # (MOFF-1): (request id, block, tokens the state follows).
         self.offers: list[tuple[str, KVCacheBlock, int]] = []
+        # Sub-block hits (spec/mamba.md, MPART-1..4), switched on by the
+        # coordinator: hits are then looked up on the request's hash-block
+        # hashes. ``partial_hit`` is the block (column, source) a request must
+        # copy on its next allocation; ``copies`` the queued (source,
+        # destination) pairs, each endpoint holding one retention reference.
+        self.partial_hits = False
+        self.partial_hit: dict[str, tuple[int, KVCacheBlock]] = {}
+        self.copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        # Requests that published their prompt tail: once per request, so the
+        # block a producer keeps writing after its copy is never keyed again.
+        self.published_tail: set[str] = set()
+        # The unaligned end of the caching call in progress (set by the coordinator).
+        self.caching_end = -1
 
     # -- hits ---------------------------------------------------------------------
 
@@ -77,7 +92,22 @@ class MambaManager(SingleTypeManager):
     def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
         if self.mode == "none":
             return length == 0
+        if self.partial_hits:
+            # ``block_hashes`` are the hash-block hashes: the state after
+            # ``length`` tokens, under its full or partial key (MPART-1).
+            return self._state_at(block_hashes, length) is not None
         return super().can_hit(block_hashes, length, max_length)
+
+    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int) -> list[KVCacheBlock]:
+        if not self.partial_hits or length == 0:
+            return super().hit_blocks(block_hashes, length)
+        state = self._state_at(block_hashes, length)
+        assert state is not None
+        return [self.block_pool.null_block] * hit_padding(length, self.block_size) + [state]
+
+    def _state_at(self, fine_hashes: Sequence[BlockHash], length: int) -> KVCacheBlock | None:
+        key = state_key(fine_hashes, length, self.hash_block_size, self.block_size)
+        return None if key is None else self._lookup(key)
 
     def skipped_tokens(self, num_computed: int) -> int:
         # Only the state after the last computed token is needed.
@@ -166,6 +196,12 @@ class MambaManager(SingleTypeManager):
         num_new = required - len(new_computed_blocks) - held
         if num_new > 0:
             num_new = 1 if request_id in self.given_state else 1 + self.num_speculative_blocks
+        # A hit ending inside a block (or a producer's published tail) takes
+        # one more block: the copy-on-write destination (MPART-2).
+        local = num_total_computed_tokens - num_external_computed_tokens
+        if self.partial_hits and (request_id in self.partial_hit or (
+                new_computed_blocks and not num_external_computed_tokens and local % self.block_size)):
+            num_new = max(num_new, 0) + 1
         # (A prefill checkpoint's extra block is counted by the coordinator,
         # ``checkpoint_for``: a chunk that reserves one always needs two state blocks.)
         # A new request's externally computed tokens get blocks at admission
@@ -187,10 +223,16 @@ class MambaManager(SingleTypeManager):
         spec_blocks = self.num_speculative_blocks
         required = rules.cdiv(num_main_tokens, self.block_size) + spec_blocks
         checkpoint = int(request_id in self.checkpoints)
-        if required <= len(blocks) and not checkpoint:
+        partial = self.partial_hit.pop(request_id, None)
+        if required <= len(blocks) and not checkpoint and partial is None:
             return []
         previous_len = len(blocks)
         given_before = request_id in self.given_state
+        copied: list[KVCacheBlock] = []
+        if partial is not None:
+            destination = self._copy_on_write(request_id, partial, given_before)
+            if destination is not None and not given_before:
+                copied.append(destination)
         if given_before:
             # The running state sits just before the speculative blocks.
             self.last_state_block[request_id] = previous_len - 1 - spec_blocks
@@ -209,7 +251,39 @@ class MambaManager(SingleTypeManager):
                 blocks[index] = self.block_pool.null_block
         blocks.extend(self.block_pool.get_new_blocks(max(0, required - len(blocks))))
         self.given_state.add(request_id)
-        return blocks[previous_len:]
+        return copied + blocks[previous_len:]
+
+    def _copy_on_write(self, request_id: str, partial: tuple[int, KVCacheBlock],
+                       given_before: bool) -> KVCacheBlock | None:
+        """Take the copy's destination and queue ``(source, destination)``;
+        both endpoints keep one retention reference until the copy is taken
+        and released (MPART-3). A new request's hit moves onto the copy (the
+        source stays shared); a running producer keeps writing its own block,
+        so the published key moves to the copy instead (MPART-4). Returns the
+        destination (new blocks of the request when it moved onto it)."""
+        column, source = partial
+        blocks = self.req_to_blocks[request_id]
+        if blocks[column] is not source:
+            return None  # the published state was released since: nothing to copy
+        destination = self.block_pool.get_new_blocks(1)[0]
+        if given_before:
+            move_key(self.block_pool, source, destination)
+            source.ref_cnt += 1  # the retention: the request keeps its own
+            if destination.block_hash is not None:
+                # Filled only by this step's copy: no hit on it this step.
+                self.cached_this_step.add(destination.block_hash)
+        else:
+            # The hit reference on ``source`` becomes its retention.
+            blocks[column] = destination
+            destination.ref_cnt += 1
+        self.copies.append((source, destination))
+        return destination
+
+    def take_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """The queued copies, oldest first; the queue is emptied (their
+        retention references now belong to the caller)."""
+        copies, self.copies = self.copies, []
+        return copies
 
     def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
         super().remove_skipped_blocks(request_id, num_total_computed_tokens)
@@ -246,6 +320,45 @@ class MambaManager(SingleTypeManager):
                 self.cached_this_step.add(block.block_hash)
                 if self.mode == "align":
                     self.offers.append((request_id, block, (position + 1) * self.block_size))
+        if self.partial_hits:
+            self._publish_prompt_tail(request, request_id, num_tokens)
+
+    def _publish_prompt_tail(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+        """Key the running state block under the partial key of the prompt's
+        last reusable hash boundary when this step's caching ends exactly
+        there inside a block (MPART-4): a sibling prompt can resume there.
+        Only an unkeyed block and a request without a prefill checkpoint
+        (D-MAMBA-16); the request must copy it before writing on."""
+        prompt = getattr(request, "num_prompt_tokens", None)
+        hash_size, size = self.hash_block_size, self.block_size
+        if (type(prompt) is not int or request_id in self.checkpoints or request_id in self.published_tail
+                or num_tokens != self.caching_end or num_tokens <= 0
+                or num_tokens % hash_size or num_tokens % size == 0
+                or num_tokens != checkpoint_position(prompt, hash_size, self.drop_eagle_checkpoint,
+                                                     self.hash_lookahead_tokens())):
+            return
+        column = rules.cdiv(num_tokens, size) - 1
+        blocks = self.req_to_blocks[request_id]
+        key = state_key(request.block_hashes, num_tokens, hash_size, size)
+        if column >= len(blocks) or blocks[column].is_null or blocks[column].block_hash is not None or key is None:
+            return
+        source = blocks[column]
+        self.cached_this_step.add(key_block(self.block_pool, source, key, self.group_id))
+        self.published_tail.add(request_id)
+        self.partial_hit[request_id] = (column, source)
+        self.num_cached_blocks[request_id] = min(self.num_cached_blocks[request_id], column)
+
+    def admit(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
+              num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
+        super().admit(request_id, new_computed_blocks, num_local_computed_tokens,
+                      num_external_computed_tokens)
+        if (self.partial_hits and new_computed_blocks and not num_external_computed_tokens
+                and num_local_computed_tokens % self.block_size):
+            # The hit ends inside its state block: the request copies it
+            # before writing (MPART-2); once full, the copy is cached again.
+            column = num_local_computed_tokens // self.block_size
+            self.partial_hit[request_id] = (column, self.req_to_blocks[request_id][column])
+            self.num_cached_blocks[request_id] = column
 
     def take_offers(self) -> list[tuple[str, KVCacheBlock, int]]:
         """The boundary states offered since the last call, oldest first."""
@@ -257,6 +370,8 @@ class MambaManager(SingleTypeManager):
         # block another request may be handed next (MOFF-1).
         self.offers = [offer for offer in self.offers if offer[0] != request_id]
         self.checkpoints.pop(request_id, None)
+        self.partial_hit.pop(request_id, None)
+        self.published_tail.discard(request_id)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
         super().release(request_id)

@@ -359,6 +359,33 @@ class KVCacheManager:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
+    def enable_partial_hash_hits(self) -> None:
+        """Turn on sub-block hits with copy-on-write (spec/mamba.md, MPART-1..4).
+
+        Raises:
+            InvalidConfigError: unsupported configuration (D-MAMBA-15) or requests already known.
+        """
+        self.coordinator.enable_partial_hash_hits()
+
+    def take_kv_cache_block_copies(self, *, hand_over: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
+        """Copy-on-write copies queued since the last call, as ``(source id,
+        destination id)``, and the retained block ids (each pair's source then
+        destination): the caller runs the copies, then hands the retained ids
+        to :meth:`release_copy_retentions` (MPART-3). With ``hand_over`` the
+        retentions become plain references the caller frees through the pool
+        (an engine's own deferred free, D-MAMBA-19)."""
+        pairs = self.coordinator.take_block_copies(hand_over=hand_over)
+        return ([(source.block_id, destination.block_id) for source, destination in pairs],
+                [block.block_id for pair in pairs for block in pair])
+
+    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
+        """Drop the retention reference of each block id, in order (after the copies ran).
+
+        Raises:
+            InvalidArgumentError: an id not retained by a taken copy (no change).
+        """
+        self.coordinator.release_copy_retentions(block_ids)
+
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba ``align`` boundary states cached since the last call, for a KV
         connector to offload: request id -> ``(group id, block id, tokens)``

@@ -101,6 +101,10 @@ def recover(coordinator: Coordinator) -> None:
     holders: Counter[int] = Counter(
         block.block_id for manager in coordinator.managers
         for blocks in manager.req_to_blocks.values() for block in blocks if not block.is_null)
+    # Copy retentions hold their endpoints too (MPART-3).
+    holders.update(coordinator.retained)
+    for manager in coordinator.managers:
+        holders.update(block.block_id for pair in getattr(manager, "copies", ()) for block in pair)
     _recover_pool(coordinator.block_pool, len(coordinator.managers), holders)
     for manager in coordinator.managers:
         cached_this_step = getattr(manager, "cached_this_step", None)

@@ -20,6 +20,7 @@ from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
+from pagedkv.spec.mamba_partial import hit_fits
 from pagedkv.spec.request import RequestView
 
 if TYPE_CHECKING:
@@ -95,9 +96,12 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
     # 1f. the hit's size matches num_new_computed_tokens in every group.
     # A group outside prefix caching takes no hit block, at any length (PFX-1).
     for manager, group_hits, cacheable in zip(coordinator.managers, hits, coordinator.cacheable):
-        expected = (0 if isinstance(manager, CrossAttentionManager) or not cacheable
-                    else num_new_computed_tokens // manager.block_size)
-        if (cacheable and num_new_computed_tokens % manager.block_size) or len(group_hits) != expected:
+        if isinstance(manager, CrossAttentionManager) or not cacheable:
+            fits = len(group_hits) == 0 and (not cacheable or num_new_computed_tokens % manager.block_size == 0)
+        else:
+            fits = hit_fits(num_new_computed_tokens, len(group_hits), manager.block_size,
+                            coordinator.hash_block_size, getattr(manager, "partial_hits", False))
+        if not fits:
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
                 f"{len(group_hits)} computed blocks of group {manager.group_id} "

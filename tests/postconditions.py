@@ -24,6 +24,7 @@ from pagedkv.spec.kv_cache_spec import (
     KVCacheSpec,
     SlidingWindowSpec,
 )
+from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.request import Request
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
@@ -111,6 +112,11 @@ def check_hit(manager: Any, request: Request, block_ids: Sequence[Sequence[int]]
     block_sizes = manager.block_sizes
     cacheable = [prefix_cacheable(spec) for spec in specs]
     alignment = math.lcm(*(size for size, c in zip(block_sizes, cacheable) if c)) if any(cacheable) else 1
+    # Sub-block hits (MPART-1): any hash boundary; a Mamba group hands the
+    # block holding the state, under that boundary's key.
+    sub_block = bool(getattr(manager.coordinator, "partial_hits_enabled", False))
+    if sub_block:
+        alignment = manager.hash_block_size
     if length % alignment or not 0 <= length <= max(0, request.num_tokens - 1) or len(block_ids) != len(specs):
         raise _fail("HYB-1", f"hit of {length} tokens for request {request.request_id!r} "
                     f"({request.num_tokens} tokens, alignment {alignment}, {len(block_ids)} lists)")
@@ -124,6 +130,12 @@ def check_hit(manager: Any, request: Request, block_ids: Sequence[Sequence[int]]
             if blocks:
                 raise _fail("PFX-1", f"group {group_id} is outside prefix caching but contributes "
                             f"{list(blocks)} to a prefix hit")
+            continue
+        if sub_block and isinstance(spec, MambaSpec) and block_sizes[group_id] != alignment:
+            key = state_key(request.block_hashes, length, alignment, block_sizes[group_id])
+            if len(blocks) != -(-length // block_sizes[group_id]) or (blocks and (
+                    key is None or keys[blocks[-1]] != make_block_hash_with_group_id(key, group_id))):
+                raise _fail("HYB-1", f"group {group_id} sub-block hit {list(blocks)} for {length} tokens")
             continue
         if len(blocks) * block_sizes[group_id] != length:
             raise _fail("HYB-1", f"group {group_id} hit {len(blocks)} blocks of {block_sizes[group_id]} "

@@ -60,6 +60,9 @@ class GroupManagerView:
         self.block_pool = pool
         self.req_to_blocks = _BlocksTable(core.req_to_blocks, pool)
         self._null_block = pool.null_block
+        # Copy-on-write pairs an engine (or a test) queues on the group itself;
+        # ``take_kv_cache_block_copies`` drains them after the core's (MPART-3).
+        self._pending_cow_copies: list[tuple[Any, Any]] = []
         self.num_cached_block: Mapping[str, int] = core.num_cached_blocks
         self.retains_longer_hit = False
         self.records_new_block_ids = False
@@ -102,9 +105,9 @@ class CoordinatorView:
         # Each group's block size in tokens, as vLLM 0.33 scales it (D-VLLM-7).
         self.group_block_sizes: tuple[int, ...] = tuple(
             manager.block_size for manager in self.single_type_managers)
-        # Sub-block (partial) hits and EAGLE sibling groups are not in
-        # pagedkv yet (issue 11): the scheduler then never splits for them.
-        self.enable_partial_hash_hits = False
+        # Sub-block hits: on where vLLM would and the core supports them
+        # (D-MAMBA-14, D-MAMBA-15); EAGLE sibling groups are not in pagedkv yet.
+        self.enable_partial_hash_hits = bool(getattr(core, "partial_hits_enabled", False))
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
         self._retention_interval = retention_interval

@@ -13,11 +13,44 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pagedkv.optimized.mamba import MambaManager as CoreMambaManager
+from pagedkv.spec.errors import InvalidConfigError
 
+from . import _compat
 from .blocks import BlockPoolView
 from .coordinator import GroupManagerView
 
-__all__ = ["MambaManagerView", "CoreMambaManager"]
+__all__ = ["MambaManagerView", "CoreMambaManager", "enable_partial_hits_where_vllm_would",
+           "take_block_copies"]
+
+
+def enable_partial_hits_where_vllm_would(core: Any, dcp_world_size: int) -> None:
+    """Turn the core's sub-block hits on where vLLM 0.33 enables
+    ``enable_partial_hash_hits`` and pagedkv supports them (D-MAMBA-14,
+    D-MAMBA-15); elsewhere they stay off and the scheduler never splits
+    chunks for them. vLLM runs Mamba without context parallelism."""
+    if dcp_world_size != 1 or not core.coordinator.partial_hash_hits:
+        return
+    try:
+        core.enable_partial_hash_hits()
+    except InvalidConfigError:
+        return  # a configuration pagedkv does not cover yet: block-granular hits
+
+
+def take_block_copies(core: Any, engine_pairs: list[list[tuple[Any, Any]]],
+                      pool: BlockPoolView) -> tuple[list[Any], list[Any]]:
+    """vLLM's ``take_kv_cache_block_copies``: the core's copy-on-write pairs
+    (their retentions handed over as plain references, freed by the
+    scheduler through the pool once the copy ran: D-MAMBA-19), then pairs an
+    engine queued on a group view itself; ``(copies, retained blocks)``."""
+    pairs, _ = core.take_kv_cache_block_copies(hand_over=True)
+    blocks = pool.blocks
+    endpoints = [(blocks[source], blocks[destination]) for source, destination in pairs]
+    for queue in engine_pairs:
+        endpoints.extend(queue)
+        queue.clear()
+    copies = [_compat.KVCacheBlockCopy(src_block_id=source.block_id, dst_block_id=destination.block_id)
+              for source, destination in endpoints]
+    return copies, [block for pair in endpoints for block in pair]
 
 
 class _Checkpoints(Mapping[str, tuple[int, int]]):

@@ -31,6 +31,7 @@ from . import _compat
 from .blocks import BlockPoolView, BlockView
 from .config import translate_config
 from .coordinator import ZeroingBlockIds, make_coordinator_view
+from .mamba import enable_partial_hits_where_vllm_would, take_block_copies
 from .requests import CappedRequest, VllmRequestView
 from .zeroing import ZeroingRecorder
 
@@ -116,6 +117,7 @@ class KVCacheManager:
             max_num_batched_tokens=max_in_flight_tokens,
             num_hash_lookahead_tokens=self.num_hash_lookahead_tokens,
             num_prefill_lookahead=self.num_prefill_lookahead)
+        enable_partial_hits_where_vllm_would(self._core, dcp_world_size)
         self.block_pool = BlockPoolView(self._core.block_pool, self.enable_caching,
                                         hash_block_size, self._translate_events)
         self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
@@ -417,8 +419,11 @@ class KVCacheManager:
             self._zeroing.record_from(self._core.get_block_ids(request_id), start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
-        """Copy-on-write copies: pagedkv makes none (no sub-block hits)."""
-        return [], []
+        """Copy-on-write copies of sub-block hits and the blocks they retain
+        (spec/mamba.md, MPART-3); the scheduler frees those after the copy ran."""
+        return take_block_copies(self._core, [group._pending_cow_copies
+                                              for group in self.coordinator.single_type_managers],
+                                 self.block_pool)
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba ``align`` boundary states cached since the last call (the core's, MOFF-1)."""

@@ -1,0 +1,42 @@
+"""Sub-block (partial) prefix hits for Mamba ``align`` groups and the
+copy-on-write they need (spec/mamba.md, "Sub-block hits", MPART-1..4).
+
+Brute force on purpose: keys are placed and moved by editing the pool's
+dict directly, one block at a time.
+"""
+
+from __future__ import annotations
+
+from pagedkv.reference import rules
+from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.spec.types import BlockHash, BlockHashWithGroupId, make_block_hash_with_group_id
+
+__all__ = ["key_block", "move_key", "hit_padding"]
+
+
+def key_block(pool: BlockPool, block: KVCacheBlock, block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
+    """Give an unkeyed block the partial key ``block_hash`` (no event: D-MAMBA-18)."""
+    assert block.block_hash is None and not block.is_null
+    key = make_block_hash_with_group_id(block_hash, group_id)
+    block.block_hash = key
+    pool.cached.setdefault(key, []).append(block)
+    return key
+
+
+def move_key(pool: BlockPool, source: KVCacheBlock, destination: KVCacheBlock) -> None:
+    """Re-point ``source``'s key, if any, at the unkeyed ``destination``, which
+    takes ``source``'s place among the key's holders (no event: the entry
+    stays live)."""
+    key = source.block_hash
+    assert destination.block_hash is None
+    if key is None:
+        return
+    holders = pool.cached[key]
+    holders[holders.index(source)] = destination
+    source.block_hash = None
+    destination.block_hash = key
+
+
+def hit_padding(num_tokens: int, block_size: int) -> int:
+    """Null blocks before the state block of a hit of ``num_tokens`` tokens."""
+    return rules.cdiv(num_tokens, block_size) - 1
