@@ -29,7 +29,8 @@ from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.request import Request
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 
-__all__ = ["check_block_hashes", "check_position_keys", "check_hit", "check_allocation", "group_view"]
+__all__ = ["check_block_hashes", "check_position_keys", "check_hit", "check_allocation", "check_admission_cap",
+           "group_view"]
 
 NULL = 0
 
@@ -165,7 +166,6 @@ def check_allocation(manager: Any, request_id: str, num_total_computed: int, num
     cap when the call asked for at most ``max_num_batched_tokens`` tokens
     (lookahead included)."""
     lists = manager.get_block_ids(request_id)
-    budget = manager.max_num_batched_tokens
     for group_id, (spec, blocks) in enumerate(zip(_specs(manager), lists)):
         block_size = manager.block_sizes[group_id]
         skipped = _skipped(spec, num_total_computed)
@@ -179,10 +179,27 @@ def check_allocation(manager: Any, request_id: str, num_total_computed: int, num
             if any(block != NULL for block in blocks[:max(0, dead)]):
                 raise _fail("MAMBA-1", f"request {request_id!r} group {group_id} holds old states "
                             f"{blocks[:dead]} after {num_total_computed} computed tokens")
+    check_admission_cap(manager, request_id, num_total_computed, num_new_tokens, num_lookahead_tokens)
+
+
+def check_admission_cap(manager: Any, request_id: str, num_total_computed: int, num_new_tokens: int,
+                        num_lookahead_tokens: int) -> None:
+    """SWA-1 / CHUNK-1 after ``allocate_slots``: a windowed group holds no
+    more real blocks than its admission cap among the blocks this call's
+    tokens reach, when the call asked for at most ``max_num_batched_tokens``
+    tokens (lookahead included)."""
+    lists = manager.get_block_ids(request_id)
+    budget = manager.max_num_batched_tokens
+    for group_id, (spec, blocks) in enumerate(zip(_specs(manager), lists)):
+        block_size = manager.block_sizes[group_id]
         if num_new_tokens + num_lookahead_tokens <= budget and isinstance(
                 spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
             cap = spec.max_admission_blocks_per_request(budget, manager.max_model_len)
-            held = sum(1 for block in blocks if block != NULL)
+            # Blocks an earlier call allocated for a longer lookahead lie past
+            # this call's reach and are not this call's admission.
+            reach = -(-min(num_total_computed + num_new_tokens + num_lookahead_tokens,
+                           manager.max_model_len) // block_size)
+            held = sum(1 for block in blocks[:reach] if block != NULL)
             if held > cap:
                 invariant = "SWA-1" if isinstance(spec, SlidingWindowSpec) else "CHUNK-1"
                 raise _fail(invariant, f"request {request_id!r} group {group_id} holds {held} blocks, "

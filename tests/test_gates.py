@@ -288,14 +288,19 @@ def _real_block_in_dead_position(group: int) -> Callable[[Surgery], None]:
 
 
 def _over_the_cap(group: int) -> Callable[[Surgery], None]:
+    # Real blocks where the window left null ones: within the call's reach.
     def corrupt(s: Surgery) -> None:
-        for _ in range(3):
-            s.put(group, None, s.take())
+        for position in range(3):
+            s.put(group, position, s.take())
     return corrupt
 
 
 def _check_allocation(manager: Any, request: Any) -> None:
     postconditions.check_allocation(manager, "a", len(PROMPT), 1, 0)
+
+
+def _check_admission_cap(manager: Any, request: Any) -> None:
+    postconditions.check_admission_cap(manager, "a", len(PROMPT), 1, 0)
 
 
 def _check_hit_with_wrong_block(manager: Any, request: Any) -> None:
@@ -381,8 +386,8 @@ POSTCONDITION_CORRUPTIONS: dict[str, tuple[Callable[[Surgery], None], Callable[[
     "HYB-1": (lambda s: None, _check_hit_with_wrong_block),
     "SKIP-1": (_real_block_in_dead_position(SWA), _check_allocation),
     "MAMBA-1": (_real_block_in_dead_position(MAMBA), _check_allocation),
-    "SWA-1": (_over_the_cap(SWA), _check_allocation),
-    "CHUNK-1": (_over_the_cap(CHUNK), _check_allocation),
+    "SWA-1": (_over_the_cap(SWA), _check_admission_cap),
+    "CHUNK-1": (_over_the_cap(CHUNK), _check_admission_cap),
     "MCKPT-1": (lambda s: None, _check_checkpoint_column_nulled),
     "MCKPT-3": (lambda s: None, _check_checkpoint_published),
     "MOFF-1": (lambda s: None, _check_offer_kept_after_free),
