@@ -23,7 +23,7 @@ facade validates first (``validation.py``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from math import lcm
 
 from pagedkv.spec.attention_variants import prefix_cacheable
@@ -33,7 +33,6 @@ from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
 from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
 from pagedkv.spec.registry import manager_kind_for
-from pagedkv.spec.request import Request, RequestFacts, RequestView
 from pagedkv.spec.types import BlockHash
 
 from . import group_hits
@@ -41,10 +40,10 @@ from .admission import admission_caps, full_sequence_demand
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .cross_attention import CrossAttentionManager
-from .decode import DecodeProbe, decode_probes, is_noop_decode
+from .decode import decode_probes
+from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
-from .recovery import recover
 from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
@@ -67,17 +66,6 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "cross_attention": CrossAttentionManager,
 }
 """The optimized manager for each manager kind of :mod:`pagedkv.spec.registry`."""
-
-
-TAKE_GENERAL_PATH = KVCacheBlocks((), [])
-"""What :meth:`KVCacheCoordinator.decode_step` answers when it does not
-settle a step itself: take the general path (the spec's steps), which
-validates and raises. A distinct object compared by identity, never handed
-out (an enum member costs a class-attribute lookup on the hottest path)."""
-
-DecodeStep = Callable[[RequestView, int, bool], "KVCacheBlocks | None"]
-"""``decode_step(request, num_new_tokens, delay_cache_blocks)``: the result,
-or :data:`TAKE_GENERAL_PATH`."""
 
 
 class KVCacheCoordinator:
@@ -168,171 +156,13 @@ class KVCacheCoordinator:
             self._blocks0 = managers[0].req_to_blocks
             self._cached0 = managers[0].num_cached_blocks
             self._block_size0 = block_sizes[0]
-            self.decode_step = self._single_decode_step()
+            self.decode_step = single_decode_step(self)
         elif managers:
             probes = decode_probes(self.managers)
             if probes is not None:
-                self.decode_step = self._probed_decode_step(probes)
+                self.decode_step = probed_decode_step(self, probes)
 
     # ------------------------------------------------------- decode fast path
-
-    def _single_decode_step(self) -> DecodeStep:
-        """The decode step for one full-attention group hashed at its block
-        size: a closure over the tables it reads (a cell load is cheaper
-        than an attribute load, and this runs on most ``allocate_slots``
-        calls). The step:
-
-        ``step(request, num_new_tokens, delay_cache_blocks)`` is
-        ``allocate_slots(request, num_new_tokens, delay_cache_blocks=...)``
-        with no other argument (``num_new_tokens``: an int >= 1, checked by
-        the caller). A known request whose new tokens fit the blocks it
-        holds and fill no new block: nothing to do, O(1), no object
-        created. A known request whose step fills a block or needs new ones
-        (two decode steps in every block's worth at block size 16, and
-        later prefill chunks): :meth:`_decode_single_fill`. An unknown
-        request, or anything the general path would reject (a malformed
-        ``num_computed_tokens`` or ``num_tokens``, max_model_len exceeded,
-        too few block hashes): :data:`TAKE_GENERAL_PATH`. ``num_tokens`` is
-        read only from objects other than pagedkv's own ``Request``, whose
-        count is an int >= 1 by construction (a non-empty prompt, tokens
-        only appended): the property call would cost the no-op step about a
-        tenth of its time.
-
-        Cost: O(1), or O(new blocks + blocks newly cached).
-        """
-        get_blocks = self._blocks0.get
-        cached = self._cached0
-        block_size = self._block_size0
-        max_model_len = self.max_model_len
-        caching = self.enable_caching
-        empty = self.empty_blocks
-        fill = self._decode_single_fill
-        own_request = Request
-
-        def step(request: RequestView, num_new_tokens: int,
-                 delay_cache_blocks: bool) -> KVCacheBlocks | None:
-            try:
-                blocks = get_blocks(request.request_id)
-            except (AttributeError, TypeError):
-                return TAKE_GENERAL_PATH  # not a request, or an unhashable id: it raises
-            num_computed = request.num_computed_tokens
-            if blocks is None or type(num_computed) is not int:
-                return TAKE_GENERAL_PATH
-            if request.__class__ is not own_request:  # the general path's check 1b′
-                num_tokens = request.num_tokens
-                if type(num_tokens) is not int or num_tokens < 1:
-                    return TAKE_GENERAL_PATH
-            total = num_computed + num_new_tokens
-            # total >= num_new_tokens: a negative num_computed_tokens goes
-            # to the general path, which raises.
-            if num_new_tokens <= total <= len(blocks) * block_size and total <= max_model_len:
-                # No new block. The blocks filled are min(total, num_tokens)
-                # // b: none is new when total alone fills none, so
-                # num_tokens (a property call) is left to the filling path.
-                if (not caching or delay_cache_blocks
-                        or total // block_size <= cached[request.request_id]):
-                    return empty
-            return fill(request, blocks, num_new_tokens, delay_cache_blocks)
-
-        return step
-
-    def _decode_single_fill(self, request: RequestView, blocks: list[int], num_new_tokens: int,
-                            delay_cache_blocks: bool) -> KVCacheBlocks | None:
-        """The single-group decode step (:meth:`_single_decode_step`) for a
-        step that fills a block or needs new ones: what the general path
-        does in that case, in the same order, minus the validation and
-        per-group dispatch that cannot apply: nothing to release (full
-        attention skips no token), refuse (``None``) when the free queue is
-        too short, append the missing blocks from the queue's front, cache
-        the blocks the step fills, return the new blocks. Cost: O(new blocks + blocks newly cached)."""
-        num_computed = request.num_computed_tokens
-        total = num_computed + num_new_tokens
-        if not num_new_tokens <= total <= self.max_model_len:
-            return TAKE_GENERAL_PATH
-        block_size = self._block_size0
-        cache = self.enable_caching and not delay_cache_blocks
-        num_full = 0
-        # Every read of the engine's object happens before the first change
-        # (spec/operations.md, "Exception safety").
-        request_id = request.request_id
-        num_tokens = request.num_tokens
-        if type(num_tokens) is not int or num_tokens < 1:
-            return TAKE_GENERAL_PATH  # which raises
-        block_hashes = request.block_hashes
-        if cache:
-            num_full = (total if total < num_tokens else num_tokens) // block_size
-            if num_full > len(block_hashes):
-                return TAKE_GENERAL_PATH
-        pool = self.block_pool
-        if cache and pool.enable_kv_cache_events:
-            request = RequestFacts.capture(request)  # events read tokens and LoRA
-        # The changes: an exception from here on leaves a consistent manager
-        # (D-API-24).
-        try:
-            missing = -(-total // block_size) - len(blocks)
-            new_blocks: list[int] | None = None
-            if missing > 0:
-                if missing > pool.get_num_free_blocks():
-                    return None
-                new_blocks = pool.get_new_blocks(missing)
-                blocks.extend(new_blocks)
-            if cache:
-                cached = self._cached0
-                num_cached = cached[request_id]
-                if num_cached < num_full:
-                    # Unchecked: caching is on, the group exists, and num_full is
-                    # bounded by the hashes (checked above) and by the blocks
-                    # (total tokens fit them after the allocation).
-                    pool.cache_full_blocks_unchecked(
-                        request, blocks, block_hashes=block_hashes,
-                        num_cached_blocks=num_cached, num_full_blocks=num_full,
-                        block_size=block_size, group_id=0, mask=None)
-                    cached[request_id] = num_full
-            if new_blocks is None:
-                return self.empty_blocks
-            return KVCacheBlocks((new_blocks,), pool.block_hashes)
-        except BaseException:
-            recover(self)
-            raise
-
-    def _probed_decode_step(self, probes: tuple[DecodeProbe, ...]) -> DecodeStep:
-        """The decode step for every other covered configuration (a closure,
-        as :meth:`_single_decode_step`), decided per group by
-        :func:`decode.is_noop_decode`: the empty result when no group needs
-        a block, fills one or releases one; else :data:`TAKE_GENERAL_PATH`.
-        Cost: O(groups)."""
-        max_model_len = self.max_model_len
-        caching = self.enable_caching
-        hash_block_size = self.hash_block_size
-        empty = self.empty_blocks
-
-        def step(request: RequestView, num_new_tokens: int,
-                 delay_cache_blocks: bool) -> KVCacheBlocks | None:
-            try:
-                num_computed = request.num_computed_tokens
-                num_tokens = request.num_tokens  # checked as the general path's 1b′ checks it
-            except AttributeError:
-                return TAKE_GENERAL_PATH  # not a request: the general path raises
-            if type(num_computed) is not int or type(num_tokens) is not int or num_tokens < 1:
-                return TAKE_GENERAL_PATH
-            total = num_computed + num_new_tokens
-            if not num_new_tokens <= total <= max_model_len:
-                return TAKE_GENERAL_PATH
-            cache_tokens = -1  # the step caches nothing
-            if caching and not delay_cache_blocks:
-                cache_tokens = total if total < num_tokens else num_tokens
-            # Hashes falling short of the blocks to cache: the general path raises.
-            try:
-                if cache_tokens // hash_block_size <= len(request.block_hashes) and is_noop_decode(
-                        probes, request.request_id, num_computed, total, cache_tokens):
-                    return empty
-            except TypeError:
-                pass  # an unhashable id: the general path raises
-            return TAKE_GENERAL_PATH
-
-        return step
-
-    # ------------------------------------------------------------- the steps
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
                                max_cache_hit_length: int) -> tuple[tuple[list[int], ...], int]:

@@ -1,0 +1,197 @@
+"""The decode fast path of ``allocate_slots``: the steps a coordinator installs
+as :attr:`KVCacheCoordinator.decode_step`.
+
+Split from :mod:`coordinator` (one concept per module): these functions read
+the coordinator's tables and pool but change state only in the one case the
+general path would change it the same way (a single full-attention group
+filling or needing blocks). Whatever they do not settle returns
+:data:`TAKE_GENERAL_PATH`, and the general path stays the definition.
+``self`` names the coordinator, as in the methods these were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from pagedkv.spec.request import Request, RequestFacts, RequestView
+
+from .blocks import KVCacheBlocks
+from .decode import DecodeProbe, is_noop_decode
+from .recovery import recover
+
+if TYPE_CHECKING:
+    from .coordinator import KVCacheCoordinator
+
+__all__ = ["TAKE_GENERAL_PATH", "DecodeStep", "single_decode_step", "decode_single_fill",
+           "probed_decode_step"]
+
+TAKE_GENERAL_PATH = KVCacheBlocks((), [])
+"""What :meth:`KVCacheCoordinator.decode_step` answers when it does not
+settle a step itself: take the general path (the spec's steps), which
+validates and raises. A distinct object compared by identity, never handed
+out (an enum member costs a class-attribute lookup on the hottest path)."""
+
+DecodeStep = Callable[[RequestView, int, bool], "KVCacheBlocks | None"]
+"""``decode_step(request, num_new_tokens, delay_cache_blocks)``: the result,
+or :data:`TAKE_GENERAL_PATH`."""
+
+
+def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
+    """The decode step for one full-attention group hashed at its block
+    size: a closure over the tables it reads (a cell load is cheaper
+    than an attribute load, and this runs on most ``allocate_slots``
+    calls). The step:
+
+    ``step(request, num_new_tokens, delay_cache_blocks)`` is
+    ``allocate_slots(request, num_new_tokens, delay_cache_blocks=...)``
+    with no other argument (``num_new_tokens``: an int >= 1, checked by
+    the caller). A known request whose new tokens fit the blocks it
+    holds and fill no new block: nothing to do, O(1), no object
+    created. A known request whose step fills a block or needs new ones
+    (two decode steps in every block's worth at block size 16, and
+    later prefill chunks): :func:`decode_single_fill`. An unknown
+    request, or anything the general path would reject (a malformed
+    ``num_computed_tokens`` or ``num_tokens``, max_model_len exceeded,
+    too few block hashes): :data:`TAKE_GENERAL_PATH`. ``num_tokens`` is
+    read only from objects other than pagedkv's own ``Request``, whose
+    count is an int >= 1 by construction (a non-empty prompt, tokens
+    only appended): the property call would cost the no-op step about a
+    tenth of its time.
+
+    Cost: O(1), or O(new blocks + blocks newly cached).
+    """
+    get_blocks = self._blocks0.get
+    cached = self._cached0
+    block_size = self._block_size0
+    max_model_len = self.max_model_len
+    caching = self.enable_caching
+    empty = self.empty_blocks
+    fill = partial(decode_single_fill, self)
+    own_request = Request
+
+    def step(request: RequestView, num_new_tokens: int,
+             delay_cache_blocks: bool) -> KVCacheBlocks | None:
+        try:
+            blocks = get_blocks(request.request_id)
+        except (AttributeError, TypeError):
+            return TAKE_GENERAL_PATH  # not a request, or an unhashable id: it raises
+        num_computed = request.num_computed_tokens
+        if blocks is None or type(num_computed) is not int:
+            return TAKE_GENERAL_PATH
+        if request.__class__ is not own_request:  # the general path's check 1b′
+            num_tokens = request.num_tokens
+            if type(num_tokens) is not int or num_tokens < 1:
+                return TAKE_GENERAL_PATH
+        total = num_computed + num_new_tokens
+        # total >= num_new_tokens: a negative num_computed_tokens goes
+        # to the general path, which raises.
+        if num_new_tokens <= total <= len(blocks) * block_size and total <= max_model_len:
+            # No new block. The blocks filled are min(total, num_tokens)
+            # // b: none is new when total alone fills none, so
+            # num_tokens (a property call) is left to the filling path.
+            if (not caching or delay_cache_blocks
+                    or total // block_size <= cached[request.request_id]):
+                return empty
+        return fill(request, blocks, num_new_tokens, delay_cache_blocks)
+
+    return step
+
+def decode_single_fill(self: KVCacheCoordinator, request: RequestView, blocks: list[int],
+                   num_new_tokens: int, delay_cache_blocks: bool) -> KVCacheBlocks | None:
+    """The single-group decode step (:func:`single_decode_step`) for a
+    step that fills a block or needs new ones: what the general path
+    does in that case, in the same order, minus the validation and
+    per-group dispatch that cannot apply: nothing to release (full
+    attention skips no token), refuse (``None``) when the free queue is
+    too short, append the missing blocks from the queue's front, cache
+    the blocks the step fills, return the new blocks. Cost: O(new blocks + blocks newly cached)."""
+    num_computed = request.num_computed_tokens
+    total = num_computed + num_new_tokens
+    if not num_new_tokens <= total <= self.max_model_len:
+        return TAKE_GENERAL_PATH
+    block_size = self._block_size0
+    cache = self.enable_caching and not delay_cache_blocks
+    num_full = 0
+    # Every read of the engine's object happens before the first change
+    # (spec/operations.md, "Exception safety").
+    request_id = request.request_id
+    num_tokens = request.num_tokens
+    if type(num_tokens) is not int or num_tokens < 1:
+        return TAKE_GENERAL_PATH  # which raises
+    block_hashes = request.block_hashes
+    if cache:
+        num_full = (total if total < num_tokens else num_tokens) // block_size
+        if num_full > len(block_hashes):
+            return TAKE_GENERAL_PATH
+    pool = self.block_pool
+    if cache and pool.enable_kv_cache_events:
+        request = RequestFacts.capture(request)  # events read tokens and LoRA
+    # The changes: an exception from here on leaves a consistent manager
+    # (D-API-24).
+    try:
+        missing = -(-total // block_size) - len(blocks)
+        new_blocks: list[int] | None = None
+        if missing > 0:
+            if missing > pool.get_num_free_blocks():
+                return None
+            new_blocks = pool.get_new_blocks(missing)
+            blocks.extend(new_blocks)
+        if cache:
+            cached = self._cached0
+            num_cached = cached[request_id]
+            if num_cached < num_full:
+                # Unchecked: caching is on, the group exists, and num_full is
+                # bounded by the hashes (checked above) and by the blocks
+                # (total tokens fit them after the allocation).
+                pool.cache_full_blocks_unchecked(
+                    request, blocks, block_hashes=block_hashes,
+                    num_cached_blocks=num_cached, num_full_blocks=num_full,
+                    block_size=block_size, group_id=0, mask=None)
+                cached[request_id] = num_full
+        if new_blocks is None:
+            return self.empty_blocks
+        return KVCacheBlocks((new_blocks,), pool.block_hashes)
+    except BaseException:
+        recover(self)
+        raise
+
+def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]) -> DecodeStep:
+    """The decode step for every other covered configuration (a closure,
+    as :func:`single_decode_step`), decided per group by
+    :func:`decode.is_noop_decode`: the empty result when no group needs
+    a block, fills one or releases one; else :data:`TAKE_GENERAL_PATH`.
+    Cost: O(groups)."""
+    max_model_len = self.max_model_len
+    caching = self.enable_caching
+    hash_block_size = self.hash_block_size
+    empty = self.empty_blocks
+
+    def step(request: RequestView, num_new_tokens: int,
+             delay_cache_blocks: bool) -> KVCacheBlocks | None:
+        try:
+            num_computed = request.num_computed_tokens
+            num_tokens = request.num_tokens  # checked as the general path's 1b′ checks it
+        except AttributeError:
+            return TAKE_GENERAL_PATH  # not a request: the general path raises
+        if type(num_computed) is not int or type(num_tokens) is not int or num_tokens < 1:
+            return TAKE_GENERAL_PATH
+        total = num_computed + num_new_tokens
+        if not num_new_tokens <= total <= max_model_len:
+            return TAKE_GENERAL_PATH
+        cache_tokens = -1  # the step caches nothing
+        if caching and not delay_cache_blocks:
+            cache_tokens = total if total < num_tokens else num_tokens
+        # Hashes falling short of the blocks to cache: the general path raises.
+        try:
+            if cache_tokens // hash_block_size <= len(request.block_hashes) and is_noop_decode(
+                    probes, request.request_id, num_computed, total, cache_tokens):
+                return empty
+        except TypeError:
+            pass  # an unhashable id: the general path raises
+        return TAKE_GENERAL_PATH
+
+    return step
+
+# ------------------------------------------------------------- the steps
