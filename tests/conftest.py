@@ -1,4 +1,4 @@
-"""Shared test configuration: Hypothesis profiles.
+"""Shared test configuration: Hypothesis profiles and the ``impl`` fixture.
 
 - ``quick``: ``make test-quick``, the edit loop; a tenth of ``dev``'s examples
   and shorter lockstep runs. It finds shallow breakage in a minute or two; it
@@ -14,8 +14,12 @@
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.implementations import IMPLEMENTATIONS
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
@@ -37,3 +41,11 @@ settings.register_profile(
     suppress_health_check=_SLOW_OK,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def impl(request: pytest.FixtureRequest) -> ModuleType:
+    """The implementation a scenario runs over: every test that takes ``impl``
+    runs once per entry of ``IMPLEMENTATIONS``."""
+    module: ModuleType = IMPLEMENTATIONS[request.param]
+    return module

@@ -9,33 +9,14 @@ from typing import Any
 import pytest
 
 from pagedkv.spec import (
-    FullAttentionSpec,
     InvalidConfigError,
     InvalidTokenCountError,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    SlidingWindowSpec,
 )
-from tests.implementations import IMPLEMENTATIONS
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
-
-
-def full(block_size: int = 4) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size, 1, 8, "float16")
-
-
-def window(block_size: int = 4, size: int = 4) -> SlidingWindowSpec:
-    return SlidingWindowSpec(block_size, 1, 8, "float16", sliding_window=size)
+from tests.scenario_kit import build_manager, full, window
 
 
 def make(impl: ModuleType, *specs: Any, num_blocks: int = 12, **kwargs: Any) -> Any:
-    groups = tuple(KVCacheGroupSpec((f"l{i}",), spec) for i, spec in enumerate(specs or (full(),)))
-    return impl.KVCacheManager(KVCacheConfig(num_blocks, (), groups), max_model_len=64, **kwargs)
+    return build_manager(impl, specs or (full(),), num_blocks=num_blocks, max_model_len=64, **kwargs)
 
 
 def test_zero_new_tokens_adopt_external_tokens(impl: ModuleType) -> None:

@@ -9,19 +9,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-import pytest
-
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowMLASpec
-from tests.implementations import IMPLEMENTATIONS
 
 N = 0  # the null block
 PROMPT = list(range(25))
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
 
 
 def replay_manager(impl: ModuleType, window_block_size: int = 4) -> object:

@@ -11,30 +11,14 @@ from typing import Any
 import pytest
 
 from pagedkv.reference import rules
-from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
-from tests.implementations import IMPLEMENTATIONS
+from tests.scenario_kit import build_manager, full, window
 
 N = 0  # the null block
 
 
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
-
-
-def full(block_size: int = 4) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size, 1, 8, "float16")
-
-
-def window(block_size: int = 4, size: int = 4) -> SlidingWindowSpec:
-    return SlidingWindowSpec(block_size, 1, 8, "float16", sliding_window=size)
-
-
 def make(impl: ModuleType, *specs: Any, num_blocks: int = 60, **kwargs: Any) -> Any:
-    groups = tuple(KVCacheGroupSpec((f"l{i}",), spec) for i, spec in enumerate(specs))
-    return impl.KVCacheManager(KVCacheConfig(num_blocks, (), groups), max_model_len=128, **kwargs)
+    return build_manager(impl, specs, num_blocks=num_blocks, max_model_len=128, **kwargs)
 
 
 def hashed_positions(manager: Any, request_id: str, group_id: int) -> list[int]:

@@ -29,15 +29,8 @@ from pagedkv.spec import (
     UnknownRequestError,
 )
 from pagedkv.spec.hashing import seed_hash
-from tests.implementations import IMPLEMENTATIONS
 
 BLOCK = 4
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
 
 
 def make(impl: ModuleType, num_blocks: int = 12, **kwargs: Any) -> Any:

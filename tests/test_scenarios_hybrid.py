@@ -6,8 +6,6 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-import pytest
-
 from pagedkv.reference import rules
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.kv_cache_spec import (
@@ -18,15 +16,8 @@ from pagedkv.spec.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from pagedkv.spec.mamba_spec import MambaSpec
-from tests.implementations import IMPLEMENTATIONS
 
 N = 0  # the null block
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
 
 
 def make(impl: ModuleType, *specs: KVCacheSpec, num_blocks: int = 40, **kwargs: Any) -> Any:
