@@ -44,6 +44,7 @@ from .decode import decode_probes
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
+from .ring import RingManager
 from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
@@ -64,6 +65,7 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "chunked_local": ChunkedLocalAttentionManager,
     "mamba": MambaManager,
     "cross_attention": CrossAttentionManager,
+    "circular_buffer": RingManager,
 }
 """The optimized manager for each manager kind of :mod:`pagedkv.spec.registry`."""
 

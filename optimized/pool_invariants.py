@@ -99,6 +99,7 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
     # Imported late: these modules import the pool, which imports this one.
     from .cross_attention import CrossAttentionManager
     from .mamba import MambaManager
+    from .ring import RingManager
     from .single_type import FullAttentionManager, SinkFullAttentionManager
     from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
@@ -134,6 +135,9 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
                     list(blocks[len(blocks) - len(held):]) != held or len(set(held)) != len(held)):
                 fail("SKIP-1", f"request {request_id!r} group {group_id} holds {blocks}: "
                                "not a null prefix then distinct real blocks")
+            if isinstance(manager, RingManager) and (len(held) != len(blocks) or len(held) > 1 or any(
+                    pool.cache_key(block) is not None for block in held)):
+                fail("RING-1", f"request {request_id!r} ring group {group_id} holds {blocks}")
             for block in held:
                 holders[block] += 1
                 key = pool.cache_key(block)

@@ -19,6 +19,7 @@ from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.mamba import MambaManager
+from pagedkv.reference.ring import RingManager
 from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.attention_variants import prefix_cacheable
@@ -41,6 +42,7 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "chunked_local": ChunkedLocalAttentionManager,
     "mamba": MambaManager,
     "cross_attention": CrossAttentionManager,
+    "circular_buffer": RingManager,
 }
 """The reference manager for each manager kind of :mod:`pagedkv.spec.registry`."""
 

@@ -8,7 +8,8 @@ CFG-4a, CFG-9a..CFG-9d).
   prefix cached (``prefix_cacheable`` false).
 - ``CircularBufferSpec``: one ring block per request (a compressor's open
   token group). Memory: one page per request, whatever the length; never
-  prefix cached. Manager kind ``circular_buffer`` (D-SPEC-14).
+  prefix cached. Manager kind ``circular_buffer``: one block per request
+  (spec/managers.md §7a, RING-1, D-SPEC-18).
 - ``RSWASpec``: reference sliding window (R-SWA): the prompt stays visible,
   only the last ``rswa_window`` generated tokens are read. Memory as full
   attention (prompt + window never exceeds ``max_model_len``). Served by the

@@ -45,6 +45,7 @@ BUILTIN_MANAGER_KINDS: Final = (
     "mamba",
     "cross_attention",
     "sink_full_attention",
+    "circular_buffer",
 )
 
 _REGISTRY: dict[type[KVCacheSpec], str] = {
