@@ -13,15 +13,8 @@ import pytest
 
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.attention_variants import CircularBufferSpec
-from tests.implementations import IMPLEMENTATIONS
 
 PROMPT = list(range(10))
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
 
 
 def ring_manager(impl: ModuleType, ring_rows: int = 8, **kwargs: Any) -> Any:
