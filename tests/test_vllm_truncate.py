@@ -19,7 +19,7 @@ SIZES = (2, 4, 8)
 
 
 def test_each_group_keeps_the_blocks_before_the_endpoint() -> None:
-    hit = ([11, 12, 13], [0, 21], [])
+    hit: tuple[list[int], ...] = ([11, 12, 13], [0, 21], [])
     assert truncated_groups(hit, SPECS, SIZES, 4) == [[11, 12], [0], []]
     assert hit == ([11, 12, 13], [0, 21], [])  # the lookup result is not mutated
 
