@@ -16,6 +16,7 @@ from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.ring import RingManager
+from pagedkv.reference.rswa import RSWAManager
 from pagedkv.reference.single_type import FullAttentionManager, SinkFullAttentionManager
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.errors import InvariantViolation
@@ -116,7 +117,12 @@ def check_manager(manager: KVCacheManager) -> None:
                                 f"cached for group {get_group_id(block.block_hash)}", state)
             # REQ-4: full attention holds real blocks, each once.
             ids = [block.block_id for block in blocks]
-            if isinstance(group, FullAttentionManager) and (0 in ids or len(set(ids)) != len(ids)):
+            # R-SWA: null blocks only where its gap was released (RSWA-1).
+            real_ids = [block_id for block_id in ids if block_id != 0]
+            if isinstance(group, RSWAManager) and len(set(real_ids)) != len(real_ids):
+                raise _fail("RSWA-1", f"request {request_id!r} holds a block twice: {ids}", state)
+            if (isinstance(group, FullAttentionManager) and not isinstance(group, RSWAManager)
+                    and (0 in ids or len(set(ids)) != len(ids))):
                 raise _fail("REQ-4", f"request {request_id!r} holds the null block or a block twice", state)
             # SKIP-1 (a): windowed groups hold a null prefix, then distinct real blocks.
             if isinstance(group, (SlidingWindowManager, ChunkedLocalAttentionManager)):

@@ -60,7 +60,7 @@ def checkpoint_exportable(*, query_start: int, query_end: int, position: int, ha
             and (position - query_start) % export_alignment == 0)
 
 
-FINE_GRAINED_KINDS = frozenset({"full_attention", "sink_full_attention", "mamba"})
+FINE_GRAINED_KINDS = frozenset({"full_attention", "sink_full_attention", "rswa", "mamba"})
 """Manager kinds vLLM 0.33 lets look up hits at hash-block granularity."""
 
 

@@ -39,7 +39,7 @@ def partial_hits_supported(kinds: Sequence[str], specs: Sequence[object], block_
         if isinstance(spec, MambaSpec):
             if block_size != hash_block_size and spec.mamba_cache_mode != "align":
                 return f"kv_cache_groups[{index}]: Mamba mode {spec.mamba_cache_mode!r} is not 'align'"
-        elif kind not in ("full_attention", "sink_full_attention"):
+        elif kind not in ("full_attention", "sink_full_attention", "rswa"):
             return f"kv_cache_groups[{index}]: kind {kind!r} is not supported with sub-block hits yet"
         elif block_size != hash_block_size:
             return (f"kv_cache_groups[{index}]: block size {block_size} is not the hash block size "

@@ -54,7 +54,7 @@ def test_compressed_mla_rswa_and_non_causal() -> None:
     assert isinstance(pooled, MLAAttentionSpec) and pooled.tokens_per_state == 1
     rswa = translate_spec(fake("RSWASpec", 16, rswa_window=64, non_causal=False))
     assert isinstance(rswa, RSWASpec) and rswa.rswa_window == 64
-    assert manager_kind_for(rswa) == "full_attention"
+    assert manager_kind_for(rswa) == "rswa"
     prefix_lm = translate_spec(fake("FullAttentionSpec", 16, non_causal=True))
     assert isinstance(prefix_lm, FullAttentionSpec) and prefix_lm.non_causal
 

@@ -326,7 +326,8 @@ class KVCacheManager:
                               num_prompt_tokens: int | None = None) -> None:
         if request_id in self._core.coordinator.requests:
             self._core.coordinator.remove_skipped_blocks(
-                request_id=request_id, num_total_computed_tokens=processed_computed_tokens)
+                request_id=request_id, num_total_computed_tokens=processed_computed_tokens,
+                num_prompt_tokens=num_prompt_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self.block_pool.evict_blocks(block_ids)
