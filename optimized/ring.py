@@ -1,12 +1,11 @@
-"""Ring groups (``CircularBufferSpec``, spec/managers.md §9, RING-1): one
+"""Ring groups (``CircularBufferSpec``, spec/managers.md §7a, RING-1): one
 block per request, taken at its first allocation and kept until release.
 
 A compressor keeps the rows it has not folded yet in a fixed ring, so the
 group's demand does not grow with the request. The group takes no part in
 prefix caching (PFX-1): the coordinator leaves it out of hit searches and
-caching, and it never releases a block early. No decode probe covers this
-class (``decode.py`` matches exact classes), so steps of a model with a ring
-take the general path.
+caching, and it never releases a block early. The decode probe
+(``decode.py``) treats a held ring as a group that never needs a slot.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ring groups (``CircularBufferSpec``, spec/managers.md §9, RING-1).
+"""Ring groups (``CircularBufferSpec``, spec/managers.md §7a, RING-1).
 
 A ring holds the rows a compressor has not folded into its compressed cache
 yet. Its size does not grow with the request: one block per request, taken
