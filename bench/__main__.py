@@ -5,7 +5,8 @@ optimized and the reference manager with the ``sha256`` and the fast
 ``xxh3_128`` hash; the eviction-heavy variant (a pool just big enough for the
 trace's peak); allocate/free micro-benchmarks at 1-1000 blocks in pools of 1k
 and 1M blocks; the hybrid models (``bench.hybrid_bench``); long prompts of
-1k-128k tokens and the Mamba-align hybrid (``bench.long_bench``); then
+1k-128k tokens and the Mamba-align hybrid (``bench.long_bench``); the
+Mamba-align hybrid with sub-block hits (``bench.mamba_partial_bench``); then
 ``bench.tensor_bench.run(quick)`` when that module exists
 and torch imports. Prints Markdown tables on stdout (vLLM 0.33's figures and
 pagedkv's targets beside ours) and writes everything as JSON under
@@ -56,7 +57,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-eviction", action="store_true", help="skip the eviction-heavy variant")
     parser.add_argument("--no-tensor", action="store_true", help="skip bench/tensor_bench.py")
     parser.add_argument("--no-long", action="store_true",
-                        help="skip the long-prompt and Mamba-align sections (bench/long_bench.py)")
+                        help="skip the long-prompt and Mamba-align sections (bench/long_bench.py, "
+                             "bench/mamba_partial_bench.py)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, metavar="DIR",
                         help="directory for the JSON results (default bench/results)")
     return parser.parse_args(argv)
@@ -247,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["hybrid"] = importlib.import_module("bench.hybrid_bench").run(quick)
     if not args.no_long:
         report["long"] = importlib.import_module("bench.long_bench").run(quick)
+        # Mamba block larger than the hash block: sub-block hits with copy-on-write.
+        report["mamba_partial"] = importlib.import_module("bench.mamba_partial_bench").run(quick)
     # Request creation beside vLLM's Request (vLLM's side only where ../vllm-venv exists).
     report["request_creation"] = importlib.import_module("bench.request_bench").run(quick)
     status = 0

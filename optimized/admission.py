@@ -16,6 +16,7 @@ from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowS
 
 from .cross_attention import CrossAttentionManager
 from .mamba import MambaManager
+from .ring import RingManager
 from .single_type import SingleTypeManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
@@ -49,6 +50,8 @@ def full_sequence_demand(managers: Sequence[SingleTypeManager], caps: Sequence[i
             required = 1 + manager.num_speculative_blocks
         elif isinstance(manager, CrossAttentionManager):
             required = -(-num_encoder_tokens // block_size)
+        elif isinstance(manager, RingManager):
+            required = 1  # one ring block, whatever the length (RING-1)
         else:
             required = -(-num_tokens // block_size)
             if cap is not None and isinstance(manager, (SlidingWindowManager, ChunkedLocalAttentionManager)):

@@ -44,6 +44,8 @@ from .decode import decode_probes
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
+from .ring import RingManager
+from .rswa import RSWAManager
 from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
@@ -64,6 +66,8 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "chunked_local": ChunkedLocalAttentionManager,
     "mamba": MambaManager,
     "cross_attention": CrossAttentionManager,
+    "circular_buffer": RingManager,
+    "rswa": RSWAManager,
 }
 """The optimized manager for each manager kind of :mod:`pagedkv.spec.registry`."""
 
@@ -151,7 +155,8 @@ class KVCacheCoordinator:
         self.decode_step: DecodeStep | None = None
         """The decode fast path for this configuration, or ``None``."""
         if (len(managers) == 1 and block_sizes[0] == hash_block_size
-                and isinstance(managers[0], FullAttentionManager)):
+                and isinstance(managers[0], FullAttentionManager)
+                and not isinstance(managers[0], RSWAManager)):  # R-SWA frees gaps: general path
             # One full-attention group hashed at its size: the common case.
             self._blocks0 = managers[0].req_to_blocks
             self._cached0 = managers[0].num_cached_blocks
@@ -362,10 +367,15 @@ class KVCacheCoordinator:
                     views = HashViews(request.block_hashes, hash_block_size, num_tokens)
                 manager.cache_blocks(request, views.at(manager.block_size), request_id, tokens)
 
-    def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int) -> None:
-        """Release blocks no longer needed, per group. Cost: O(groups + released)."""
+    def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        """Release blocks no longer needed, per group; an R-SWA group its gap
+        blocks when told the prompt length (RSWA-1). Cost: O(groups + released)."""
         for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
+            if num_prompt_tokens is not None and isinstance(manager, RSWAManager):
+                manager.remove_gap_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
+            else:
+                manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
 
     def release(self, request_id: str) -> None:
         """Release the request's blocks group by group (tail first within a

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .mamba import MambaManager
+from .ring import RingManager
 from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
@@ -61,6 +62,11 @@ def decode_probes(managers: Sequence[SingleTypeManager]) -> tuple[DecodeProbe, .
         released: Callable[[int], int] | None = manager.released_tokens
         align: dict[str, int] | None = None
         if kind is FullAttentionManager or kind is SinkFullAttentionManager:
+            released = None
+        elif kind is RingManager:
+            # One block for the whole request (RING-1): a held ring never
+            # needs another slot, caches nothing and releases nothing.
+            block_size = cache_size = _NEVER
             released = None
         elif kind is SlidingWindowManager or kind is ChunkedLocalAttentionManager:
             # Their released_tokens is skipped_tokens itself: one call fewer.

@@ -247,6 +247,7 @@ class MambaManager(SingleTypeManager):
         checkpoint = 1 if request_id in self.checkpoints else 0
         partial = self.partial_hit.pop(request_id, None) if self.partial_hit else None
         if required <= len(blocks) and not checkpoint and partial is None:
+            self.given_state.add(request_id)  # a running request from now on (D-API-45)
             return []
         previous_len = len(blocks)
         given_before = request_id in self.given_state

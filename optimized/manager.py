@@ -316,7 +316,8 @@ class KVCacheManager:
             if known:  # on the settled basis: an in-flight step still reads its window (D-API-14)
                 settled = total - num_in_flight_tokens
                 coordinator.remove_skipped_blocks(request_id=request_id,
-                                                  num_total_computed_tokens=settled if settled > 0 else 0)
+                                                  num_total_computed_tokens=settled if settled > 0 else 0,
+                                                  num_prompt_tokens=request.num_prompt_tokens)
             # 4-5. Capacity (the Mamba step rule counts as a refusal here).
             demand = coordinator.get_num_blocks_to_allocate(
                 request_id=request_id, num_tokens=need, new_computed_blocks=computed,

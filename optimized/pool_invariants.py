@@ -99,6 +99,8 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
     # Imported late: these modules import the pool, which imports this one.
     from .cross_attention import CrossAttentionManager
     from .mamba import MambaManager
+    from .ring import RingManager
+    from .rswa import RSWAManager
     from .single_type import FullAttentionManager, SinkFullAttentionManager
     from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
@@ -127,13 +129,19 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
             if not 0 <= cached <= len(blocks):
                 fail("REQ-2", f"request {request_id!r} group {group_id}: {cached} cached of {len(blocks)}")
             held = [block for block in blocks if block]
-            if isinstance(manager, FullAttentionManager) and (
+            if isinstance(manager, RSWAManager):
+                if len(set(held)) != len(held):  # nulls only where the gap was released
+                    fail("RSWA-1", f"request {request_id!r} group {group_id} holds a block twice: {blocks}")
+            elif isinstance(manager, FullAttentionManager) and (
                     len(held) != len(blocks) or len(set(held)) != len(held)):
                 fail("REQ-4", f"request {request_id!r} group {group_id}: {blocks}")
             if isinstance(manager, (SlidingWindowManager, ChunkedLocalAttentionManager)) and (
                     list(blocks[len(blocks) - len(held):]) != held or len(set(held)) != len(held)):
                 fail("SKIP-1", f"request {request_id!r} group {group_id} holds {blocks}: "
                                "not a null prefix then distinct real blocks")
+            if isinstance(manager, RingManager) and (len(held) != len(blocks) or len(held) > 1 or any(
+                    pool.cache_key(block) is not None for block in held)):
+                fail("RING-1", f"request {request_id!r} ring group {group_id} holds {blocks}")
             for block in held:
                 holders[block] += 1
                 key = pool.cache_key(block)

@@ -19,6 +19,8 @@ from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.mamba import MambaManager
+from pagedkv.reference.ring import RingManager
+from pagedkv.reference.rswa import RSWAManager
 from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.attention_variants import prefix_cacheable
@@ -41,6 +43,8 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "chunked_local": ChunkedLocalAttentionManager,
     "mamba": MambaManager,
     "cross_attention": CrossAttentionManager,
+    "circular_buffer": RingManager,
+    "rswa": RSWAManager,
 }
 """The reference manager for each manager kind of :mod:`pagedkv.spec.registry`."""
 
@@ -162,10 +166,15 @@ class KVCacheCoordinator:
     def _tokens_for(self, manager: SingleTypeManager, num_tokens: int, num_encoder_tokens: int) -> int:
         return num_encoder_tokens if isinstance(manager, CrossAttentionManager) else num_tokens
 
-    def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int) -> None:
-        """Release, in every group, blocks attention no longer reads."""
+    def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        """Release, in every group, blocks attention no longer reads; an R-SWA
+        group releases its gap blocks when told the prompt length (RSWA-1)."""
         for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
+            if isinstance(manager, RSWAManager) and num_prompt_tokens is not None:
+                manager.remove_gap_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
+            else:
+                manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
 
     def get_num_blocks_to_allocate(self, *, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[Sequence[KVCacheBlock]],

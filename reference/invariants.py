@@ -15,6 +15,8 @@ from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.mamba import MambaManager
+from pagedkv.reference.ring import RingManager
+from pagedkv.reference.rswa import RSWAManager
 from pagedkv.reference.single_type import FullAttentionManager, SinkFullAttentionManager
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.errors import InvariantViolation
@@ -76,7 +78,7 @@ def check_pool(pool: BlockPool, num_groups: int) -> None:
 
 def check_manager(manager: KVCacheManager) -> None:
     """Every invariant the state alone decides: the pool's, then the request
-    table's (REQ-1..6, SKIP-1 (a), XATTN-1, SINK-1, MAMBA-2)."""
+    table's (REQ-1..6, SKIP-1 (a), XATTN-1, RING-1, SINK-1, MAMBA-2)."""
     pool = manager.block_pool
     managers = manager.coordinator.managers
     check_pool(pool, len(managers))
@@ -115,13 +117,22 @@ def check_manager(manager: KVCacheManager) -> None:
                                 f"cached for group {get_group_id(block.block_hash)}", state)
             # REQ-4: full attention holds real blocks, each once.
             ids = [block.block_id for block in blocks]
-            if isinstance(group, FullAttentionManager) and (0 in ids or len(set(ids)) != len(ids)):
+            # R-SWA: null blocks only where its gap was released (RSWA-1).
+            real_ids = [block_id for block_id in ids if block_id != 0]
+            if isinstance(group, RSWAManager) and len(set(real_ids)) != len(real_ids):
+                raise _fail("RSWA-1", f"request {request_id!r} holds a block twice: {ids}", state)
+            if (isinstance(group, FullAttentionManager) and not isinstance(group, RSWAManager)
+                    and (0 in ids or len(set(ids)) != len(ids))):
                 raise _fail("REQ-4", f"request {request_id!r} holds the null block or a block twice", state)
             # SKIP-1 (a): windowed groups hold a null prefix, then distinct real blocks.
             if isinstance(group, (SlidingWindowManager, ChunkedLocalAttentionManager)):
                 real = [block_id for block_id in ids if block_id != 0]
                 if ids[len(ids) - len(real):] != real or len(set(real)) != len(real):
                     raise _fail("SKIP-1", f"request {request_id!r} group {group.group_id} holds {ids}", state)
+            # RING-1: a ring group holds at most one block, real and never cached.
+            if isinstance(group, RingManager) and (len(blocks) > 1 or any(
+                    block.is_null or block.block_hash is not None for block in blocks)):
+                raise _fail("RING-1", f"request {request_id!r} ring group {group.group_id} holds {ids}", state)
             # XATTN-1: cross-attention blocks are never cached.
             if isinstance(group, CrossAttentionManager) and any(block.block_hash is not None for block in blocks):
                 raise _fail("XATTN-1", f"request {request_id!r} holds a hashed cross-attention block", state)

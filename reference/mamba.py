@@ -225,6 +225,9 @@ class MambaManager(SingleTypeManager):
         checkpoint = int(request_id in self.checkpoints)
         partial = self.partial_hit.pop(request_id, None)
         if required <= len(blocks) and not checkpoint and partial is None:
+            # Holding its blocks already (a connector's, at admission) still
+            # makes the request a running one, as vLLM 0.33 marks it (D-API-45).
+            self.given_state.add(request_id)
             return []
         previous_len = len(blocks)
         given_before = request_id in self.given_state

@@ -234,7 +234,8 @@ class KVCacheManager:
         # spares cached blocks from eviction (D-API-6). A no-op for a new request.
         # On the settled basis: an in-flight step still reads its window (D-API-14).
         coordinator.remove_skipped_blocks(request_id=request_id,
-                                          num_total_computed_tokens=max(0, total - num_in_flight_tokens))
+                                          num_total_computed_tokens=max(0, total - num_in_flight_tokens),
+                                          num_prompt_tokens=request.num_prompt_tokens)
         # 4-5. Capacity (the Mamba step rule counts as a refusal here).
         demand = coordinator.get_num_blocks_to_allocate(
             request_id=request_id, num_tokens=need, new_computed_blocks=hits,

@@ -8,12 +8,13 @@ CFG-4a, CFG-9a..CFG-9d).
   prefix cached (``prefix_cacheable`` false).
 - ``CircularBufferSpec``: one ring block per request (a compressor's open
   token group). Memory: one page per request, whatever the length; never
-  prefix cached. Manager kind ``circular_buffer`` (D-SPEC-14).
+  prefix cached. Manager kind ``circular_buffer``: one block per request
+  (spec/managers.md §7a, RING-1, D-SPEC-18).
 - ``RSWASpec``: reference sliding window (R-SWA): the prompt stays visible,
   only the last ``rswa_window`` generated tokens are read. Memory as full
-  attention (prompt + window never exceeds ``max_model_len``). Served by the
-  full-attention manager: the gap between prompt and window is not freed
-  early (D-SPEC-13).
+  attention (prompt + window never exceeds ``max_model_len``). Manager kind
+  ``rswa``: full attention that releases the gap between prompt and window
+  (spec/managers.md §2a, RSWA-1, D-SPEC-19).
 - ``EncoderOnlyAttentionSpec``: an encoder-only layer (BERT-like) keeps no
   KV cache between steps: memory 0, no manager; the planner leaves such
   layers out of the groups (D-SPEC-15).

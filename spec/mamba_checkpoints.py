@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.mamba_spec import MambaSpec
 
@@ -59,7 +60,7 @@ def checkpoint_exportable(*, query_start: int, query_end: int, position: int, ha
             and (position - query_start) % export_alignment == 0)
 
 
-FINE_GRAINED_KINDS = frozenset({"full_attention", "sink_full_attention", "mamba"})
+FINE_GRAINED_KINDS = frozenset({"full_attention", "sink_full_attention", "rswa", "mamba"})
 """Manager kinds vLLM 0.33 lets look up hits at hash-block granularity."""
 
 
@@ -76,5 +77,6 @@ def partial_hash_hits_configured(kinds: Sequence[str], specs: Sequence[KVCacheSp
     if not any(isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" and size > hash_block_size
                for spec, size in zip(specs, block_sizes)):
         return False
-    return all(kind in FINE_GRAINED_KINDS or size == hash_block_size
-               for kind, size in zip(kinds, block_sizes))
+    # Groups outside prefix caching (rings) never look up (PFX-1).
+    return all(kind in FINE_GRAINED_KINDS or size == hash_block_size or not prefix_cacheable(spec)
+               for kind, size, spec in zip(kinds, block_sizes, specs))

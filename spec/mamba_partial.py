@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
@@ -32,10 +34,12 @@ def partial_hits_supported(kinds: Sequence[str], specs: Sequence[object], block_
     if use_eagle:
         return "EAGLE is not supported with sub-block hits yet"
     for index, (kind, spec, block_size) in enumerate(zip(kinds, specs, block_sizes)):
+        if isinstance(spec, KVCacheSpec) and not prefix_cacheable(spec):
+            continue  # a ring or bounded-replay group never looks up (PFX-1)
         if isinstance(spec, MambaSpec):
             if block_size != hash_block_size and spec.mamba_cache_mode != "align":
                 return f"kv_cache_groups[{index}]: Mamba mode {spec.mamba_cache_mode!r} is not 'align'"
-        elif kind not in ("full_attention", "sink_full_attention"):
+        elif kind not in ("full_attention", "sink_full_attention", "rswa"):
             return f"kv_cache_groups[{index}]: kind {kind!r} is not supported with sub-block hits yet"
         elif block_size != hash_block_size:
             return (f"kv_cache_groups[{index}]: block size {block_size} is not the hash block size "

@@ -61,7 +61,7 @@ def check_manager_args(
                 "device pools only: give HiSparse groups to HostTierManager (spec/host_tier.md)")
     if scale > 1:
         for group_id, group in enumerate(groups):
-            if manager_kind_for(group.kv_cache_spec) not in ("full_attention", "sink_full_attention"):
+            if manager_kind_for(group.kv_cache_spec) not in ("full_attention", "sink_full_attention", "rswa"):
                 raise InvalidConfigError(
                     f"kv_cache_groups[{group_id}]: context parallelism supports full attention "
                     f"only, got {type(group.kv_cache_spec).__name__}")

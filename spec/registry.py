@@ -45,6 +45,8 @@ BUILTIN_MANAGER_KINDS: Final = (
     "mamba",
     "cross_attention",
     "sink_full_attention",
+    "circular_buffer",
+    "rswa",
 )
 
 _REGISTRY: dict[type[KVCacheSpec], str] = {
@@ -57,11 +59,12 @@ _REGISTRY: dict[type[KVCacheSpec], str] = {
     SinkFullAttentionSpec: "sink_full_attention",
 }
 # vLLM 0.33's newer kinds (spec/attention_variants.py): sliding-window MLA is
-# served by the sliding-window manager and R-SWA by full attention (D-SPEC-13),
-# as vLLM registers them; rings and encoder-only layers have kinds of their own.
+# served by the sliding-window manager, as vLLM registers it; R-SWA (full
+# attention that releases its gap blocks, D-SPEC-19), rings and encoder-only
+# layers have kinds of their own.
 _REGISTRY.update({
     SlidingWindowMLASpec: "sliding_window",
-    RSWASpec: "full_attention",
+    RSWASpec: "rswa",
     CircularBufferSpec: "circular_buffer",
     EncoderOnlyAttentionSpec: "encoder_only",
 })

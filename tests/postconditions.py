@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pagedkv.spec.attention_variants import prefix_cacheable
+from pagedkv.spec.attention_variants import RSWASpec, prefix_cacheable
 from pagedkv.spec.errors import InvariantViolation
 from pagedkv.spec.hashing import ExtraKeys, block_extra_keys, hash_block_tokens, normalize_hash_fn, seed_hash
 from pagedkv.spec.kv_cache_spec import (
@@ -158,7 +158,7 @@ def _skipped(spec: KVCacheSpec, num_computed: int) -> int | None:
 
 
 def check_allocation(manager: Any, request_id: str, num_total_computed: int, num_new_tokens: int,
-                     num_lookahead_tokens: int) -> None:
+                     num_lookahead_tokens: int, num_prompt_tokens: int | None = None) -> None:
     """After ``allocate_slots`` returned (blocks or ``None``) for a request
     that is now known: SKIP-1 (b) and MAMBA-1 (modes ``none``/``all``) —
     the positions attention no longer reads hold the null block — and SWA-1 /
@@ -174,6 +174,13 @@ def check_allocation(manager: Any, request_id: str, num_total_computed: int, num
             if any(block != NULL for block in blocks[:dead]):
                 raise _fail("SKIP-1", f"request {request_id!r} group {group_id} still holds {blocks[:dead]} "
                             f"in the {dead} blocks {num_total_computed} computed tokens skip")
+        if isinstance(spec, RSWASpec) and num_prompt_tokens is not None:
+            # RSWA-1: the prompt's blocks are real, the released gap null.
+            first = -(-num_prompt_tokens // block_size)
+            end = max(num_prompt_tokens, num_total_computed - spec.rswa_window) // block_size
+            if NULL in blocks[:first] or any(block != NULL for block in blocks[first:end]):
+                raise _fail("RSWA-1", f"request {request_id!r} group {group_id} holds {blocks}: prompt "
+                            f"positions 0..{first - 1} real, gap {first}..{end - 1} null expected")
         if isinstance(spec, MambaSpec) and spec.mamba_cache_mode in ("none", "all"):
             dead = min(len(blocks), (num_total_computed - 1) // block_size)
             if any(block != NULL for block in blocks[:max(0, dead)]):

@@ -16,7 +16,7 @@ from typing import Any
 import hypothesis.strategies as st
 
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MMFeature
-from pagedkv.spec.attention_variants import SlidingWindowMLASpec
+from pagedkv.spec.attention_variants import CircularBufferSpec, RSWASpec, SlidingWindowMLASpec
 from pagedkv.spec.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -187,16 +187,23 @@ def group_spec(draw: st.DrawFn, kind: str) -> KVCacheSpec:
         # A window outside prefix caching: it never hits nor caches (PFX-1).
         return SlidingWindowMLASpec(block_size, 1, 8, "float16", sliding_window=draw(st.integers(1, 9)),
                                     bounded_replay=True)
+    if kind == "rswa":
+        # Full attention that releases the blocks between prompt and decode window (RSWA-1).
+        return RSWASpec(block_size, 1, 8, "float16", rswa_window=draw(st.integers(1, 9)))
+    if kind == "ring":
+        # One block per request outside prefix caching (RING-1); its size (3
+        # among them) need not divide or be divided by any other block size.
+        return CircularBufferSpec(draw(st.sampled_from([3, 4, 8])), 1, 8, "float16")
     assert kind == "sink", kind
     return SinkFullAttentionSpec(block_size, 1, 8, "float16", sink_len=block_size * draw(st.integers(1, 2)))
 
 
 @st.composite
 def hybrid_groups(draw: st.DrawFn) -> list[KVCacheSpec]:
-    """1-4 types, 1-3 groups each, sometimes a cross-attention, sink or bounded-replay group."""
+    """1-4 types, 1-3 groups each, sometimes a cross-attention, sink, bounded-replay, ring or R-SWA group."""
     kinds = draw(st.lists(st.sampled_from(HYBRID_KINDS), min_size=1, max_size=4, unique=True))
     specs = [draw(group_spec(kind)) for kind in kinds for _ in range(draw(st.integers(1, 3)))]
-    for extra in ("cross_attention", "sink", "bounded_replay"):
+    for extra in ("cross_attention", "sink", "bounded_replay", "ring", "rswa"):
         if draw(st.integers(0, 7)) == 0:
             specs.append(draw(group_spec(extra)))
     return draw(st.permutations(specs))

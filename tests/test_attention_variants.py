@@ -61,12 +61,12 @@ def test_circular_buffer_holds_one_page_per_request_and_is_not_cached() -> None:
         CircularBufferSpec(8, 1, 64, "bfloat16", head_size_v=-1)
 
 
-def test_rswa_is_full_attention_for_memory_and_manager() -> None:
+def test_rswa_plans_as_full_attention_and_has_its_own_manager_kind() -> None:
     spec = RSWASpec(16, 8, 128, "bfloat16", rswa_window=512)
     full = FullAttentionSpec(16, 8, 128, "bfloat16")
     assert spec.page_size_bytes == full.page_size_bytes
     assert spec.max_memory_usage_bytes(SETTING) == full.max_memory_usage_bytes(SETTING)
-    assert manager_kind_for(spec) == "full_attention"
+    assert manager_kind_for(spec) == "rswa"
     with pytest.raises(InvalidConfigError, match="rswa_window"):
         RSWASpec(16, 8, 128, "bfloat16")
     with pytest.raises(IncompatibleSpecError, match="rswa_window"):

@@ -208,8 +208,9 @@ class Lockstep(RuleBasedStateMachine):
 
     def check_allocation(self, pair: Tracked, total_computed: int, num_new_tokens: int, lookahead: int) -> None:
         for index, manager in enumerate(self.managers):
-            postconditions.check_allocation(manager, pair.requests[index].request_id, total_computed,
-                                            num_new_tokens, lookahead)
+            request = pair.requests[index]
+            postconditions.check_allocation(manager, request.request_id, total_computed,
+                                            num_new_tokens, lookahead, request.num_prompt_tokens)
 
     # -- the engine's work -----------------------------------------------------------
 

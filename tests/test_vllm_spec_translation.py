@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pagedkv.spec import FullAttentionSpec, MLAAttentionSpec, RSWASpec, SlidingWindowMLASpec
-from pagedkv.spec.attention_variants import prefix_cacheable
+from pagedkv.spec.attention_variants import CircularBufferSpec, prefix_cacheable
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
 from pagedkv.vllm.config import UnsupportedVllmSpecError, translate_spec
@@ -54,14 +54,16 @@ def test_compressed_mla_rswa_and_non_causal() -> None:
     assert isinstance(pooled, MLAAttentionSpec) and pooled.tokens_per_state == 1
     rswa = translate_spec(fake("RSWASpec", 16, rswa_window=64, non_causal=False))
     assert isinstance(rswa, RSWASpec) and rswa.rswa_window == 64
-    assert manager_kind_for(rswa) == "full_attention"
+    assert manager_kind_for(rswa) == "rswa"
     prefix_lm = translate_spec(fake("FullAttentionSpec", 16, non_causal=True))
     assert isinstance(prefix_lm, FullAttentionSpec) and prefix_lm.non_causal
 
 
-def test_rings_and_encoder_only_layers_are_refused_by_name() -> None:
-    with pytest.raises(UnsupportedVllmSpecError, match="CircularBufferSpec.*D-SPEC-14"):
-        translate_spec(fake("CircularBufferSpec", 8))
+def test_rings_translate_and_encoder_only_layers_are_refused_by_name() -> None:
+    # A ring is managed outside prefix caching, one block per request (D-SPEC-18).
+    ring = translate_spec(fake("CircularBufferSpec", 8, head_size_v=0))
+    assert isinstance(ring, CircularBufferSpec) and ring.head_size_v == 0
+    assert manager_kind_for(ring) == "circular_buffer" and not prefix_cacheable(ring)
     with pytest.raises(UnsupportedVllmSpecError, match="EncoderOnlyAttentionSpec.*D-SPEC-15"):
         translate_spec(fake("EncoderOnlyAttentionSpec", 16))
 

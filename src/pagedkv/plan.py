@@ -30,6 +30,7 @@ from pagedkv.spec.capacity import (
 )
 from pagedkv.spec.config import KVCacheConfig, check_kv_cache_config
 from pagedkv.spec.errors import InsufficientMemoryError, InvalidConfigError
+from pagedkv.spec.host_plan import HostTierPlan, plan_host_tier
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.planner import get_kv_cache_config, get_kv_cache_groups
 from pagedkv.spec.registry import manager_kind_for
@@ -88,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pcp", type=int, default=1, help="prefill context parallel size")
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
     parser.add_argument("--disable-hybrid-kv-cache-manager", action="store_true")
+    parser.add_argument("--host-memory", type=_memory_arg, metavar="SIZE", default=None,
+                        help="host memory for a HiSparse host tier of a sparse-MLA preset's MLA caches "
+                             "(reported beside the device plan, spec/host_plan.py)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -208,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         config = get_kv_cache_config(setting, model.specs, available)
         check_kv_cache_config(config)
         needed = max_memory_usage_bytes(setting, layer_specs.values())
+        host = _host_tier(args, setting, model)
     except InsufficientMemoryError as exc:
         _fail(args.json, "insufficient_memory", str(exc))
         return 1
@@ -215,13 +220,47 @@ def main(argv: list[str] | None = None) -> int:
         _fail(args.json, "invalid_config", str(exc))
         return 2
     report = _report(model.name, setting, available, config, largest, needed)
+    report["host_tier"] = None if host is None else _host_report(host)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         from pagedkv.spec.capacity import DEFAULT_SEARCH_LIMIT
 
         _print_text(report, config, DEFAULT_SEARCH_LIMIT)
+        if host is not None:
+            _print_host(report["host_tier"])
     return 0
+
+
+def _host_tier(args: argparse.Namespace, setting: ModelSetting, model: ModelDescription) -> HostTierPlan | None:
+    """The host tier ``--host-memory`` asks for, or ``None``."""
+    if args.host_memory is None:
+        return None
+    preset = PRESETS.get(args.preset) if args.preset is not None else None
+    sources = preset.host_source_layers(model.specs) if preset is not None else []
+    if not sources:
+        with_tier = sorted(name for name, p in PRESETS.items() if p.host_source_suffix)
+        raise InvalidConfigError(
+            f"--host-memory: {model.name} names no HiSparse source layers (presets with a host tier: "
+            f"{', '.join(with_tier)})")
+    return plan_host_tier(setting, model.specs, sources, args.host_memory)
+
+
+def _host_report(host: HostTierPlan) -> dict[str, Any]:
+    return {"host_memory": host.host_memory, "source_layers": len(host.source_layers),
+            "host_block_bytes": host.host_block_bytes, "host_num_blocks": host.host_num_blocks,
+            "host_tokens": host.host_tokens, "min_host_blocks": host.min_host_blocks,
+            "max_resident_requests": host.max_resident_requests}
+
+
+def _print_host(host: dict[str, Any]) -> None:
+    print(f"host tier (HiSparse)  {host['host_memory']:,} bytes ({host['host_memory'] / GiB:.2f} GiB) for "
+          f"the pages of {host['source_layers']} source layers")
+    print(f"  host block          {host['host_block_bytes']:,} bytes (one page of every source layer)")
+    print(f"  host blocks         {host['host_num_blocks']:,} ({host['host_tokens']:,} tokens; "
+          f"one max_model_len request needs {host['min_host_blocks']:,} with the null block and a spare)")
+    print(f"  host-resident       {host['max_resident_requests']:.2f} requests of max_model_len at once")
+    print("  (the device plan above counts every layer; vLLM's HiSparse device layout is not planned here)")
 
 
 def _fail(as_json: bool, kind: str, message: str) -> None:

@@ -15,8 +15,9 @@ everything else a model has are irrelevant to the KV cache and left out.
 - ``deepseek-v3.2``: DeepSeek-V3.2-like sparse MLA: 61 layers, each an MLA
   cache in the fp8 DeepSeek layout (656 bytes a token) and a lightning
   indexer cache (128 fp8 values + a float32 scale = 132 bytes a token),
-  blocks of 64. Device memory only: a HiSparse host tier is not counted
-  here (issue 12's host-resident groups plan it separately).
+  blocks of 64. The device plan counts every layer; ``--host-memory``
+  adds a HiSparse host tier holding the MLA caches' pages (``.attn`` layers,
+  spec/host_plan.py), reported beside the device plan.
 - ``swa-mla``: a sliding-window MLA model (DeepSeek-V4-like attention
   pattern, simplified): 32 layers, every 4th a full MLA layer, the others
   MLA over a 128-token window, 584 bytes a token (uint8 layout) rounded to
@@ -49,10 +50,18 @@ class Preset:
     description: str
     default_block_size: int
     build_layers: Callable[[int, int], dict[str, KVCacheSpec]]
+    host_source_suffix: str | None = None
+    """For a sparse-MLA model a HiSparse host tier can serve: the name suffix of
+    its source layers (their pages live in the host pool, ``--host-memory``)."""
 
     def build(self, max_model_len: int, block_size: int | None = None) -> dict[str, KVCacheSpec]:
         """The specs per layer, in layer order."""
         return self.build_layers(max_model_len, block_size or self.default_block_size)
+
+    def host_source_layers(self, specs: dict[str, KVCacheSpec]) -> list[str]:
+        """The layers a HiSparse host tier keeps (none without a source suffix)."""
+        suffix = self.host_source_suffix
+        return [] if suffix is None else [name for name in specs if name.endswith(suffix)]
 
 
 def _llama3_8b(max_model_len: int, block_size: int) -> dict[str, KVCacheSpec]:
@@ -119,8 +128,8 @@ PRESETS: dict[str, Preset] = {
         Preset("deepseek-v3", "DeepSeek-V3-like: 61 MLA layers, latent 512 + rope 64, bf16",
                64, _deepseek_v3),
         Preset("deepseek-v3.2", "DeepSeek-V3.2-like sparse MLA: 61 x (fp8_ds_mla cache + "
-               "132-byte indexer cache); device memory only, no host tier counted", 64,
-               _deepseek_v32),
+               "132-byte indexer cache); --host-memory plans a HiSparse host tier for the "
+               "MLA caches", 64, _deepseek_v32, host_source_suffix=".attn"),
         Preset("swa-mla", "sliding-window MLA: 32 layers, 3:1 SWA-MLA (128):MLA, 584-byte "
                "latents on 576-byte alignment", 64, _swa_mla),
     )

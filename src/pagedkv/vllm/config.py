@@ -6,17 +6,17 @@ blocks); page sizes and dtypes matter to planning, not to block management.
 So the translation keeps the geometry exactly and maps a dtype pagedkv does
 not know to ``float16`` (the page size is then not vLLM's; nothing in the
 manager reads it). A spec kind pagedkv has no manager for raises
-:class:`UnsupportedVllmSpecError` naming it: rings (``CircularBufferSpec``)
-and bounded-replay sliding-window MLA, whose groups vLLM 0.33 leaves out of
-prefix caching (D-SPEC-14), and encoder-only layers, which vLLM itself never
-hands to a manager (D-SPEC-15).
+:class:`UnsupportedVllmSpecError` naming it: encoder-only layers, which vLLM
+itself never hands to a manager (D-SPEC-15). Rings (``CircularBufferSpec``)
+and bounded-replay sliding-window MLA are managed outside prefix caching
+(PFX-1, D-API-40, D-SPEC-18).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pagedkv.spec.attention_variants import RSWASpec, SlidingWindowMLASpec
+from pagedkv.spec.attention_variants import CircularBufferSpec, RSWASpec, SlidingWindowMLASpec
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import (
@@ -69,6 +69,11 @@ def translate_spec(spec: Any, block_size: int | None = None) -> KVCacheSpec:
         raise UnsupportedVllmSpecError(
             f"pagedkv has no manager for vLLM's {kind}: {_NOT_MANAGED[kind]} (KV cache group spec "
             f"{spec!r})")
+    if kind == "CircularBufferSpec":
+        # A ring: one block per request, outside prefix caching (RING-1, D-SPEC-18).
+        head_size_v = getattr(spec, "head_size_v", None)
+        return CircularBufferSpec(**fields, head_size_v=int(head_size_v) if type(head_size_v) is int
+                                  and head_size_v >= 0 else None)
     if kind == "SlidingWindowMLASpec":
         # A bounded-replay group takes no part in prefix caching (PFX-1, D-API-40).
         return SlidingWindowMLASpec(**fields, sliding_window=spec.sliding_window,
@@ -132,8 +137,6 @@ def _uniform_type(spec: Any, block_size: int | None) -> KVCacheSpec:
 
 
 _NOT_MANAGED: dict[str, str] = {
-    "CircularBufferSpec": "a ring group takes no part in prefix caching, which pagedkv's "
-                          "coordinators do not model yet (D-SPEC-14)",
     "EncoderOnlyAttentionSpec": "encoder-only layers keep no KV cache between steps; vLLM 0.33 "
                                 "adds them to the workers' config only, never to the "
                                 "scheduler's manager (D-SPEC-15)",

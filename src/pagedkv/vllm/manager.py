@@ -33,6 +33,7 @@ from .config import translate_config
 from .coordinator import ZeroingBlockIds, make_coordinator_view
 from .mamba import enable_partial_hits_where_vllm_would, take_block_copies
 from .requests import CappedRequest, VllmRequestView
+from .truncate import truncated_groups
 from .zeroing import ZeroingRecorder
 
 __all__ = ["KVCacheManager"]
@@ -325,7 +326,8 @@ class KVCacheManager:
                               num_prompt_tokens: int | None = None) -> None:
         if request_id in self._core.coordinator.requests:
             self._core.coordinator.remove_skipped_blocks(
-                request_id=request_id, num_total_computed_tokens=processed_computed_tokens)
+                request_id=request_id, num_total_computed_tokens=processed_computed_tokens,
+                num_prompt_tokens=num_prompt_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self.block_pool.evict_blocks(block_ids)
@@ -399,10 +401,11 @@ class KVCacheManager:
         return cached or 0
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
-        truncated: list[list[Any]] = []
-        for group_blocks, manager in zip(blocks.blocks, self._core.coordinator.managers):
-            truncated.append(list(group_blocks[:num_computed_tokens // manager.block_size]))
-        return self.create_kv_cache_blocks(truncated)
+        """The lookup result cut at ``num_computed_tokens`` (truncate.py, D-API-42)."""
+        managers = self._core.coordinator.managers
+        return self.create_kv_cache_blocks(truncated_groups(
+            blocks.blocks, [manager.kv_cache_spec for manager in managers],
+            [manager.block_size for manager in managers], num_computed_tokens))
 
     # ------------------------------------------------- per-step drains
 
