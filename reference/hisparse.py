@@ -13,11 +13,9 @@ import pprint
 from collections.abc import Sequence
 from typing import Literal
 
-from pagedkv.reference.hisparse_state import AllocationPlan, RequestState, TierPool
+from pagedkv.reference.hisparse_state import RequestState, TierPool
 from pagedkv.spec.errors import (
-    ExceedsMaxModelLenError,
     InvalidArgumentError,
-    InvalidTokenCountError,
     InvariantViolation,
     UnknownRequestError,
 )
@@ -30,6 +28,17 @@ from pagedkv.spec.hisparse import (
     RequestResidency,
     ResidencyUpdate,
     RowMirror,
+)
+from pagedkv.spec.hisparse_rules import (
+    AllocationCounts,
+    check_transfer_ids,
+    full_sequence_need,
+    import_pages,
+    plan_allocation,
+    residency_update,
+    row_mirrors,
+    wants_hot_region,
+    writeback_window,
 )
 from pagedkv.spec.types import BlockHash
 
@@ -92,60 +101,25 @@ class HostTierManager:
     # -- allocation ----------------------------------------------------------
 
     def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
-              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> AllocationPlan:
+              block_hashes: Sequence[BlockHash] | None,
+              num_external_tokens: int) -> tuple[RequestState | None, AllocationCounts]:
         """Validate an allocation and count what it needs (changes nothing)."""
-        cfg = self.config
-        if type(num_tokens) is not int or num_tokens < 0:
-            raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-        if num_tokens > cfg.max_model_len:
-            raise ExceedsMaxModelLenError(
-                f"num_tokens {num_tokens} exceeds max_model_len {cfg.max_model_len}")
         req = self.requests.get(request_id)
-        hashes = list(block_hashes) if block_hashes is not None else (
-            req.block_hashes if req is not None else [])
-        pages = -(-num_tokens // cfg.block_size)
-        if hit:
-            if req is not None and req.host_row:
-                raise InvalidArgumentError(
-                    f"hit given for request {request_id!r}, which already holds blocks")
-            if len(hit) > pages:
-                raise InvalidArgumentError(
-                    f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
-            for i, b in enumerate(hit):
-                if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
-                        self.host.hash_of.get(b) != hashes[i]):
-                    raise InvalidArgumentError(
-                        f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
-        if len(set(hit)) != len(hit):
-            raise InvalidArgumentError("hit repeats a block")
-        if type(num_external_tokens) is not int or num_external_tokens < 0:
-            raise InvalidTokenCountError(
-                f"num_external_tokens must be an int >= 0, got {num_external_tokens!r}")
-        imported = len(hit) * cfg.block_size + num_external_tokens if num_external_tokens else 0
-        if num_external_tokens and (
-                (req is not None and req.host_row) or imported > num_tokens):
-            raise InvalidArgumentError(
-                f"num_external_tokens {num_external_tokens}: an import needs a request holding "
-                f"nothing and hit + external tokens <= num_tokens {num_tokens}")
-        # An import leaves its pages host-only except the last (the engine
-        # replays into it); later pages are resident as usual.
-        import_pages = -(-imported // cfg.block_size)
-        host_only = max(import_pages - 1 - len(hit), 0)
-        existing = len(req.host_row) if req is not None else 0
-        host_new = max(pages - existing - len(hit), 0)
-        free_hits = sum(1 for b in hit if self.host.ref[b] == 0)
-        has_hot = req is not None and bool(req.hot)
-        wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
-        hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
-        return AllocationPlan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+        return req, plan_allocation(
+            self.config, request_id, num_tokens, hit, block_hashes, num_external_tokens,
+            held_pages=len(req.host_row) if req is not None else 0,
+            held_hashes=req.block_hashes if req is not None else (),
+            has_hot=req is not None and bool(req.hot),
+            hot_required=req is not None and req.hot_required,
+            host_hash_of=self.host.hash_of, host_ref=self.host.ref)
 
     def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                       block_hashes: Sequence[BlockHash] | None = None,
                       num_external_tokens: int = 0) -> tuple[int, int]:
         """Read-only: the (host, device) free blocks ``allocate`` with these
         arguments would take; it succeeds iff both are available."""
-        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
-        return plan.host_new + plan.free_hits, plan.host_new - plan.host_only + plan.hot_n
+        _, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        return plan.host_new + plan.free_hits, plan.device_new + plan.hot_n
 
     def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
         """Read-only: the (host, device) blocks the request still needs to hold
@@ -153,31 +127,20 @@ class HostTierManager:
         only when its whole sequence fits. Every page needs a host block, but
         resident pages count only up to the admission window: older pages move
         to host (D-HOST-11). An unknown request holds nothing."""
-        cfg = self.config
-        if type(full_sequence_tokens) is not int or full_sequence_tokens < 0:
-            raise InvalidTokenCountError(
-                f"full_sequence_tokens must be an int >= 0, got {full_sequence_tokens!r}")
-        if full_sequence_tokens > cfg.max_model_len:
-            raise ExceedsMaxModelLenError(f"full_sequence_tokens {full_sequence_tokens} exceeds "
-                                          f"max_model_len {cfg.max_model_len}")
         req = self.requests.get(request_id)
-        pages = -(-full_sequence_tokens // cfg.block_size)
-        held = len(req.host_row) if req is not None else 0
-        resident = pages if cfg.admission_window is None else min(pages, cfg.admission_window)
-        hot = cfg.hot_blocks_per_request if (
-            req is not None and req.hot_required and not req.hot) else 0
-        return max(pages - held, 0), max(resident - held, 0) + hot
+        return full_sequence_need(
+            self.config, full_sequence_tokens, held_pages=len(req.host_row) if req else 0,
+            hot_missing=req is not None and req.hot_required and not req.hot)
 
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                  block_hashes: Sequence[BlockHash] | None = None,
                  num_external_tokens: int = 0) -> HostAllocation | None:
         """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
-        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
-        req, hashes, imported, host_only = plan.req, plan.hashes, plan.imported, plan.host_only
-        host_new, hot_n = plan.host_new, plan.hot_n
+        req, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        hashes, imported, host_only = plan.hashes, plan.imported, plan.host_only
+        host_new, hot_n, device_new = plan.host_new, plan.hot_n, plan.device_new
         if host_new > len(self.host.free) - plan.free_hits:
             return None  # host exhaustion defers the request (nothing changed)
-        device_new = host_new - host_only
         if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
@@ -224,8 +187,8 @@ class HostTierManager:
             self.free(request_id)
             return None
         imported, req.importing = req.importing, 0
-        req.clean.update(range(imported // self.config.block_size))
-        tail = (imported - 1) // self.config.block_size
+        num_clean, tail = import_pages(imported, self.config.block_size)
+        req.clean.update(range(num_clean))
         self.device.hold(req.resident_row[tail])
         transfer = self._new_transfer(request_id, req, tail, req.resident_row[tail], "restore")
         self._publish(req)
@@ -280,13 +243,9 @@ class HostTierManager:
                         budget: int | None = None) -> list[PageTransfer]:
         """Write-back transfers of the sealed dirty pages, lowest first."""
         req = self._get(request_id)
-        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
-            raise InvalidTokenCountError(
-                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
-        sealed = min(num_computed_tokens // self.config.block_size, len(req.resident_row))
-        first = -(-req.importing // self.config.block_size)  # an import is writing those
         planned: list[PageTransfer] = []
-        for page in range(first, sealed):
+        for page in writeback_window(self.config.block_size, num_computed_tokens,
+                                     len(req.resident_row), req.importing):
             if budget is not None and len(planned) >= budget:
                 break
             b = req.resident_row[page]
@@ -311,10 +270,7 @@ class HostTierManager:
 
     def complete(self, transfer_ids: Sequence[int]) -> None:
         """The worker ran these transfers (spec/host_tier.md, complete)."""
-        if len(set(transfer_ids)) != len(transfer_ids) or any(
-                t not in self.transfers for t in transfer_ids):
-            raise InvalidArgumentError(
-                f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
+        check_transfer_ids(transfer_ids, self.transfers)
         touched: list[str] = []
         finished_detached: list[RequestState] = []
         for t in transfer_ids:
@@ -376,9 +332,7 @@ class HostTierManager:
         req = self._get(request_id)
         if len(req.hot) == self.config.hot_blocks_per_request:
             self._unpin_clean(request_id, req)
-        elif len(self.device.free) < self.config.device_watermark or (
-                self.config.admission_window is not None
-                and len(req.resident_row) >= self.config.admission_window):
+        elif wants_hot_region(self.config, len(self.device.free), len(req.resident_row)):
             req.hot_required = True
 
     # -- release -------------------------------------------------------------
@@ -391,10 +345,9 @@ class HostTierManager:
         updates: dict[str, ResidencyUpdate] = {}
         for request_id in request_ids:
             req = self.requests[request_id]
-            pages = sorted(req.stale) + list(range(req.synced, len(req.resident_row)))
-            if pages:
-                updates[request_id] = ResidencyUpdate(
-                    tuple(pages), tuple(req.resident_row[p] for p in pages))
+            update = residency_update(req.resident_row, req.synced, req.stale)
+            if update is not None:
+                updates[request_id] = update
             req.stale = set()
             req.synced = len(req.resident_row)
         return updates
@@ -410,26 +363,8 @@ class HostTierManager:
         host-only page (nothing written on the device) or a page beyond the
         row is skipped, its neighbours are not. Read-only."""
         req = self._get(request_id)
-        if type(num_computed_tokens) is not int or type(num_scheduled_tokens) is not int or (
-                num_computed_tokens < 0 or num_scheduled_tokens < 0):
-            raise InvalidTokenCountError(
-                "num_computed_tokens and num_scheduled_tokens must be ints >= 0, got "
-                f"{num_computed_tokens!r} and {num_scheduled_tokens!r}")
-        size = self.config.block_size
-        mirrors: list[RowMirror] = []
-        for token in range(num_computed_tokens, num_computed_tokens + num_scheduled_tokens):
-            page, offset = divmod(token, size)
-            if page >= len(req.resident_row) or req.resident_row[page] == 0:
-                continue
-            device_slot = req.resident_row[page] * size + offset
-            host_slot = req.host_row[page] * size + offset
-            last = mirrors[-1] if mirrors else None
-            if last is not None and last.device_slot + last.num_rows == device_slot and (
-                    last.host_slot + last.num_rows == host_slot) and offset != 0:
-                mirrors[-1] = RowMirror(last.device_slot, last.host_slot, last.num_rows + 1)
-            else:
-                mirrors.append(RowMirror(device_slot, host_slot, 1))
-        return mirrors
+        return row_mirrors(self.config.block_size, req.resident_row, req.host_row,
+                           num_computed_tokens, num_scheduled_tokens)
 
     def free(self, request_id: str, finished: bool = False) -> None:
         """Release every block the request holds, each list tail first.
