@@ -12,7 +12,7 @@ test runs both), different structures:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pagedkv.optimized.hisparse_state import RequestState, TierPool
@@ -38,7 +38,9 @@ from pagedkv.spec.hisparse_rules import (
     plan_allocation,
     residency_update,
     row_mirrors,
+    tally_worker_counts,
     wants_hot_region,
+    writeback_tokens,
     writeback_window,
 )
 from pagedkv.spec.types import BlockHash
@@ -64,6 +66,9 @@ class HostTierManager:
         # Finished requests whose last write-backs are in flight: their durable
         # prefix is published when those land (D-HOST-5).
         self.detached: list[RequestState] = []
+        self.outbox: list[int] = []  # transfers planned since the last take_transfers
+        # In-flight transfer -> (workers expected, workers done) (D-HOST-12).
+        self.worker_counts: dict[int, tuple[int, int]] = {}
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
         """O(hit length): host blocks of the longest cached prefix."""
@@ -254,6 +259,7 @@ class HostTierManager:
         self.next_transfer_id += 1
         self.transfers[transfer.transfer_id] = (transfer, req)
         req.pending[page] = transfer.transfer_id
+        self.outbox.append(transfer.transfer_id)
         self.host.hold(transfer.host_block)
         return transfer
 
@@ -290,6 +296,8 @@ class HostTierManager:
     def complete(self, transfer_ids: Sequence[int]) -> None:
         """O(transfers + pages published + pages released)."""
         check_transfer_ids(transfer_ids, self.transfers)
+        for t in transfer_ids:
+            self.worker_counts.pop(t, None)
         touched: dict[str, RequestState] = {}
         finished_detached: list[RequestState] = []
         for t in transfer_ids:
@@ -356,6 +364,35 @@ class HostTierManager:
             self.readers.setdefault(b, set()).add((request_id, page))
             req.unpinned.add(page)
             req.pinned_clean.discard(page)
+
+    def advance(self, request_id: str, num_tokens: int) -> list[PageTransfer]:
+        """A step brings the request to ``num_tokens`` computed tokens: write
+        back its sealed pages within the spill budget, reprefillable tokens
+        left out, then update its residency (spec/host_tier.md, advance)."""
+        self._get(request_id)
+        computed = writeback_tokens(self.config, num_tokens)
+        budget = max(self.config.spill_budget - len(self.outbox), 0)
+        planned = self.plan_writebacks(request_id, computed, budget)
+        self.update_residency(request_id)
+        return planned
+
+    def take_transfers(self) -> list[PageTransfer]:
+        """The transfers planned since the last call and still in flight, in
+        plan order; the outbox empties."""
+        taken = [self.transfers[t][0] for t in self.outbox if t in self.transfers]
+        self.outbox = []
+        return taken
+
+    def report_transfers(self, enqueued: Mapping[int, int],
+                         completed: Mapping[int, int]) -> list[int]:
+        """Per-worker counts: a transfer completes once as many workers
+        reported it done as first enqueued it (D-HOST-12). Returns the ids
+        completed; ids not in flight are ignored."""
+        counts, finished = tally_worker_counts(self.worker_counts, self.transfers, enqueued,
+                                               completed)
+        self.complete(finished)
+        self.worker_counts = counts
+        return finished
 
     def update_residency(self, request_id: str) -> None:
         req = self._get(request_id)
@@ -451,4 +488,5 @@ class HostTierManager:
             tuple((r, self.residency(r)) for r in sorted(self.requests)),
             tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
             tuple(sorted(self.copies.items())),
-            tuple(tuple(req.held) for req in self.detached))
+            tuple(tuple(req.held) for req in self.detached), tuple(self.outbox),
+            tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())))

@@ -1,4 +1,4 @@
-"""HOST-1..HOST-12 of spec/host_tier.md, checked over the reference host tier."""
+"""HOST-1..HOST-13 of spec/host_tier.md, checked over the reference host tier."""
 
 from __future__ import annotations
 
@@ -101,5 +101,12 @@ def check_host_tier(tier: HostTierManager) -> None:
             raise tier._fail("HOST-12", f"copy block {b} is used for something else")
     if len(set(tier.copies.values())) != len(tier.copies):
         raise tier._fail("HOST-12", "one device block copies two pages")
+    # HOST-13: worker counts name in-flight transfers, never a finished count.
+    for t, (expected, done) in tier.worker_counts.items():
+        if t not in tier.transfers or (expected and done >= expected):
+            raise tier._fail("HOST-13", f"worker counts {t}: ({expected}, {done})")
+    if len(set(tier.outbox)) != len(tier.outbox) or any(
+            t >= tier.next_transfer_id for t in tier.outbox):
+        raise tier._fail("HOST-13", f"outbox {tier.outbox} repeats or names an unplanned id")
     _check_pool(tier, tier.host, "host", host_refs)
     _check_pool(tier, tier.device, "device", device_refs)

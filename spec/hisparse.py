@@ -130,6 +130,11 @@ class HostTierConfig:
     ``admission_window``: resident pages a request may keep pinned before it
     must read from host (``HiSparseResidentSpec.max_admission_blocks_per_request``);
     ``None``: no such limit.
+    ``num_reprefillable_tokens``: a request's last tokens the engine prefills
+    again (multi-token prediction), never written back (``advance``).
+    ``max_spill_pages``: transfers the outbox may hold before ``advance``
+    plans no more write-backs; ``None`` is vLLM 0.33's ``max_model_len //
+    block_size`` (``spill_budget``).
     """
 
     block_size: int
@@ -140,8 +145,15 @@ class HostTierConfig:
     enable_caching: bool = True
     watermark: int | None = None
     admission_window: int | None = None
+    num_reprefillable_tokens: int = 0
+    max_spill_pages: int | None = None
 
     def __post_init__(self) -> None:
+        if type(self.num_reprefillable_tokens) is not int or self.num_reprefillable_tokens < 0:
+            raise InvalidConfigError("HostTierConfig.num_reprefillable_tokens must be an int >= 0, "
+                                     f"got {self.num_reprefillable_tokens!r}")
+        if self.max_spill_pages is not None:
+            _positive(self, "max_spill_pages", self.max_spill_pages)
         if self.admission_window is not None:
             _positive(self, "admission_window", self.admission_window)
         for name in ("block_size", "host_num_blocks", "device_num_blocks",
@@ -160,6 +172,13 @@ class HostTierConfig:
         if self.watermark is not None:
             return self.watermark
         return max(self.hot_blocks_per_request, self.device_num_blocks // 10)
+
+    @property
+    def spill_budget(self) -> int:
+        """The resolved ``max_spill_pages`` (see the class docstring)."""
+        if self.max_spill_pages is not None:
+            return self.max_spill_pages
+        return self.max_model_len // self.block_size
 
 
 def host_groups(groups: Sequence[KVCacheGroupSpec]) -> tuple[int, ...]:
@@ -286,6 +305,10 @@ class HostTierSnapshot:
     in_flight: tuple[PageTransfer, ...]
     copies: tuple[tuple[bytes, int], ...]
     detached: tuple[tuple[int, ...], ...]
+    outbox: tuple[int, ...] = ()
+    """Ids of the transfers planned and not yet taken (``take_transfers``), in order."""
+    worker_counts: tuple[tuple[int, int, int], ...] = ()
+    """(transfer id, expected, completed) worker counts reported so far, by id."""
 
 
 def host_pool_num_blocks(host_budget_bytes: int, host_block_bytes: int, block_size: int,

@@ -32,6 +32,8 @@ __all__ = [
     "plan_allocation",
     "residency_update",
     "row_mirrors",
+    "tally_worker_counts",
+    "writeback_tokens",
     "wants_hot_region",
     "writeback_window",
 ]
@@ -209,3 +211,44 @@ def row_mirrors(block_size: int, resident_row: Sequence[int], host_row: Sequence
                                      host_row[page] * block_size + offset, num_rows))
         token += num_rows
     return mirrors
+
+
+def writeback_tokens(cfg: HostTierConfig, num_tokens: int) -> int:
+    """The computed tokens ``advance`` may write back once a step brings the
+    request to ``num_tokens``: all but the last ``num_reprefillable_tokens``,
+    which the engine prefills again (a write-back of them would be stale)."""
+    check_token_count("num_tokens", num_tokens)
+    return max(0, num_tokens - cfg.num_reprefillable_tokens)
+
+
+def tally_worker_counts(counts: Mapping[int, tuple[int, int]], in_flight: Collection[int],
+                        enqueued: Mapping[int, int], completed: Mapping[int, int],
+                        ) -> tuple[dict[int, tuple[int, int]], list[int]]:
+    """Per-worker transfer counts (``report_transfers``, D-HOST-12).
+
+    ``counts`` maps a transfer id to (workers expected, workers done) so far.
+    Each in-flight id's first nonzero ``enqueued`` count is how many workers
+    must report it; ``completed`` counts add up. Ids not in flight are ignored
+    (a late report of a transfer that already landed). Returns the new
+    ``counts`` (finished ids left out) and the ids that finished, ascending.
+
+    Raises:
+        InvalidArgumentError: a count that is not an int >= 0.
+    """
+    for name, reports in (("enqueued", enqueued), ("completed", completed)):
+        for transfer_id, count in reports.items():
+            if type(count) is not int or count < 0:
+                raise InvalidArgumentError(
+                    f"{name}[{transfer_id!r}] must be an int >= 0, got {count!r}")
+    new = {t: c for t, c in counts.items() if t in in_flight}
+    for transfer_id in set(enqueued) | set(completed):
+        if transfer_id not in in_flight:
+            continue
+        expected, done = new.get(transfer_id, (0, 0))
+        if expected == 0:
+            expected = enqueued.get(transfer_id, 0)
+        new[transfer_id] = (expected, done + completed.get(transfer_id, 0))
+    finished = sorted(t for t, (expected, done) in new.items() if expected and done >= expected)
+    for transfer_id in finished:
+        del new[transfer_id]
+    return new, finished
