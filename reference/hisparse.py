@@ -10,10 +10,11 @@ fast on purpose. ``check_invariants`` checks HOST-1..HOST-13 by ID.
 from __future__ import annotations
 
 import pprint
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from pagedkv.reference.hisparse_state import RequestState, TierPool
+from pagedkv.reference.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvariantViolation,
@@ -21,6 +22,7 @@ from pagedkv.spec.errors import (
 )
 from pagedkv.spec.hisparse import (
     ACTIVE_TAIL_PAGES,
+    FenceHold,
     HostAllocation,
     HostTierConfig,
     HostTierSnapshot,
@@ -37,9 +39,7 @@ from pagedkv.spec.hisparse_rules import (
     plan_allocation,
     residency_update,
     row_mirrors,
-    tally_worker_counts,
     wants_hot_region,
-    writeback_tokens,
     writeback_window,
 )
 from pagedkv.spec.types import BlockHash
@@ -47,7 +47,7 @@ from pagedkv.spec.types import BlockHash
 __all__ = ["HostTierManager"]
 
 
-class HostTierManager:
+class HostTierManager(HostTierSteps):
     """Blocks of the HiSparse source, resident and hot groups in two pools."""
 
     def __init__(self, config: HostTierConfig) -> None:
@@ -68,6 +68,8 @@ class HostTierManager:
         self.outbox: list[int] = []  # transfers planned since the last take_transfers
         # In-flight transfer -> (workers expected, workers done) (D-HOST-12).
         self.worker_counts: dict[int, tuple[int, int]] = {}
+        self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
+        self.next_fence_id = 0
 
     # -- queries -------------------------------------------------------------
 
@@ -202,8 +204,11 @@ class HostTierManager:
     def _take_host(self, n: int) -> list[int]:
         blocks = self.host.take(n)
         for block_hash in self.host.evicted:
-            self.copies.pop(block_hash, None)  # a copy of a page no hit can find
+            self._drop_copy(block_hash)  # a copy of a page no hit can find
         return blocks
+
+    def _drop_copy(self, block_hash: BlockHash) -> None:
+        self.copies.pop(block_hash, None)
 
     def _take_device(self, n: int) -> list[int]:
         """``n`` free device blocks; each one's copy and readers are lost."""
@@ -334,35 +339,6 @@ class HostTierManager:
                 self.readers.setdefault(b, set()).add((request_id, page))
                 req.unpinned.add(page)
 
-    def advance(self, request_id: str, num_tokens: int) -> list[PageTransfer]:
-        """A step brings the request to ``num_tokens`` computed tokens: write
-        back its sealed pages within the spill budget, reprefillable tokens
-        left out, then update its residency (spec/host_tier.md, advance)."""
-        self._get(request_id)
-        computed = writeback_tokens(self.config, num_tokens)
-        budget = max(self.config.spill_budget - len(self.outbox), 0)
-        planned = self.plan_writebacks(request_id, computed, budget)
-        self.update_residency(request_id)
-        return planned
-
-    def take_transfers(self) -> list[PageTransfer]:
-        """The transfers planned since the last call and still in flight, in
-        plan order; the outbox empties."""
-        taken = [self.transfers[t][0] for t in self.outbox if t in self.transfers]
-        self.outbox = []
-        return taken
-
-    def report_transfers(self, enqueued: Mapping[int, int],
-                         completed: Mapping[int, int]) -> list[int]:
-        """Per-worker counts: a transfer completes once as many workers
-        reported it done as first enqueued it (D-HOST-12). Returns the ids
-        completed; ids not in flight are ignored."""
-        counts, finished = tally_worker_counts(self.worker_counts, self.transfers, enqueued,
-                                               completed)
-        self.complete(finished)
-        self.worker_counts = counts
-        return finished
-
     def update_residency(self, request_id: str) -> None:
         """Release clean pages when the request can read from host, else ask
         for a hot region when the device pool runs low."""
@@ -463,7 +439,8 @@ class HostTierManager:
             tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
             tuple(sorted(self.copies.items())),
             tuple(tuple(req.held) for req in self.detached), tuple(self.outbox),
-            tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())))
+            tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())),
+            tuple(self.fences[f] for f in sorted(self.fences)))
 
     def check_invariants(self) -> None:
         """HOST-1..HOST-13, by ID (raises InvariantViolation with a state dump)."""

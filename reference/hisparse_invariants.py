@@ -42,6 +42,11 @@ def check_host_tier(tier: HostTierManager) -> None:
     hot_n = tier.config.hot_blocks_per_request
     for held in tier.detached:
         host_refs.update(held.held)
+    for hold in tier.fences.values():  # D-HOST-16: blocks kept for an in-flight step
+        host_refs.update(hold.host_blocks)
+        device_refs.update(hold.resident_blocks + hold.hot_blocks)
+        dirty_blocks.update(hold.resident_blocks)
+        hot_blocks.update(hold.hot_blocks)
     for transfer, _ in tier.transfers.values():
         host_refs[transfer.host_block] += 1
         device_refs[transfer.device_block] += 1

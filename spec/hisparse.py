@@ -24,6 +24,7 @@ __all__ = [
     "GROUP_ROLES",
     "HiSparseHotSpec",
     "HiSparseResidentSpec",
+    "FenceHold",
     "HostAllocation",
     "HostTierSnapshot",
     "RequestResidency",
@@ -267,6 +268,19 @@ class HostAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class FenceHold:
+    """The blocks ``pop_for_free`` kept referenced for a step still in flight:
+    host blocks of every page, device blocks of pages that are not clean (a
+    step may still write them) and the hot region. ``release_fence`` drops
+    them, resident pages tail first, then the hot region, then the host row."""
+
+    fence_id: int
+    host_blocks: tuple[int, ...]
+    resident_blocks: tuple[int, ...]
+    hot_blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RequestResidency:
     """One request's rows as both implementations report them (lockstep)."""
 
@@ -309,6 +323,8 @@ class HostTierSnapshot:
     """Ids of the transfers planned and not yet taken (``take_transfers``), in order."""
     worker_counts: tuple[tuple[int, int, int], ...] = ()
     """(transfer id, expected, completed) worker counts reported so far, by id."""
+    fences: tuple[FenceHold, ...] = ()
+    """Blocks held for steps still in flight (``pop_for_free``), by fence id."""
 
 
 def host_pool_num_blocks(host_budget_bytes: int, host_block_bytes: int, block_size: int,

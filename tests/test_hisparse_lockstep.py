@@ -206,6 +206,19 @@ class HostTierMachine(RuleBasedStateMachine):
         self._both("free", "free", request_id, finished)
         self.tokens.pop(request_id, None)
 
+    @rule(request_id=st.sampled_from(REQUEST_IDS), finished=st.booleans())
+    def pop_for_free(self, request_id: str, finished: bool) -> None:
+        self._both("pop_for_free", "pop_for_free", request_id, finished)
+        self.tokens.pop(request_id, None)
+
+    @rule(fence_id=st.integers(0, 6))
+    def release_fence(self, fence_id: int) -> None:
+        self._both("release_fence", "release_fence", fence_id)
+
+    @rule(block_ids=st.lists(st.integers(0, 15), max_size=3))
+    def evict_host_blocks(self, block_ids: list[int]) -> None:
+        self._both("evict_host_blocks", "evict_host_blocks", block_ids)
+
     @rule()
     def reset(self) -> None:
         self._both("reset_host_cache", "reset_host_cache")

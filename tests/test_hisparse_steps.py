@@ -12,6 +12,7 @@ from pagedkv.optimized.hisparse import HostTierManager as OptimizedTier
 from pagedkv.reference.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec.errors import InvalidArgumentError, UnknownRequestError
 from pagedkv.spec.hisparse import HostTierConfig, PageTransfer
+from pagedkv.spec.types import BlockHash
 
 Tier = ReferenceTier | OptimizedTier
 B = 4
@@ -112,4 +113,48 @@ def test_a_freed_requests_transfers_still_complete_by_count(make: Callable[..., 
     assert tier.take_transfers() == [_writeback(0, 0, 1, 1), _writeback(1, 1, 2, 2)]
     assert tier.report_transfers({0: 1, 1: 1}, {0: 1, 1: 1}) == [0, 1]
     assert tier.num_free_host_blocks() == 15 and tier.num_free_device_blocks() == 15
+    _check(tier)
+
+
+def test_pop_for_free_keeps_what_an_in_flight_step_may_write(make: Callable[..., Tier]) -> None:
+    tier = make(hot=1)
+    assert tier.allocate("r", 3 * B) is not None  # host 1 2 3, device 1 2 3
+    tier.advance("r", 3 * B)  # write-backs 0, 1, 2
+    assert tier.report_transfers({0: 1}, {0: 1}) == [0]  # page 0 is clean
+    tier.require_hot("r")
+    assert tier.allocate("r", 3 * B) is not None  # hot region: device block 4
+    hold = tier.pop_for_free("r")
+    # Page 0 is clean: its block is released (a copy-free page); pages 1 and 2
+    # are still being written back and the hot region may still be read.
+    assert (hold.host_blocks, hold.resident_blocks, hold.hot_blocks) == ((1, 2, 3), (2, 3), (4,))
+    assert "r" not in tier.requests
+    assert tier.num_free_host_blocks() == 15 - 3
+    assert tier.snapshot().device_free[-1] == 1 and tier.num_free_device_blocks() == 15 - 3
+    _check(tier)
+    tier.release_fence(hold.fence_id)
+    # The in-flight write-backs still hold host 2, 3 and device 2, 3.
+    assert tier.num_free_host_blocks() == 15 - 2 and tier.num_free_device_blocks() == 15 - 2
+    assert tier.snapshot().device_free[-1] == 4  # the hot block goes back last
+    assert tier.report_transfers({1: 1, 2: 1}, {1: 1, 2: 1}) == [1, 2]
+    assert tier.num_free_host_blocks() == 15 and tier.num_free_device_blocks() == 15
+    with pytest.raises(InvalidArgumentError, match="fence_id"):
+        tier.release_fence(hold.fence_id)  # already released
+    _check(tier)
+
+
+def test_evicting_a_host_block_drops_its_hash_and_its_copy(make: Callable[..., Tier]) -> None:
+    tier = make()
+    hashes = [BlockHash(bytes([7, i])) for i in range(2)]
+    assert tier.allocate("r", 2 * B, block_hashes=hashes) is not None
+    tier.advance("r", 2 * B)
+    tier.report_transfers({0: 1, 1: 1}, {0: 1, 1: 1})
+    assert tier.lookup(hashes) == (1, 2)
+    assert tier.snapshot().copies == ((hashes[0], 1), (hashes[1], 2))
+    assert tier.evict_host_blocks([2, 5]) == [hashes[1]]  # block 5 holds no hash
+    assert tier.lookup(hashes) == (1,)
+    assert tier.snapshot().copies == ((hashes[0], 1),)
+    before = tier.snapshot()
+    with pytest.raises(InvalidArgumentError, match="block_ids"):
+        tier.evict_host_blocks([1, 16])
+    assert tier.snapshot() == before
     _check(tier)
