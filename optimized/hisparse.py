@@ -71,6 +71,7 @@ class HostTierManager(HostTierSteps):
         self.worker_counts: dict[int, tuple[int, int]] = {}
         self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
         self.next_fence_id = 0
+        self.shared: set[int] = set()  # device blocks other groups took (D-HOST-18)
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
         """O(hit length): host blocks of the longest cached prefix."""
@@ -336,12 +337,13 @@ class HostTierManager(HostTierSteps):
                     self._record_copy(req, page)
             else:
                 self.device.release(transfer.device_block)
+            if live and len(req.hot) == self._hot_n and page in req.pinned_clean and (
+                    page < len(req.resident_row) - ACTIVE_TAIL_PAGES):
+                self._unpin(transfer.request_id, req, page)  # in completion order (D-HOST-19)
         for req in finished_detached:
             self._finish_detached(req)
-        for request_id, req in touched.items():
+        for req in touched.values():
             self._publish(req)
-            if len(req.hot) == self._hot_n:
-                self._unpin_clean(request_id, req)
 
     def _publish(self, req: RequestState) -> None:
         if not self.config.enable_caching:
@@ -362,13 +364,15 @@ class HostTierManager(HostTierSteps):
         if not movable:
             return
         movable.sort(reverse=True)  # tail first: a context loses its tail before its head
-        row = req.resident_row
         for page in movable:
-            b = row[page]
-            self.device.release(b)
-            self.readers.setdefault(b, set()).add((request_id, page))
-            req.unpinned.add(page)
-            req.pinned_clean.discard(page)
+            self._unpin(request_id, req, page)
+
+    def _unpin(self, request_id: str, req: RequestState, page: int) -> None:
+        b = req.resident_row[page]
+        self.device.release(b)
+        self.readers.setdefault(b, set()).add((request_id, page))
+        req.unpinned.add(page)
+        req.pinned_clean.discard(page)
 
     def update_residency(self, request_id: str) -> None:
         req = self._get(request_id)
@@ -466,4 +470,4 @@ class HostTierManager(HostTierSteps):
             tuple(sorted(self.copies.items())),
             tuple(tuple(req.held) for req in self.detached), tuple(self.outbox),
             tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())),
-            tuple(self.fences[f] for f in sorted(self.fences)))
+            tuple(self.fences[f] for f in sorted(self.fences)), tuple(sorted(self.shared)))

@@ -70,6 +70,7 @@ class HostTierManager(HostTierSteps):
         self.worker_counts: dict[int, tuple[int, int]] = {}
         self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
         self.next_fence_id = 0
+        self.shared: set[int] = set()  # device blocks other groups took (D-HOST-18)
 
     # -- queries -------------------------------------------------------------
 
@@ -312,13 +313,14 @@ class HostTierManager(HostTierSteps):
                 self.device.release([transfer.device_block])
             if live and transfer.kind == "restore" and transfer.page in req.clean:
                 self._record_copy(req, transfer.page)
+            if live and len(req.hot) == self.config.hot_blocks_per_request:
+                # A page is released as soon as it is clean, in completion
+                # order, so a prefix written back in order is reused head first.
+                self._unpin_page(transfer.request_id, req, transfer.page)
         for req in finished_detached:
             self._finish_detached(req)
         for request_id in touched:
-            req = self.requests[request_id]
-            self._publish(req)
-            if len(req.hot) == self.config.hot_blocks_per_request:
-                self._unpin_clean(request_id, req)
+            self._publish(self.requests[request_id])
 
     def _publish(self, req: RequestState) -> None:
         if not self.config.enable_caching:
@@ -330,14 +332,17 @@ class HostTierManager(HostTierSteps):
             req.published += 1
 
     def _unpin_clean(self, request_id: str, req: RequestState) -> None:
-        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
-        for page in reversed(range(tail)):
-            b = req.resident_row[page]
-            if b != 0 and page in req.clean and page not in req.unpinned and (
-                    page not in req.pending):
-                self.device.release([b])
-                self.readers.setdefault(b, set()).add((request_id, page))
-                req.unpinned.add(page)
+        for page in reversed(range(len(req.resident_row))):
+            self._unpin_page(request_id, req, page)
+
+    def _unpin_page(self, request_id: str, req: RequestState, page: int) -> None:
+        """Release a clean pinned page outside the tail; the request keeps reading it."""
+        b = req.resident_row[page]
+        if page < len(req.resident_row) - ACTIVE_TAIL_PAGES and b != 0 and page in req.clean and (
+                page not in req.unpinned and page not in req.pending):
+            self.device.release([b])
+            self.readers.setdefault(b, set()).add((request_id, page))
+            req.unpinned.add(page)
 
     def update_residency(self, request_id: str) -> None:
         """Release clean pages when the request can read from host, else ask
@@ -440,7 +445,7 @@ class HostTierManager(HostTierSteps):
             tuple(sorted(self.copies.items())),
             tuple(tuple(req.held) for req in self.detached), tuple(self.outbox),
             tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())),
-            tuple(self.fences[f] for f in sorted(self.fences)))
+            tuple(self.fences[f] for f in sorted(self.fences)), tuple(sorted(self.shared)))
 
     def check_invariants(self) -> None:
         """HOST-1..HOST-13, by ID (raises InvariantViolation with a state dump)."""

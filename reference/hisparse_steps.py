@@ -1,8 +1,9 @@
 """The per-step and release operations of the reference host tier (spec/host_tier.md):
 ``advance``, ``take_transfers``, ``report_transfers`` (D-HOST-12/13),
-``pop_for_free`` / ``release_fence`` (D-HOST-16) and ``evict_host_blocks``
-(D-HOST-17). A mixin of ``HostTierManager``: the state it reads and the core
-operations it calls are named by the ``_Tier`` protocol."""
+``pop_for_free`` / ``release_fence`` (D-HOST-16), ``evict_host_blocks``
+(D-HOST-17) and ``take_shared`` / ``free_shared`` (D-HOST-18). A mixin of
+``HostTierManager``: the state it reads and the core operations it calls are
+named by the ``_Tier`` protocol."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ class _Tier(Protocol):
     worker_counts: dict[int, tuple[int, int]]
     fences: dict[int, FenceHold]
     next_fence_id: int
+    shared: set[int]
 
     def _get(self, request_id: str) -> RequestState: ...
     def _drop_copy(self, block_hash: BlockHash) -> None: ...
+    def _take_device(self, n: int) -> list[int]: ...
     def plan_writebacks(self, request_id: str, num_computed_tokens: int,
                         budget: int | None = None) -> list[PageTransfer]: ...
     def update_residency(self, request_id: str) -> None: ...
@@ -114,3 +117,32 @@ class HostTierSteps:
             self._drop_copy(block_hash)
             dropped.append(block_hash)
         return dropped
+
+    def take_shared(self: _Tier, num_blocks: int) -> tuple[int, ...] | None:
+        """``num_blocks`` device blocks for another device group sharing the
+        pool (the indexer), from the front of the free queue; a block an
+        unpinned page or a copy still reads is lost to it, as for the tier's
+        own allocations (D-HOST-18). ``None`` when fewer are free (nothing changes).
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is not an int >= 0.
+        """
+        if type(num_blocks) is not int or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        if num_blocks > len(self.device.free):
+            return None
+        blocks = self._take_device(num_blocks)
+        self.shared.update(blocks)
+        return tuple(blocks)
+
+    def free_shared(self: _Tier, block_ids: Sequence[int]) -> None:
+        """Another device group releases blocks ``take_shared`` gave it, in
+        the given order. A block it does not hold, or one named twice:
+        InvalidArgumentError, nothing changes."""
+        ids = list(block_ids)
+        if len(set(ids)) != len(ids) or any(b not in self.shared for b in ids):
+            raise InvalidArgumentError(
+                f"block_ids {ids!r} name a block no other group holds, or repeat one")
+        for b in ids:
+            self.shared.discard(b)
+            self.device.release([b])

@@ -325,6 +325,8 @@ class HostTierSnapshot:
     """(transfer id, expected, completed) worker counts reported so far, by id."""
     fences: tuple[FenceHold, ...] = ()
     """Blocks held for steps still in flight (``pop_for_free``), by fence id."""
+    shared: tuple[int, ...] = ()
+    """Device blocks other device groups hold (``take_shared``), ascending."""
 
 
 def host_pool_num_blocks(host_budget_bytes: int, host_block_bytes: int, block_size: int,

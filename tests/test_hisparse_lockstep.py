@@ -219,6 +219,16 @@ class HostTierMachine(RuleBasedStateMachine):
     def evict_host_blocks(self, block_ids: list[int]) -> None:
         self._both("evict_host_blocks", "evict_host_blocks", block_ids)
 
+    @rule(num_blocks=st.integers(0, 4))
+    def take_shared(self, num_blocks: int) -> None:
+        self._both("take_shared", "take_shared", num_blocks)
+
+    @rule(data=st.data())
+    def free_shared(self, data: st.DataObject) -> None:
+        held = sorted(self.ref.shared) + [0, 99]
+        ids = data.draw(st.lists(st.sampled_from(held), max_size=3))
+        self._both("free_shared", "free_shared", ids)
+
     @rule()
     def reset(self) -> None:
         self._both("reset_host_cache", "reset_host_cache")
