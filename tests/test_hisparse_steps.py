@@ -98,7 +98,7 @@ def test_report_refusals_change_nothing(make: Callable[..., Tier]) -> None:
     with pytest.raises(InvalidArgumentError, match="enqueued"):
         tier.report_transfers({0: -1}, {0: 1})
     with pytest.raises(InvalidArgumentError, match="completed"):
-        tier.report_transfers({0: 1}, {0: True})  # type: ignore[dict-item]
+        tier.report_transfers({0: 1}, {0: True})
     with pytest.raises(UnknownRequestError):
         tier.advance("nobody", 4)
     assert tier.snapshot() == before
