@@ -196,7 +196,8 @@ def device_groups(groups: Sequence[KVCacheGroupSpec]) -> tuple[KVCacheGroupSpec,
 
 def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len: int,
                      enable_caching: bool = True,
-                     max_num_batched_tokens: int | None = None) -> HostTierConfig:
+                     max_num_batched_tokens: int | None = None,
+                     num_reprefillable_tokens: int = 0) -> HostTierConfig:
     """The host tier a HiSparse ``KVCacheConfig`` describes.
 
     Exactly one group must be host-resident with role ``hisparse_source``;
@@ -205,6 +206,7 @@ def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len:
     ``blocks_per_request`` (D-HOST-2: one resident and one hot group are
     modelled; several are folded into one). With ``max_num_batched_tokens``
     the admission window is the resident spec's in-flight bound.
+    ``num_reprefillable_tokens``: tokens ``advance`` never writes back (D-HOST-13).
 
     Raises:
         InvalidConfigError: no or several host groups, a host group that is
@@ -243,7 +245,8 @@ def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len:
         device_num_blocks=config.num_blocks,
         hot_blocks_per_request=sum(spec.blocks_per_request for spec in hots
                                    if isinstance(spec, HiSparseHotSpec)),
-        max_model_len=max_model_len, enable_caching=enable_caching)
+        max_model_len=max_model_len, enable_caching=enable_caching,
+        num_reprefillable_tokens=num_reprefillable_tokens)
 
 
 @dataclass(frozen=True, slots=True)
