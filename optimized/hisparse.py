@@ -51,12 +51,13 @@ __all__ = ["HostTierManager"]
 class HostTierManager(HostTierSteps):
     """Blocks of the HiSparse source, resident and hot groups in two pools."""
 
-    def __init__(self, config: HostTierConfig) -> None:
+    def __init__(self, config: HostTierConfig, device_pool: TierPool | None = None) -> None:
         self.config = config
         self._block_size = config.block_size
         self._hot_n = config.hot_blocks_per_request
         self.host = TierPool(config.host_num_blocks)
-        self.device = TierPool(config.device_num_blocks)
+        # An engine may pass the device pool its other groups share (D-HOST-18).
+        self.device = device_pool if device_pool is not None else TierPool(config.device_num_blocks)
         self.requests: dict[str, RequestState] = {}
         self.readers: dict[int, set[tuple[str, int]]] = {}
         self.copies: dict[BlockHash, int] = {}
@@ -223,8 +224,14 @@ class HostTierManager(HostTierSteps):
     def _take_device(self, n: int) -> list[int]:
         """O(n + pages lost): each taken block's copy and readers are lost."""
         blocks = self.device.take(n)
+        self.device_blocks_taken(blocks)
+        return blocks
+
+    def device_blocks_taken(self, blocks: Sequence[int]) -> None:
+        """The device pool handed these blocks out (to the tier or, when the
+        pool is shared, to another group): their copies and readers are lost."""
         if not (self._copy_of or self.readers):
-            return blocks
+            return
         for b in blocks:
             block_hash = self._copy_of.pop(b, None)
             if block_hash is not None:
@@ -239,7 +246,6 @@ class HostTierManager(HostTierSteps):
                 if page < req.synced:
                     req.stale.add(page)
                 req.hot_required = True
-        return blocks
 
     def _record_copy(self, req: RequestState, page: int) -> None:
         b = req.resident_row[page]

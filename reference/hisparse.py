@@ -214,6 +214,12 @@ class HostTierManager(HostTierSteps):
     def _take_device(self, n: int) -> list[int]:
         """``n`` free device blocks; each one's copy and readers are lost."""
         blocks = self.device.take(n)
+        self.device_blocks_taken(blocks)
+        return blocks
+
+    def device_blocks_taken(self, blocks: Sequence[int]) -> None:
+        """The device pool handed these blocks out (to the tier or, when the
+        pool is shared, to another group): their copies and readers are lost."""
         for b in blocks:
             for block_hash in [h for h, c in self.copies.items() if c == b]:
                 del self.copies[block_hash]
@@ -224,7 +230,6 @@ class HostTierManager(HostTierSteps):
                 if page < req.synced:
                     req.stale.add(page)
                 req.hot_required = True
-        return blocks
 
     def _record_copy(self, req: RequestState, page: int) -> None:
         b, host_block = req.resident_row[page], req.host_row[page]
