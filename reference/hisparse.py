@@ -66,6 +66,7 @@ class HostTierManager(HostTierSteps):
         # prefix is published when those land (D-HOST-5).
         self.detached: list[RequestState] = []
         self.outbox: list[int] = []  # transfers planned since the last take_transfers
+        self.spill_budget = config.spill_budget  # an engine may retune it between steps
         # In-flight transfer -> (workers expected, workers done) (D-HOST-12).
         self.worker_counts: dict[int, tuple[int, int]] = {}
         self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps

@@ -27,6 +27,7 @@ class _Tier(Protocol):
     transfers: dict[int, tuple[PageTransfer, RequestState]]
     copies: dict[BlockHash, int]
     outbox: list[int]
+    spill_budget: int
     worker_counts: dict[int, tuple[int, int]]
     fences: dict[int, FenceHold]
     next_fence_id: int
@@ -49,7 +50,7 @@ class HostTierSteps:
         left out, then update its residency (spec/host_tier.md, advance)."""
         self._get(request_id)
         computed = writeback_tokens(self.config, num_tokens)
-        budget = max(self.config.spill_budget - len(self.outbox), 0)
+        budget = max(self.spill_budget - len(self.outbox), 0)
         planned = self.plan_writebacks(request_id, computed, budget)
         self.update_residency(request_id)
         return planned

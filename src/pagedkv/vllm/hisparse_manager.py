@@ -1,0 +1,183 @@
+"""vLLM 0.33's ``KVCacheManager`` for a HiSparse configuration, on pagedkv.
+
+A HiSparse ``KVCacheConfig`` has a host-resident source group, device groups
+(the indexer) and the derived resident and hot groups. This manager composes
+pagedkv's own vLLM adapter over the device groups with the optimized host tier
+(spec/host_tier.md) whose device pool is the adapter's main pool (D-HOST-18):
+the tier takes, holds and releases blocks there, and every block the main pool
+hands out elsewhere (an indexer allocation, a caller's ``get_new_blocks``) is
+reported to the tier, which loses the pages still reading it. Group ids are
+vLLM's. What is not served yet (D-HOST-15): several resident or hot groups,
+host prefix hits, imports from a connector, host copy-on-write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pagedkv.optimized.hisparse import HostTierManager
+
+from . import _compat
+from .config import UnsupportedVllmSpecError
+from .hisparse import translate_hisparse_config
+from .hisparse_views import (
+    HiSparseGroupView,
+    HostPoolView,
+    SharedDevicePool,
+    make_hisparse_coordinator,
+)
+
+__all__ = ["HiSparseKVCacheManager"]
+
+
+class _NotifyingPool:
+    """The main pool's view; blocks a caller takes are reported to the tier."""
+
+    def __init__(self, view: Any, tier: HostTierManager) -> None:
+        self._view = view
+        self._tier = tier
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._view, name)
+
+    def get_new_blocks(self, num_blocks: int) -> list[Any]:
+        blocks: list[Any] = self._view.get_new_blocks(num_blocks)
+        self._tier.device_blocks_taken([block.block_id for block in blocks])
+        return blocks
+
+
+class _CoordinatorView:
+    """``manager.coordinator``: vLLM's group managers in vLLM's group order."""
+
+    def __init__(self, managers: list[Any], num_reprefillable_tokens: int) -> None:
+        self.single_type_managers = managers
+        self.num_reprefillable_tokens = num_reprefillable_tokens
+        self.enable_partial_hash_hits = False
+        self.eagle_group_ids: tuple[int, ...] = ()
+
+
+def _kind(group: Any) -> str:
+    name = type(group.kv_cache_spec).__name__
+    if getattr(group, "host_resident", False):
+        return "source"
+    return {"HiSparseResidentSpec": "resident", "HiSparseHotSpec": "hot"}.get(name, "device")
+
+
+class HiSparseKVCacheManager:
+    """See the module docstring; built by ``pagedkv.vllm.KVCacheManager`` for
+    a config with ``hisparse_host_num_blocks``."""
+
+    def __init__(self, kv_cache_config: Any, max_model_len: int, scheduler_block_size: int,
+                 hash_block_size: int, max_in_flight_tokens: int | None = None,
+                 enable_caching: bool = True, num_prefill_lookahead: int = 0,
+                 **kwargs: Any) -> None:
+        from .manager import KVCacheManager
+
+        groups = list(kv_cache_config.kv_cache_groups)
+        kinds = [_kind(group) for group in groups]
+        if kinds.count("resident") != 1 or kinds.count("hot") != 1:
+            raise UnsupportedVllmSpecError(
+                "pagedkv's host tier models one resident and one hot group (D-HOST-2); this "
+                f"HiSparse config has {kinds.count('resident')} and {kinds.count('hot')}")
+        self._device_ids = [i for i, kind in enumerate(kinds) if kind == "device"]
+        inner_config = dataclasses.replace(
+            kv_cache_config, kv_cache_groups=[groups[i] for i in self._device_ids],
+            hisparse_host_num_blocks=None)
+        self._inner = KVCacheManager(inner_config, max_model_len, scheduler_block_size,
+                                     hash_block_size, max_in_flight_tokens, enable_caching,
+                                     num_prefill_lookahead=num_prefill_lookahead, **kwargs)
+        _, config = translate_hisparse_config(kv_cache_config, max_model_len, enable_caching,
+                                              max_in_flight_tokens, num_prefill_lookahead)
+        self._tier = HostTierManager(config, SharedDevicePool(self._inner._core.block_pool))
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.num_kv_cache_groups = len(groups)
+        self.block_pool = _NotifyingPool(self._inner.block_pool, self._tier)
+        self._host = HostPoolView(self._tier)
+        self._kinds = kinds
+        # The resident group's append-only block table (ids; 0 = a host-only page).
+        self._table: dict[str, list[int]] = {}
+        device_views = iter(self._inner.coordinator.single_type_managers)
+        managers: list[Any] = []
+        hisparse: list[HiSparseGroupView] = []
+        for group_id, (group, kind) in enumerate(zip(groups, kinds, strict=True)):
+            if kind == "device":
+                managers.append(next(device_views))
+                continue
+            view = HiSparseGroupView(kind, group.kv_cache_spec, group_id, self._tier,
+                                     self._inner.block_pool, self._host, self._table)
+            managers.append(view)
+            hisparse.append(view)
+        reprefill = config.num_reprefillable_tokens
+        self.coordinator = _CoordinatorView(managers, reprefill)
+        self.hisparse_coordinator = make_hisparse_coordinator(
+            self._tier, hisparse, kinds.index("source"), self._host, max_model_len, reprefill)
+        self.empty_kv_cache_blocks = _compat.KVCacheBlocks(tuple(() for _ in groups))
+
+    def __getattr__(self, name: str) -> Any:
+        # Engine-facing calls this manager does not reshape go to the device groups' adapter.
+        return getattr(self._inner, name)
+
+    def _blocks(self, request_id: str, device: Any, host: Any, resident: Any, hot: Any) -> Any:
+        device_groups = iter(device)
+        per_group: list[list[Any]] = []
+        for kind in self._kinds:
+            per_group.append(list(next(device_groups)) if kind == "device" else {
+                "source": host, "resident": resident, "hot": hot}[kind])
+        return _compat.KVCacheBlocks(tuple(per_group))
+
+    def allocate_slots(self, request: Any, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Any = None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       num_encoder_tokens: int = 0, reserved_blocks: int = 0,
+                       **kwargs: Any) -> Any:
+        """Both parts or neither: the tier's needs are checked first and kept
+        free while the device groups allocate, then the tier allocates."""
+        if num_external_computed_tokens or (new_computed_blocks is not None
+                                            and any(new_computed_blocks.blocks)):
+            raise UnsupportedVllmSpecError(
+                "HiSparse prefix hits and connector imports are not served yet (D-HOST-15)")
+        request_id = request.request_id
+        total = min(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+                    + num_lookahead_tokens, self.max_model_len)
+        host_need, device_need = self._tier.blocks_needed(request_id, total)
+        if host_need > self._tier.num_free_host_blocks():
+            return None
+        device = self._inner.allocate_slots(
+            request, num_new_tokens, num_new_computed_tokens, None, num_lookahead_tokens, 0,
+            delay_cache_blocks, num_encoder_tokens, reserved_blocks=reserved_blocks + device_need,
+            **kwargs)
+        if device is None:
+            return None
+        self._tier.device_blocks_taken([b.block_id for group in device.blocks for b in group])
+        allocation = self._tier.allocate(request_id, total)
+        assert allocation is not None, "checked above: both pools had room"
+        self._table.setdefault(request_id, []).extend(allocation.resident_blocks)
+        views = self._inner.block_pool.blocks
+        return self._blocks(request_id, device.blocks,
+                            [self._host.blocks[b] for b in allocation.host_blocks],
+                            [views[b] for b in allocation.resident_blocks],
+                            [views[b] for b in allocation.hot_blocks])
+
+    def get_blocks(self, request_id: str) -> Any:
+        req = self._tier.requests.get(request_id)
+        if req is None:
+            return self.empty_kv_cache_blocks
+        views = self._inner.block_pool.blocks
+        return self._blocks(request_id, self._inner.get_blocks(request_id).blocks,
+                            [self._host.blocks[b] for b in req.host_row],
+                            [views[b] for b in self._table.get(request_id, [])],
+                            [views[b] for b in req.hot])
+
+    def get_block_ids(self, request_id: str, *args: Any, **kwargs: Any) -> tuple[list[int], ...]:
+        return tuple([block.block_id for block in group]
+                     for group in self.get_blocks(request_id).blocks)
+
+    def free(self, request: Any) -> None:
+        request_id = request.request_id
+        if request_id in self._tier.requests:
+            self._tier.free(request_id, finished=bool(request.is_finished()))
+        self._table.pop(request_id, None)
+        self._inner.free(request)
