@@ -376,7 +376,7 @@ class HostTierManager(HostTierSteps):
 
     def _unpin(self, request_id: str, req: RequestState, page: int) -> None:
         b = req.resident_row[page]
-        self.device.release(b)
+        self.device.unpin(b)
         self.readers.setdefault(b, set()).add((request_id, page))
         req.unpinned.add(page)
         req.pinned_clean.discard(page)
@@ -421,6 +421,7 @@ class HostTierManager(HostTierSteps):
         req = self._get(request_id)
         self._detach_if_publishing(req, finished)
         row, unpinned, readers, device = req.resident_row, req.unpinned, self.readers, self.device
+        dirty: list[int] = []
         for page in range(len(row) - 1, -1, -1):
             b = row[page]
             if b == 0:
@@ -430,10 +431,12 @@ class HostTierManager(HostTierSteps):
                 owners.discard((request_id, page))
                 if not owners:
                     del readers[b]
+            elif page in req.clean and page not in req.pending:
+                device.unpin(b)  # a copy: readable until reused, so reused last
             else:
-                device.release(b)
-        for b in reversed(req.hot):
-            device.release(b)
+                dirty.append(b)
+        device.release_batch(dirty)
+        device.release_batch(req.hot[::-1])
         for b in reversed(req.host_row):
             self.host.release(b)
         del self.requests[request_id]

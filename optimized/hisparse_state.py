@@ -55,6 +55,16 @@ class TierPool:
         if self.ref[b] == 0:
             self.free[b] = None
 
+    def unpin(self, b: int) -> None:
+        """Release a block its holder keeps reading: to the back of the queue
+        (the last to be reused). This pool queues every release there."""
+        self.release(b)
+
+    def release_batch(self, blocks: list[int]) -> None:
+        """Release blocks in order (a shared pool queues them as one batch)."""
+        for b in blocks:
+            self.release(b)
+
 
 class RequestState:
     __slots__ = ("host_row", "resident_row", "hot", "hot_required", "clean", "pending",

@@ -346,7 +346,7 @@ class HostTierManager(HostTierSteps):
         b = req.resident_row[page]
         if page < len(req.resident_row) - ACTIVE_TAIL_PAGES and b != 0 and page in req.clean and (
                 page not in req.unpinned and page not in req.pending):
-            self.device.release([b])
+            self.device.unpin(b)
             self.readers.setdefault(b, set()).add((request_id, page))
             req.unpinned.add(page)
 
@@ -396,6 +396,7 @@ class HostTierManager(HostTierSteps):
         prefix is published once its in-flight write-backs land (D-HOST-5)."""
         req = self._get(request_id)
         self._detach_if_publishing(req, finished)
+        dirty: list[int] = []
         for page in reversed(range(len(req.resident_row))):
             b = req.resident_row[page]
             if b == 0:
@@ -404,8 +405,11 @@ class HostTierManager(HostTierSteps):
                 self.readers[b].discard((request_id, page))
                 if not self.readers[b]:
                     del self.readers[b]
+            elif page in req.clean and page not in req.pending:
+                self.device.unpin(b)  # a copy: readable until reused, so reused last
             else:
-                self.device.release([b])
+                dirty.append(b)
+        self.device.release(dirty)
         self.device.release(req.hot[::-1])
         self.host.release(req.host_row[::-1])
         del self.requests[request_id]

@@ -45,6 +45,11 @@ class TierPool:
             if self.ref[b] == 0:
                 self.free.append(b)
 
+    def unpin(self, b: int) -> None:
+        """Release a block its holder keeps reading: to the back of the free
+        queue (the last to be reused). This pool queues every release there."""
+        self.release([b])
+
     def publish(self, b: int, block_hash: BlockHash) -> None:
         # The first block cached under a hash keeps it (spec/state.md).
         if block_hash not in self.cached and b not in self.hash_of:

@@ -120,7 +120,7 @@ class HiSparseKVCacheManager:
         # Engine-facing calls this manager does not reshape go to the device groups' adapter.
         return getattr(self._inner, name)
 
-    def _blocks(self, request_id: str, device: Any, host: Any, resident: Any, hot: Any) -> Any:
+    def _blocks(self, device: Any, host: Any, resident: Any, hot: Any) -> Any:
         device_groups = iter(device)
         per_group: list[list[Any]] = []
         for kind in self._kinds:
@@ -135,38 +135,64 @@ class HiSparseKVCacheManager:
                        **kwargs: Any) -> Any:
         """Both parts or neither: the tier's needs are checked first and kept
         free while the device groups allocate, then the tier allocates."""
-        if num_external_computed_tokens or (new_computed_blocks is not None
-                                            and any(new_computed_blocks.blocks)):
+        if num_external_computed_tokens:
             raise UnsupportedVllmSpecError(
-                "HiSparse prefix hits and connector imports are not served yet (D-HOST-15)")
+                "HiSparse connector imports are not served yet (D-HOST-15)")
         request_id = request.request_id
         total = min(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
                     + num_lookahead_tokens, self.max_model_len)
-        host_need, device_need = self._tier.blocks_needed(request_id, total)
+        hit: list[int] = []
+        device_hit = None
+        if new_computed_blocks is not None and any(new_computed_blocks.blocks):
+            groups = new_computed_blocks.blocks
+            hit = [int(b.block_id) for b in groups[self._kinds.index("source")]]
+            device_hit = self._inner.create_kv_cache_blocks(
+                [list(groups[i]) for i in self._device_ids])
+        hashes = list(request.block_hashes)
+        host_need, device_need = self._tier.blocks_needed(request_id, total, hit, hashes)
         if host_need > self._tier.num_free_host_blocks():
             return None
         device = self._inner.allocate_slots(
-            request, num_new_tokens, num_new_computed_tokens, None, num_lookahead_tokens, 0,
-            delay_cache_blocks, num_encoder_tokens, reserved_blocks=reserved_blocks + device_need,
-            **kwargs)
+            request, num_new_tokens, num_new_computed_tokens, device_hit, num_lookahead_tokens,
+            0, delay_cache_blocks, num_encoder_tokens,
+            reserved_blocks=reserved_blocks + device_need, **kwargs)
         if device is None:
             return None
         self._tier.device_blocks_taken([b.block_id for group in device.blocks for b in group])
-        allocation = self._tier.allocate(request_id, total)
+        allocation = self._tier.allocate(request_id, total, hit, hashes)
         assert allocation is not None, "checked above: both pools had room"
         self._table.setdefault(request_id, []).extend(allocation.resident_blocks)
         views = self._inner.block_pool.blocks
-        return self._blocks(request_id, device.blocks,
+        return self._blocks(device.blocks,
                             [self._host.blocks[b] for b in allocation.host_blocks],
                             [views[b] for b in allocation.resident_blocks],
                             [views[b] for b in allocation.hot_blocks])
+
+    def get_computed_blocks(self, request: Any,
+                            max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
+        """The hit both tiers hold: the device groups' and the host cache's
+        leading blocks, cut to the shorter (the last token is always computed)."""
+        if not self.enable_caching:
+            return self.empty_kv_cache_blocks, 0, 0
+        device, num_device, _ = self._inner.get_computed_blocks(request, max_cache_hit_length)
+        limit = request.num_tokens - 1
+        if max_cache_hit_length is not None:
+            limit = min(limit, max_cache_hit_length)
+        size = self._tier.config.block_size
+        host = self._tier.lookup(list(request.block_hashes))[:limit // size]
+        num_hit = min(num_device, len(host) * size) if self._device_ids else len(host) * size
+        if num_hit == 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        device = self._inner.truncate_computed_blocks(device, num_hit)
+        return self._blocks(device.blocks, [self._host.blocks[b] for b in host[:num_hit // size]],
+                            [], []), num_hit, 0
 
     def get_blocks(self, request_id: str) -> Any:
         req = self._tier.requests.get(request_id)
         if req is None:
             return self.empty_kv_cache_blocks
         views = self._inner.block_pool.blocks
-        return self._blocks(request_id, self._inner.get_blocks(request_id).blocks,
+        return self._blocks(self._inner.get_blocks(request_id).blocks,
                             [self._host.blocks[b] for b in req.host_row],
                             [views[b] for b in self._table.get(request_id, [])],
                             [views[b] for b in req.hot])

@@ -61,6 +61,12 @@ class SharedDevicePool(TierPool):
     def release(self, b: int) -> None:
         self.core.free_blocks([b])
 
+    def release_batch(self, blocks: list[int]) -> None:
+        self.core.free_blocks(blocks)  # unhashed: to the front, as one batch
+
+    def unpin(self, b: int) -> None:
+        self.core.release_to_back([b])  # still read: reused last
+
 
 class HostBlockView:
     """vLLM's ``KVCacheBlock`` for a block of the tier's host pool."""
