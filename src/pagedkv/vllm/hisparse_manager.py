@@ -135,12 +135,10 @@ class HiSparseKVCacheManager:
                        **kwargs: Any) -> Any:
         """Both parts or neither: the tier's needs are checked first and kept
         free while the device groups allocate, then the tier allocates."""
-        if num_external_computed_tokens:
-            raise UnsupportedVllmSpecError(
-                "HiSparse connector imports are not served yet (D-HOST-15)")
         request_id = request.request_id
-        total = min(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-                    + num_lookahead_tokens, self.max_model_len)
+        total = min(request.num_computed_tokens + num_new_computed_tokens
+                    + num_external_computed_tokens + num_new_tokens + num_lookahead_tokens,
+                    self.max_model_len)
         hit: list[int] = []
         device_hit = None
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
@@ -149,19 +147,25 @@ class HiSparseKVCacheManager:
             device_hit = self._inner.create_kv_cache_blocks(
                 [list(groups[i]) for i in self._device_ids])
         hashes = list(request.block_hashes)
-        host_need, device_need = self._tier.blocks_needed(request_id, total, hit, hashes)
+        external = num_external_computed_tokens
+        host_need, device_need = self._tier.blocks_needed(request_id, total, hit, hashes, external)
         if host_need > self._tier.num_free_host_blocks():
             return None
         device = self._inner.allocate_slots(
             request, num_new_tokens, num_new_computed_tokens, device_hit, num_lookahead_tokens,
-            0, delay_cache_blocks, num_encoder_tokens,
+            external, delay_cache_blocks, num_encoder_tokens,
             reserved_blocks=reserved_blocks + device_need, **kwargs)
         if device is None:
             return None
         self._tier.device_blocks_taken([b.block_id for group in device.blocks for b in group])
-        allocation = self._tier.allocate(request_id, total, hit, hashes)
+        allocation = self._tier.allocate(request_id, total, hit, hashes, external)
         assert allocation is not None, "checked above: both pools had room"
-        self._table.setdefault(request_id, []).extend(allocation.resident_blocks)
+        # Host-only pages (a hit's, an import's) are null in the table the engine gets.
+        # (adopted copies are residency, not table, entries: vLLM's split).
+        row = self._tier.requests[request_id].resident_row
+        table = self._table.setdefault(request_id, [])
+        table.extend([0] * (len(row) - len(table) - len(allocation.resident_blocks)))
+        table.extend(allocation.resident_blocks)
         views = self._inner.block_pool.blocks
         return self._blocks(device.blocks,
                             [self._host.blocks[b] for b in allocation.host_blocks],

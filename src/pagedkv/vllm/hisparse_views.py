@@ -11,6 +11,7 @@ vLLM's block views and command records.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from pagedkv.optimized.block_pool import BlockPool
@@ -187,8 +188,21 @@ class HiSparseCoordinatorView:
         self.max_model_len = max_model_len
         self.num_reprefillable_tokens = num_reprefillable_tokens
         self._host = host
+        self._device = groups[0]._device
         for group in groups:
             group.coordinator = self
+
+    @property
+    def copies(self) -> dict[Any, tuple[Any, ...]]:
+        """Published host hash -> the device block holding a copy (read-only)."""
+        blocks = self._device.blocks
+        return {h: (blocks[b],) for h, b in self._tier.copies.items()}
+
+    @property
+    def request_states(self) -> dict[str, Any]:
+        """Per request, the clean pages as ``valid_pages`` (read-only)."""
+        return {r: SimpleNamespace(valid_pages=set(q.clean), unpinned_pages=set(q.unpinned))
+                for r, q in self._tier.requests.items()}
 
     @property
     def max_spill_pages(self) -> int:
