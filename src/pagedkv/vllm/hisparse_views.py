@@ -169,6 +169,17 @@ class HiSparseGroupView:
         if request_id in self._tier.requests:
             self._tier.require_hot(request_id)
 
+    def allocate_new_blocks(self, request_id: str, num_tokens: int,
+                            num_tokens_main_model: int = 0) -> list[Any]:
+        """The hot region, when the request needs it and lacks it (an
+        allocation of the pages it already holds takes just that)."""
+        req = self._tier.requests.get(request_id)
+        if self.kind != "hot" or req is None or req.hot or not req.hot_required:
+            return []
+        pages_tokens = len(req.host_row) * self._tier.config.block_size
+        allocation = self._tier.allocate(request_id, min(num_tokens, pages_tokens))
+        return [] if allocation is None else self._device.views(allocation.hot_blocks)
+
     def has_hot(self, request_id: str) -> bool:
         return request_id in self._tier.requests and self._tier.can_read_from_host(request_id)
 
