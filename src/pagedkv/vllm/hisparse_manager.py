@@ -111,7 +111,9 @@ class HiSparseKVCacheManager:
             managers.append(view)
             hisparse.append(view)
         reprefill = config.num_reprefillable_tokens
-        self.coordinator = _CoordinatorView(managers, reprefill)
+        view_class = _compat.posing_as(_CoordinatorView, _compat.vllm_coordinator_class(
+            enable_caching, len(groups)))
+        self.coordinator = view_class(managers, reprefill)
         self.hisparse_coordinator = make_hisparse_coordinator(
             self._tier, hisparse, kinds.index("source"), self._host, max_model_len, reprefill)
         self.empty_kv_cache_blocks = _compat.KVCacheBlocks(tuple(() for _ in groups))
@@ -190,6 +192,13 @@ class HiSparseKVCacheManager:
         device = self._inner.truncate_computed_blocks(device, num_hit)
         return self._blocks(device.blocks, [self._host.blocks[b] for b in host[:num_hit // size]],
                             [], []), num_hit, 0
+
+    def reset_prefix_cache(self) -> bool:
+        """Both caches or neither: refused while a host block is held, then
+        the device groups' cache (which refuses while blocks are held)."""
+        if any(self._tier.host.ref[1:]) or not self._inner.reset_prefix_cache():
+            return False
+        return self._tier.reset_host_cache()
 
     def get_blocks(self, request_id: str) -> Any:
         req = self._tier.requests.get(request_id)

@@ -210,6 +210,11 @@ class HiSparseCoordinatorView:
         return {h: (blocks[b],) for h, b in self._tier.copies.items()}
 
     @property
+    def spills_to_send(self) -> list[int]:
+        """Transfers planned and not yet sent (ids; read-only)."""
+        return [t for t in self._tier.outbox if t in self._tier.transfers]
+
+    @property
     def request_states(self) -> dict[str, Any]:
         """Per request, the clean pages as ``valid_pages`` (read-only)."""
         return {r: SimpleNamespace(valid_pages=set(q.clean), unpinned_pages=set(q.unpinned))
