@@ -108,3 +108,39 @@ def test_an_aborted_imports_tail_restore_keeps_both_blocks(tier: Tier) -> None:
     assert tier.report_transfers({}, {0: 1}) == [0]
     assert tier.num_free_host_blocks() == 15 and tier.num_free_device_blocks() == 15
     _check(tier)
+
+
+@pytest.mark.parametrize("kind", ["reference", "optimized"])
+def test_the_main_pool_releases_a_still_read_block_to_the_back(kind: str) -> None:
+    """BlockPool.release_to_back (D-HOST-20): an unhashed block normally goes
+    to the front of the free queue when freed; one its holder still reads
+    goes to the back, so the pool reuses it last."""
+    from pagedkv.optimized.block_pool import BlockPool as OptimizedPool
+    from pagedkv.reference.block_pool import BlockPool as ReferencePool
+    from pagedkv.spec.errors import InvariantViolation
+
+    def free_ids(pool: ReferencePool | OptimizedPool) -> list[int]:
+        if isinstance(pool, ReferencePool):
+            return [block.block_id for block in pool.free_queue]
+        return pool.free_queue_ids()
+
+    if kind == "reference":
+        ref_pool = ReferencePool(6, enable_caching=True)
+        a, b, c = ref_pool.get_new_blocks(3)
+        ref_pool.free_blocks([a])
+        ref_pool.release_to_back([b])
+        assert free_ids(ref_pool) == [1, 4, 5, 2]
+        with pytest.raises(InvariantViolation):
+            ref_pool.release_to_back([c, c])
+        assert c.ref_cnt == 1
+        return
+    pool = OptimizedPool(6, enable_caching=True)
+    assert pool.get_new_blocks(3) == [1, 2, 3]
+    pool.free_blocks([1])
+    pool.release_to_back([2])
+    assert free_ids(pool) == [1, 4, 5, 2]
+    with pytest.raises(InvariantViolation):
+        pool.release_to_back([3, 3])
+    with pytest.raises(InvariantViolation):
+        pool.release_to_back([0])
+    assert pool.ref_count(3) == 1
