@@ -9,11 +9,7 @@ name, so no vLLM import) into pagedkv's ``KVCacheConfig`` with the same
 roles and a :class:`~pagedkv.spec.hisparse.HostTierConfig`
 (spec/host_tier.md).
 
-What it does not do yet: drive vLLM's HiSparse coordinator. pagedkv's
-``KVCacheManager`` adapter still refuses HiSparse groups: the host tier has
-the per-step operations vLLM's coordinator calls (D-HOST-12..19), but its
-device pool is not yet pagedkv's main pool, which serves the indexer group
-(D-HOST-1, D-HOST-15 lists what remains).
+:mod:`pagedkv.vllm.hisparse_manager` serves such a config (D-HOST-21).
 """
 
 from __future__ import annotations
