@@ -32,11 +32,26 @@ __all__ = ["HiSparseKVCacheManager"]
 
 
 class _NotifyingPool:
-    """The main pool's view; blocks a caller takes are reported to the tier."""
+    """The main pool's view; blocks a caller takes are reported to the tier,
+    and a deferred free's blocks (``pop_blocks_for_free``) come back here."""
 
     def __init__(self, view: Any, tier: HostTierManager) -> None:
         self._view = view
         self._tier = tier
+        # Outstanding fence holds: fence id -> the views handed out for it.
+        self.fences: dict[int, list[Any]] = {}
+
+    def free_blocks(self, ordered_blocks: Any) -> None:
+        """Release blocks: a fence hold whose every block is named goes back to
+        the tier as one (``release_fence``); the rest are the main pool's."""
+        blocks = list(ordered_blocks)
+        named = {id(block) for block in blocks}
+        for fence_id, held in list(self.fences.items()):
+            if held and all(id(block) in named for block in held):
+                self._tier.release_fence(fence_id)
+                del self.fences[fence_id]
+                named -= {id(block) for block in held}
+        self._view.free_blocks([b for b in blocks if id(b) in named])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._view, name)
@@ -50,11 +65,44 @@ class _NotifyingPool:
 class _CoordinatorView:
     """``manager.coordinator``: vLLM's group managers in vLLM's group order."""
 
-    def __init__(self, managers: list[Any], num_reprefillable_tokens: int) -> None:
+    def __init__(self, managers: list[Any], num_reprefillable_tokens: int,
+                 owner: HiSparseKVCacheManager) -> None:
         self.single_type_managers = managers
         self.num_reprefillable_tokens = num_reprefillable_tokens
         self.enable_partial_hash_hits = False
         self.eagle_group_ids: tuple[int, ...] = ()
+        self.retention_interval: int | None = None
+        self._owner = owner
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Any,
+        num_encoder_tokens: int, total_computed_tokens: int, num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int | None = None, apply_admission_cap: bool = False,
+        prefill_end: int | None = None,
+    ) -> int:
+        """Device blocks the allocation would take: the device groups' and the
+        tier's (capped at the admission window with ``apply_admission_cap``,
+        D-HOST-11); a host shortfall reads as ``num_gpu_blocks + 1``, as vLLM's."""
+        owner = self._owner
+        tier = owner._tier
+        groups = list(new_computed_blocks)
+        hit = [int(b.block_id) for b in groups[owner._kinds.index("source")]]
+        device = owner._inner.coordinator.get_num_blocks_to_allocate(
+            request_id, num_tokens, [groups[i] for i in owner._device_ids], num_encoder_tokens,
+            total_computed_tokens, num_local_computed_tokens, num_tokens_main_model,
+            apply_admission_cap, prefill_end)
+        # Tokens a connector loads: only a request the tier does not hold imports.
+        external = 0 if request_id in tier.requests else max(
+            total_computed_tokens - num_local_computed_tokens, 0)
+        if apply_admission_cap and request_id in tier.requests:
+            host, tier_device = tier.full_sequence_blocks(request_id, num_tokens)
+        else:
+            hashes = [tier.host.hash_of.get(b) for b in hit]
+            host, tier_device = tier.blocks_needed(
+                request_id, num_tokens, hit, [h for h in hashes if h is not None], external)
+        if host > tier.num_free_host_blocks():
+            return int(owner.kv_cache_config.num_blocks) + 1
+        return int(device) + tier_device
 
 
 def _kind(group: Any) -> str:
@@ -113,9 +161,10 @@ class HiSparseKVCacheManager:
         reprefill = config.num_reprefillable_tokens
         view_class = _compat.posing_as(_CoordinatorView, _compat.vllm_coordinator_class(
             enable_caching, len(groups)))
-        self.coordinator = view_class(managers, reprefill)
+        self.coordinator = view_class(managers, reprefill, self)
         self.hisparse_coordinator = make_hisparse_coordinator(
             self._tier, hisparse, kinds.index("source"), self._host, max_model_len, reprefill)
+        self.hisparse_coordinator.gpu_pool = self.block_pool
         self.empty_kv_cache_blocks = _compat.KVCacheBlocks(tuple(() for _ in groups))
 
     def __getattr__(self, name: str) -> Any:
@@ -192,6 +241,23 @@ class HiSparseKVCacheManager:
         device = self._inner.truncate_computed_blocks(device, num_hit)
         return self._blocks(device.blocks, [self._host.blocks[b] for b in host[:num_hit // size]],
                             [], []), num_hit, 0
+
+    def pop_blocks_for_free(self, request: Any) -> list[Any]:
+        """Forget the request, keeping referenced what a step still in flight
+        may write until the caller frees the returned blocks through
+        ``block_pool.free_blocks``: the device groups' blocks (pinned by their
+        adapter) and the tier's fence hold (D-HOST-16)."""
+        request_id = request.request_id
+        self._table.pop(request_id, None)
+        device = self._inner.pop_blocks_for_free(request)
+        if request_id not in self._tier.requests:
+            return list(device)
+        hold = self._tier.pop_for_free(request_id, finished=bool(request.is_finished()))
+        views = self._inner.block_pool.blocks
+        held = [self._host.blocks[b] for b in hold.host_blocks] + [
+            views[b] for b in hold.resident_blocks + hold.hot_blocks]
+        self.block_pool.fences[hold.fence_id] = held
+        return held + list(device)
 
     def reset_prefix_cache(self) -> bool:
         """Both caches or neither: refused while a host block is held, then

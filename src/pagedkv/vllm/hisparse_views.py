@@ -180,6 +180,11 @@ class HiSparseGroupView:
         allocation = self._tier.allocate(request_id, min(num_tokens, pages_tokens))
         return [] if allocation is None else self._device.views(allocation.hot_blocks)
 
+    @property
+    def hot_required(self) -> set[str]:
+        """Requests that asked for their hot region (read-only)."""
+        return {r for r, q in self._tier.requests.items() if q.hot_required}
+
     def has_hot(self, request_id: str) -> bool:
         return request_id in self._tier.requests and self._tier.can_read_from_host(request_id)
 
@@ -200,6 +205,7 @@ class HiSparseCoordinatorView:
         self.num_reprefillable_tokens = num_reprefillable_tokens
         self._host = host
         self._device = groups[0]._device
+        self.gpu_pool: Any = None  # the manager's main pool view, set by the manager
         for group in groups:
             group.coordinator = self
 
@@ -208,6 +214,11 @@ class HiSparseCoordinatorView:
         """Published host hash -> the device block holding a copy (read-only)."""
         blocks = self._device.blocks
         return {h: (blocks[b],) for h, b in self._tier.copies.items()}
+
+    @property
+    def transition_watermark(self) -> int:
+        """Free device blocks below which a request without a hot region asks for one."""
+        return self._tier.config.device_watermark
 
     @property
     def spills_to_send(self) -> list[int]:
