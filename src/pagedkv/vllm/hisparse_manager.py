@@ -105,6 +105,15 @@ class _CoordinatorView:
         return int(device) + tier_device
 
 
+def _regroup(event: Any, device_ids: list[int]) -> Any:
+    group_idx = getattr(event, "group_idx", None)
+    if group_idx is None or not 0 <= group_idx < len(device_ids):
+        return event
+    fields = {name: getattr(event, name) for name in type(event).__struct_fields__}
+    fields["group_idx"] = device_ids[group_idx]
+    return type(event)(**fields)
+
+
 def _kind(group: Any) -> str:
     name = type(group.kv_cache_spec).__name__
     if getattr(group, "host_resident", False):
@@ -258,6 +267,12 @@ class HiSparseKVCacheManager:
             views[b] for b in hold.resident_blocks + hold.hot_blocks]
         self.block_pool.fences[hold.fence_id] = held
         return held + list(device)
+
+    def take_events(self) -> list[Any]:
+        """The device groups' events, their group ids made vLLM's (the device
+        groups' adapter numbers only its own groups)."""
+        events: list[Any] = self._inner.take_events()
+        return [_regroup(event, self._device_ids) for event in events]
 
     def reset_prefix_cache(self) -> bool:
         """Both caches or neither: refused while a host block is held, then
