@@ -94,3 +94,27 @@ def test_a_block_the_shared_pool_hands_out_is_lost_to_its_reader() -> None:
     assert not coordinator.all_context_pages_resident((("r", 4 * B - 1, 1),))
     update = coordinator.take_residency_updates(["r"])["r"]
     assert update.pages == [0, 1] and update.block_ids == ([0, 0],)
+
+
+def test_a_deferred_free_holds_the_host_row_until_the_caller_frees_it() -> None:
+    manager = _manager(enable_caching=False)
+    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+    host_pool = get_hisparse_coordinator(manager).get_host_block_pool()
+    host_free, device_free = host_pool.get_num_free_blocks(), manager.block_pool.get_num_free_blocks()
+    request = _request("r", B)
+    assert manager.allocate_slots(request, B, delay_cache_blocks=True) is not None
+    blocks = manager.pop_blocks_for_free(request)
+    assert manager.get_block_ids("r") == ([], [], [], [])  # forgotten...
+    assert host_pool.get_num_free_blocks() == host_free - 1  # ...but its host page is held
+    assert any(host_pool.blocks[b.block_id] is b for b in blocks)
+    manager.block_pool.free_blocks(reversed(blocks))
+    assert host_pool.get_num_free_blocks() == host_free
+    assert manager.block_pool.get_num_free_blocks() == device_free
+
+
+def test_device_group_events_carry_vllms_group_ids() -> None:
+    manager = _manager(enable_caching=True, enable_kv_cache_events=True)
+    assert manager.allocate_slots(_request("r", 2 * B), 2 * B) is not None
+    stored = [event for event in manager.take_events() if hasattr(event, "token_ids")]
+    assert stored and {event.group_idx for event in stored} == {1}  # the indexer is group 1
