@@ -293,6 +293,17 @@ class BlockPool(PoolView):
         else:
             self.free_held(filter(None, ids))  # free_held takes no null block
 
+    def release_to_back(self, blocks: Iterable[int]) -> None:
+        """Drop one reference of each held block (none twice, no null); those at 0 join the
+        back of the queue, hashed or not: still read until reused, so reused last (D-HOST-20)."""
+        ids, ref = list(blocks), self._ref
+        self._check_ids(ids)
+        if 0 in ids or len(set(ids)) != len(ids) or any(ref[b] < 1 for b in ids):
+            raise InvariantViolation(f"POOL-3: release_to_back of {ids} (held once each, no null)")
+        for block in ids:
+            ref[block] -= 1
+        self._queue.push_back([block for block in ids if not ref[block]])
+
     def _free_with_duplicates(self, ids: list[int]) -> None:
         """:meth:`free_blocks` for a list naming a block more than once: a
         block is released at the occurrence that brings its count to 0

@@ -15,15 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pagedkv.optimized.hisparse_state import AllocationPlan, RequestState, TierPool
+from pagedkv.optimized.hisparse_state import RequestState, TierPool
+from pagedkv.optimized.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
-    ExceedsMaxModelLenError,
     InvalidArgumentError,
-    InvalidTokenCountError,
     UnknownRequestError,
 )
 from pagedkv.spec.hisparse import (
     ACTIVE_TAIL_PAGES,
+    FenceHold,
     HostAllocation,
     HostTierConfig,
     HostTierSnapshot,
@@ -32,20 +32,32 @@ from pagedkv.spec.hisparse import (
     ResidencyUpdate,
     RowMirror,
 )
+from pagedkv.spec.hisparse_rules import (
+    AllocationCounts,
+    check_transfer_ids,
+    full_sequence_need,
+    import_pages,
+    plan_allocation,
+    residency_update,
+    row_mirrors,
+    wants_hot_region,
+    writeback_window,
+)
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierManager"]
 
 
-class HostTierManager:
+class HostTierManager(HostTierSteps):
     """Blocks of the HiSparse source, resident and hot groups in two pools."""
 
-    def __init__(self, config: HostTierConfig) -> None:
+    def __init__(self, config: HostTierConfig, device_pool: TierPool | None = None) -> None:
         self.config = config
         self._block_size = config.block_size
         self._hot_n = config.hot_blocks_per_request
         self.host = TierPool(config.host_num_blocks)
-        self.device = TierPool(config.device_num_blocks)
+        # An engine may pass the device pool its other groups share (D-HOST-18).
+        self.device = device_pool if device_pool is not None else TierPool(config.device_num_blocks)
         self.requests: dict[str, RequestState] = {}
         self.readers: dict[int, set[tuple[str, int]]] = {}
         self.copies: dict[BlockHash, int] = {}
@@ -55,6 +67,13 @@ class HostTierManager:
         # Finished requests whose last write-backs are in flight: their durable
         # prefix is published when those land (D-HOST-5).
         self.detached: list[RequestState] = []
+        self.outbox: list[int] = []  # transfers planned since the last take_transfers
+        self.spill_budget = config.spill_budget  # an engine may retune it between steps
+        # In-flight transfer -> (workers expected, workers done) (D-HOST-12).
+        self.worker_counts: dict[int, tuple[int, int]] = {}
+        self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
+        self.next_fence_id = 0
+        self.shared: set[int] = set()  # device blocks other groups took (D-HOST-18)
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
         """O(hit length): host blocks of the longest cached prefix."""
@@ -92,63 +111,27 @@ class HostTierManager:
         return req
 
     def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
-              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> AllocationPlan:
-        """Validate an allocation and count what it needs (changes nothing)."""
-        cfg = self.config
-        if type(num_tokens) is not int or num_tokens < 0:
-            raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-        if num_tokens > cfg.max_model_len:
-            raise ExceedsMaxModelLenError(
-                f"num_tokens {num_tokens} exceeds max_model_len {cfg.max_model_len}")
+              block_hashes: Sequence[BlockHash] | None,
+              num_external_tokens: int) -> tuple[RequestState | None, AllocationCounts]:
+        """O(hit). Validate an allocation and count what it needs (changes nothing)."""
         req = self.requests.get(request_id)
-        if block_hashes is not None:
-            hashes = list(block_hashes)
-        else:
-            hashes = req.block_hashes if req is not None else []
-        pages = -(-num_tokens // self._block_size)
-        host = self.host
-        if hit:
-            if req is not None and req.host_row:
-                raise InvalidArgumentError(
-                    f"hit given for request {request_id!r}, which already holds blocks")
-            if len(hit) > pages:
-                raise InvalidArgumentError(
-                    f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
-            hash_of = host.hash_of
-            for i, b in enumerate(hit):
-                if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
-                        hash_of.get(b) != hashes[i]):
-                    raise InvalidArgumentError(
-                        f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
-            if len(set(hit)) != len(hit):
-                raise InvalidArgumentError("hit repeats a block")
-        if type(num_external_tokens) is not int or num_external_tokens < 0:
-            raise InvalidTokenCountError(
-                f"num_external_tokens must be an int >= 0, got {num_external_tokens!r}")
-        block_size = self._block_size
-        imported = len(hit) * block_size + num_external_tokens if num_external_tokens else 0
-        if num_external_tokens and (
-                (req is not None and req.host_row) or imported > num_tokens):
-            raise InvalidArgumentError(
-                f"num_external_tokens {num_external_tokens}: an import needs a request holding "
-                f"nothing and hit + external tokens <= num_tokens {num_tokens}")
-        host_only = -(-imported // block_size) - 1 - len(hit) if imported else 0
-        existing = len(req.host_row) if req is not None else 0
-        host_new = pages - existing - len(hit)
-        if host_new < 0:
-            host_new = 0
-        free_hits = sum(1 for b in hit if host.ref[b] == 0)
-        wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
-        hot_n = self._hot_n if wants_hot and not (req is not None and req.hot) else 0
-        return AllocationPlan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+        if req is None:
+            return None, plan_allocation(
+                self.config, request_id, num_tokens, hit, block_hashes, num_external_tokens,
+                held_pages=0, held_hashes=(), has_hot=False, hot_required=False,
+                host_hash_of=self.host.hash_of, host_ref=self.host.ref)
+        return req, plan_allocation(
+            self.config, request_id, num_tokens, hit, block_hashes, num_external_tokens,
+            held_pages=len(req.host_row), held_hashes=req.block_hashes, has_hot=bool(req.hot),
+            hot_required=req.hot_required, host_hash_of=self.host.hash_of, host_ref=self.host.ref)
 
     def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                       block_hashes: Sequence[BlockHash] | None = None,
                       num_external_tokens: int = 0) -> tuple[int, int]:
         """O(hit). Read-only: the (host, device) free blocks ``allocate`` with
         these arguments would take; it succeeds iff both are available."""
-        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
-        return plan.host_new + plan.free_hits, plan.host_new - plan.host_only + plan.hot_n
+        _, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        return plan.host_new + plan.free_hits, plan.device_new + plan.hot_n
 
     def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
         """Read-only: the (host, device) blocks the request still needs to hold
@@ -156,27 +139,19 @@ class HostTierManager:
         only when its whole sequence fits. Every page needs a host block, but
         resident pages count only up to the admission window: older pages move
         to host (D-HOST-11). An unknown request holds nothing."""
-        cfg = self.config
-        if type(full_sequence_tokens) is not int or full_sequence_tokens < 0:
-            raise InvalidTokenCountError(
-                f"full_sequence_tokens must be an int >= 0, got {full_sequence_tokens!r}")
-        if full_sequence_tokens > cfg.max_model_len:
-            raise ExceedsMaxModelLenError(f"full_sequence_tokens {full_sequence_tokens} exceeds "
-                                          f"max_model_len {cfg.max_model_len}")
         req = self.requests.get(request_id)
-        pages = -(-full_sequence_tokens // cfg.block_size)
-        held = len(req.host_row) if req is not None else 0
-        resident = pages if cfg.admission_window is None else min(pages, cfg.admission_window)
-        hot = cfg.hot_blocks_per_request if (
-            req is not None and req.hot_required and not req.hot) else 0
-        return max(pages - held, 0), max(resident - held, 0) + hot
+        if req is None:
+            return full_sequence_need(self.config, full_sequence_tokens, held_pages=0,
+                                      hot_missing=False)
+        return full_sequence_need(self.config, full_sequence_tokens, held_pages=len(req.host_row),
+                                  hot_missing=req.hot_required and not req.hot)
 
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                  block_hashes: Sequence[BlockHash] | None = None,
                  num_external_tokens: int = 0) -> HostAllocation | None:
         """O(new blocks + hit). Validate, count, then commit (nothing changes on None)."""
-        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
-        req, hashes, imported, host_only = plan.req, plan.hashes, plan.imported, plan.host_only
+        req, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        hashes, imported, host_only = plan.hashes, plan.imported, plan.host_only
         host_new, hot_n = plan.host_new, plan.hot_n
         host = self.host
         if host_new > len(host.free) - plan.free_hits:
@@ -228,8 +203,8 @@ class HostTierManager:
             self.free(request_id)
             return None
         imported, req.importing = req.importing, 0
-        req.clean.update(range(imported // self._block_size))
-        tail = (imported - 1) // self._block_size
+        num_clean, tail = import_pages(imported, self._block_size)
+        req.clean.update(range(num_clean))
         block = req.resident_row[tail]
         self.device.hold(block)
         transfer = self._new_transfer(request_id, req, tail, block, "restore")
@@ -239,16 +214,25 @@ class HostTierManager:
     def _take_host(self, n: int) -> list[int]:
         blocks = self.host.take(n)
         for block_hash in self.host.evicted:
-            copy = self.copies.pop(block_hash, None)
-            if copy is not None:
-                del self._copy_of[copy]
+            self._drop_copy(block_hash)  # a copy of a page no hit can find
         return blocks
+
+    def _drop_copy(self, block_hash: BlockHash) -> None:
+        copy = self.copies.pop(block_hash, None)
+        if copy is not None:
+            del self._copy_of[copy]
 
     def _take_device(self, n: int) -> list[int]:
         """O(n + pages lost): each taken block's copy and readers are lost."""
         blocks = self.device.take(n)
+        self.device_blocks_taken(blocks)
+        return blocks
+
+    def device_blocks_taken(self, blocks: Sequence[int]) -> None:
+        """The device pool handed these blocks out (to the tier or, when the
+        pool is shared, to another group): their copies and readers are lost."""
         if not (self._copy_of or self.readers):
-            return blocks
+            return
         for b in blocks:
             block_hash = self._copy_of.pop(b, None)
             if block_hash is not None:
@@ -263,7 +247,6 @@ class HostTierManager:
                 if page < req.synced:
                     req.stale.add(page)
                 req.hot_required = True
-        return blocks
 
     def _record_copy(self, req: RequestState, page: int) -> None:
         b = req.resident_row[page]
@@ -289,6 +272,7 @@ class HostTierManager:
         self.next_transfer_id += 1
         self.transfers[transfer.transfer_id] = (transfer, req)
         req.pending[page] = transfer.transfer_id
+        self.outbox.append(transfer.transfer_id)
         self.host.hold(transfer.host_block)
         return transfer
 
@@ -296,14 +280,11 @@ class HostTierManager:
                         budget: int | None = None) -> list[PageTransfer]:
         """O(sealed pages)."""
         req = self._get(request_id)
-        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
-            raise InvalidTokenCountError(
-                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
-        sealed = min(num_computed_tokens // self._block_size, len(req.resident_row))
-        first = -(-req.importing // self._block_size)  # an import is writing those
+        window = writeback_window(self._block_size, num_computed_tokens, len(req.resident_row),
+                                  req.importing)
         planned: list[PageTransfer] = []
         row, clean, pending = req.resident_row, req.clean, req.pending
-        for page in range(first, sealed):
+        for page in window:
             if budget is not None and len(planned) >= budget:
                 break
             b = row[page]
@@ -327,10 +308,9 @@ class HostTierManager:
 
     def complete(self, transfer_ids: Sequence[int]) -> None:
         """O(transfers + pages published + pages released)."""
-        if len(set(transfer_ids)) != len(transfer_ids) or any(
-                t not in self.transfers for t in transfer_ids):
-            raise InvalidArgumentError(
-                f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
+        check_transfer_ids(transfer_ids, self.transfers)
+        for t in transfer_ids:
+            self.worker_counts.pop(t, None)
         touched: dict[str, RequestState] = {}
         finished_detached: list[RequestState] = []
         for t in transfer_ids:
@@ -364,12 +344,13 @@ class HostTierManager:
                     self._record_copy(req, page)
             else:
                 self.device.release(transfer.device_block)
+            if live and len(req.hot) == self._hot_n and page in req.pinned_clean and (
+                    page < len(req.resident_row) - ACTIVE_TAIL_PAGES):
+                self._unpin(transfer.request_id, req, page)  # in completion order (D-HOST-19)
         for req in finished_detached:
             self._finish_detached(req)
-        for request_id, req in touched.items():
+        for req in touched.values():
             self._publish(req)
-            if len(req.hot) == self._hot_n:
-                self._unpin_clean(request_id, req)
 
     def _publish(self, req: RequestState) -> None:
         if not self.config.enable_caching:
@@ -390,21 +371,21 @@ class HostTierManager:
         if not movable:
             return
         movable.sort(reverse=True)  # tail first: a context loses its tail before its head
-        row = req.resident_row
         for page in movable:
-            b = row[page]
-            self.device.release(b)
-            self.readers.setdefault(b, set()).add((request_id, page))
-            req.unpinned.add(page)
-            req.pinned_clean.discard(page)
+            self._unpin(request_id, req, page)
+
+    def _unpin(self, request_id: str, req: RequestState, page: int) -> None:
+        b = req.resident_row[page]
+        self.device.unpin(b)
+        self.readers.setdefault(b, set()).add((request_id, page))
+        req.unpinned.add(page)
+        req.pinned_clean.discard(page)
 
     def update_residency(self, request_id: str) -> None:
         req = self._get(request_id)
         if len(req.hot) == self._hot_n:
             self._unpin_clean(request_id, req)
-        elif len(self.device.free) < self.config.device_watermark or (
-                self.config.admission_window is not None
-                and len(req.resident_row) >= self.config.admission_window):
+        elif wants_hot_region(self.config, len(self.device.free), len(req.resident_row)):
             req.hot_required = True
 
     def take_residency_updates(self, request_ids: Sequence[str]) -> dict[str, ResidencyUpdate]:
@@ -415,10 +396,10 @@ class HostTierManager:
         for request_id, req in requests:
             row = req.resident_row
             if not req.stale and req.synced >= len(row):
-                continue
-            pages = sorted(req.stale)
-            pages.extend(range(req.synced, len(row)))
-            updates[request_id] = ResidencyUpdate(tuple(pages), tuple(row[p] for p in pages))
+                continue  # the common case: nothing new, no list built
+            update = residency_update(row, req.synced, req.stale)
+            if update is not None:
+                updates[request_id] = update
             req.stale.clear()
             req.synced = len(row)
         return updates
@@ -431,25 +412,8 @@ class HostTierManager:
                     num_scheduled_tokens: int) -> list[RowMirror]:
         """O(pages spanned). Read-only: one mirror per resident page span."""
         req = self._get(request_id)
-        if type(num_computed_tokens) is not int or type(num_scheduled_tokens) is not int or (
-                num_computed_tokens < 0 or num_scheduled_tokens < 0):
-            raise InvalidTokenCountError(
-                "num_computed_tokens and num_scheduled_tokens must be ints >= 0, got "
-                f"{num_computed_tokens!r} and {num_scheduled_tokens!r}")
-        size = self._block_size
-        row, host_row = req.resident_row, req.host_row
-        mirrors: list[RowMirror] = []
-        token, end = num_computed_tokens, num_computed_tokens + num_scheduled_tokens
-        while token < end:
-            page, offset = divmod(token, size)
-            num_rows = min(size - offset, end - token)
-            if page >= len(row):
-                break
-            if row[page] != 0:
-                mirrors.append(RowMirror(row[page] * size + offset, host_row[page] * size + offset,
-                                         num_rows))
-            token += num_rows
-        return mirrors
+        return row_mirrors(self._block_size, req.resident_row, req.host_row,
+                           num_computed_tokens, num_scheduled_tokens)
 
     def free(self, request_id: str, finished: bool = False) -> None:
         """O(pages + hot). ``finished``: the request ended (not preempted), so
@@ -457,6 +421,7 @@ class HostTierManager:
         req = self._get(request_id)
         self._detach_if_publishing(req, finished)
         row, unpinned, readers, device = req.resident_row, req.unpinned, self.readers, self.device
+        dirty: list[int] = []
         for page in range(len(row) - 1, -1, -1):
             b = row[page]
             if b == 0:
@@ -466,10 +431,12 @@ class HostTierManager:
                 owners.discard((request_id, page))
                 if not owners:
                     del readers[b]
+            elif page in req.clean and page not in req.pending:
+                device.unpin(b)  # a copy: readable until reused, so reused last
             else:
-                device.release(b)
-        for b in reversed(req.hot):
-            device.release(b)
+                dirty.append(b)
+        device.release_batch(dirty)
+        device.release_batch(req.hot[::-1])
         for b in reversed(req.host_row):
             self.host.release(b)
         del self.requests[request_id]
@@ -511,4 +478,6 @@ class HostTierManager:
             tuple((r, self.residency(r)) for r in sorted(self.requests)),
             tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
             tuple(sorted(self.copies.items())),
-            tuple(tuple(req.held) for req in self.detached))
+            tuple(tuple(req.held) for req in self.detached), tuple(self.outbox),
+            tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())),
+            tuple(self.fences[f] for f in sorted(self.fences)), tuple(sorted(self.shared)))

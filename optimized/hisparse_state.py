@@ -1,15 +1,13 @@
 """State records of the optimized host tier (spec/host_tier.md): a tier's
-block pool over an ordered dict, one request's rows and page sets, an
-allocation's plan."""
+block pool over an ordered dict, one request's rows and page sets."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["TierPool", "RequestState", "AllocationPlan"]
+__all__ = ["TierPool", "RequestState"]
 
 
 class TierPool:
@@ -57,6 +55,16 @@ class TierPool:
         if self.ref[b] == 0:
             self.free[b] = None
 
+    def unpin(self, b: int) -> None:
+        """Release a block its holder keeps reading: to the back of the queue
+        (the last to be reused). This pool queues every release there."""
+        self.release(b)
+
+    def release_batch(self, blocks: list[int]) -> None:
+        """Release blocks in order (a shared pool queues them as one batch)."""
+        for b in blocks:
+            self.release(b)
+
 
 class RequestState:
     __slots__ = ("host_row", "resident_row", "hot", "hot_required", "clean", "pending",
@@ -78,14 +86,3 @@ class RequestState:
         self.synced = 0  # the worker knows the residency of pages below this...
         self.stale: set[int] = set()  # ...except these, changed since
         self.held: list[int] = []  # host blocks kept for a finished request's late publication
-
-
-@dataclass(frozen=True, slots=True)
-class AllocationPlan:
-    req: RequestState | None
-    hashes: list[BlockHash]
-    imported: int  # tokens an import covers (hit included), 0 without one
-    host_only: int  # imported pages left host-only
-    host_new: int
-    free_hits: int  # hit blocks now in the free queue
-    hot_n: int

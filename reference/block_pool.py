@@ -161,6 +161,19 @@ class BlockPool:
         )
         self.free_queue = [self.blocks[block_id] for block_id in order]
 
+    def release_to_back(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference of each block (held, none twice, no null block);
+        those reaching zero go to the back of the free queue, hashed or not: a
+        block its last holder keeps reading is reused last (D-HOST-18)."""
+        blocks = list(ordered_blocks)
+        if any(b.is_null or b.ref_cnt < 1 for b in blocks) or len({id(b) for b in blocks}) != len(
+                blocks):
+            raise InvariantViolation("POOL-3: release_to_back needs held blocks, none twice")
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+
     # -- prefix cache ------------------------------------------------------
 
     def get_cached_block(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[KVCacheBlock] | None:

@@ -4,7 +4,7 @@ Semantic model: two block pools (host and device), each a list of ref
 counts, a free list (front = next to hand out) and a hash map; per request a
 host row, a resident row (0 = host-only page), a hot region and page sets.
 Every operation is a direct transcription of spec/host_tier.md; nothing is
-fast on purpose. ``check_invariants`` checks HOST-1..HOST-10 by ID.
+fast on purpose. ``check_invariants`` checks HOST-1..HOST-13 by ID.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import pprint
 from collections.abc import Sequence
 from typing import Literal
 
-from pagedkv.reference.hisparse_state import AllocationPlan, RequestState, TierPool
+from pagedkv.reference.hisparse_state import RequestState, TierPool
+from pagedkv.reference.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
-    ExceedsMaxModelLenError,
     InvalidArgumentError,
-    InvalidTokenCountError,
     InvariantViolation,
     UnknownRequestError,
 )
 from pagedkv.spec.hisparse import (
     ACTIVE_TAIL_PAGES,
+    FenceHold,
     HostAllocation,
     HostTierConfig,
     HostTierSnapshot,
@@ -31,12 +31,23 @@ from pagedkv.spec.hisparse import (
     ResidencyUpdate,
     RowMirror,
 )
+from pagedkv.spec.hisparse_rules import (
+    AllocationCounts,
+    check_transfer_ids,
+    full_sequence_need,
+    import_pages,
+    plan_allocation,
+    residency_update,
+    row_mirrors,
+    wants_hot_region,
+    writeback_window,
+)
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierManager"]
 
 
-class HostTierManager:
+class HostTierManager(HostTierSteps):
     """Blocks of the HiSparse source, resident and hot groups in two pools."""
 
     def __init__(self, config: HostTierConfig) -> None:
@@ -54,6 +65,13 @@ class HostTierManager:
         # Finished requests whose last write-backs are in flight: their durable
         # prefix is published when those land (D-HOST-5).
         self.detached: list[RequestState] = []
+        self.outbox: list[int] = []  # transfers planned since the last take_transfers
+        self.spill_budget = config.spill_budget  # an engine may retune it between steps
+        # In-flight transfer -> (workers expected, workers done) (D-HOST-12).
+        self.worker_counts: dict[int, tuple[int, int]] = {}
+        self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
+        self.next_fence_id = 0
+        self.shared: set[int] = set()  # device blocks other groups took (D-HOST-18)
 
     # -- queries -------------------------------------------------------------
 
@@ -92,60 +110,25 @@ class HostTierManager:
     # -- allocation ----------------------------------------------------------
 
     def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
-              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int) -> AllocationPlan:
+              block_hashes: Sequence[BlockHash] | None,
+              num_external_tokens: int) -> tuple[RequestState | None, AllocationCounts]:
         """Validate an allocation and count what it needs (changes nothing)."""
-        cfg = self.config
-        if type(num_tokens) is not int or num_tokens < 0:
-            raise InvalidTokenCountError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-        if num_tokens > cfg.max_model_len:
-            raise ExceedsMaxModelLenError(
-                f"num_tokens {num_tokens} exceeds max_model_len {cfg.max_model_len}")
         req = self.requests.get(request_id)
-        hashes = list(block_hashes) if block_hashes is not None else (
-            req.block_hashes if req is not None else [])
-        pages = -(-num_tokens // cfg.block_size)
-        if hit:
-            if req is not None and req.host_row:
-                raise InvalidArgumentError(
-                    f"hit given for request {request_id!r}, which already holds blocks")
-            if len(hit) > pages:
-                raise InvalidArgumentError(
-                    f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
-            for i, b in enumerate(hit):
-                if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
-                        self.host.hash_of.get(b) != hashes[i]):
-                    raise InvalidArgumentError(
-                        f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
-        if len(set(hit)) != len(hit):
-            raise InvalidArgumentError("hit repeats a block")
-        if type(num_external_tokens) is not int or num_external_tokens < 0:
-            raise InvalidTokenCountError(
-                f"num_external_tokens must be an int >= 0, got {num_external_tokens!r}")
-        imported = len(hit) * cfg.block_size + num_external_tokens if num_external_tokens else 0
-        if num_external_tokens and (
-                (req is not None and req.host_row) or imported > num_tokens):
-            raise InvalidArgumentError(
-                f"num_external_tokens {num_external_tokens}: an import needs a request holding "
-                f"nothing and hit + external tokens <= num_tokens {num_tokens}")
-        # An import leaves its pages host-only except the last (the engine
-        # replays into it); later pages are resident as usual.
-        import_pages = -(-imported // cfg.block_size)
-        host_only = max(import_pages - 1 - len(hit), 0)
-        existing = len(req.host_row) if req is not None else 0
-        host_new = max(pages - existing - len(hit), 0)
-        free_hits = sum(1 for b in hit if self.host.ref[b] == 0)
-        has_hot = req is not None and bool(req.hot)
-        wants_hot = bool(hit) or imported > 0 or (req is not None and req.hot_required)
-        hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
-        return AllocationPlan(req, hashes, imported, host_only, host_new, free_hits, hot_n)
+        return req, plan_allocation(
+            self.config, request_id, num_tokens, hit, block_hashes, num_external_tokens,
+            held_pages=len(req.host_row) if req is not None else 0,
+            held_hashes=req.block_hashes if req is not None else (),
+            has_hot=req is not None and bool(req.hot),
+            hot_required=req is not None and req.hot_required,
+            host_hash_of=self.host.hash_of, host_ref=self.host.ref)
 
     def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                       block_hashes: Sequence[BlockHash] | None = None,
                       num_external_tokens: int = 0) -> tuple[int, int]:
         """Read-only: the (host, device) free blocks ``allocate`` with these
         arguments would take; it succeeds iff both are available."""
-        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
-        return plan.host_new + plan.free_hits, plan.host_new - plan.host_only + plan.hot_n
+        _, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        return plan.host_new + plan.free_hits, plan.device_new + plan.hot_n
 
     def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
         """Read-only: the (host, device) blocks the request still needs to hold
@@ -153,31 +136,20 @@ class HostTierManager:
         only when its whole sequence fits. Every page needs a host block, but
         resident pages count only up to the admission window: older pages move
         to host (D-HOST-11). An unknown request holds nothing."""
-        cfg = self.config
-        if type(full_sequence_tokens) is not int or full_sequence_tokens < 0:
-            raise InvalidTokenCountError(
-                f"full_sequence_tokens must be an int >= 0, got {full_sequence_tokens!r}")
-        if full_sequence_tokens > cfg.max_model_len:
-            raise ExceedsMaxModelLenError(f"full_sequence_tokens {full_sequence_tokens} exceeds "
-                                          f"max_model_len {cfg.max_model_len}")
         req = self.requests.get(request_id)
-        pages = -(-full_sequence_tokens // cfg.block_size)
-        held = len(req.host_row) if req is not None else 0
-        resident = pages if cfg.admission_window is None else min(pages, cfg.admission_window)
-        hot = cfg.hot_blocks_per_request if (
-            req is not None and req.hot_required and not req.hot) else 0
-        return max(pages - held, 0), max(resident - held, 0) + hot
+        return full_sequence_need(
+            self.config, full_sequence_tokens, held_pages=len(req.host_row) if req else 0,
+            hot_missing=req is not None and req.hot_required and not req.hot)
 
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                  block_hashes: Sequence[BlockHash] | None = None,
                  num_external_tokens: int = 0) -> HostAllocation | None:
         """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
-        plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
-        req, hashes, imported, host_only = plan.req, plan.hashes, plan.imported, plan.host_only
-        host_new, hot_n = plan.host_new, plan.hot_n
+        req, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        hashes, imported, host_only = plan.hashes, plan.imported, plan.host_only
+        host_new, hot_n, device_new = plan.host_new, plan.hot_n, plan.device_new
         if host_new > len(self.host.free) - plan.free_hits:
             return None  # host exhaustion defers the request (nothing changed)
-        device_new = host_new - host_only
         if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
@@ -224,8 +196,8 @@ class HostTierManager:
             self.free(request_id)
             return None
         imported, req.importing = req.importing, 0
-        req.clean.update(range(imported // self.config.block_size))
-        tail = (imported - 1) // self.config.block_size
+        num_clean, tail = import_pages(imported, self.config.block_size)
+        req.clean.update(range(num_clean))
         self.device.hold(req.resident_row[tail])
         transfer = self._new_transfer(request_id, req, tail, req.resident_row[tail], "restore")
         self._publish(req)
@@ -234,12 +206,21 @@ class HostTierManager:
     def _take_host(self, n: int) -> list[int]:
         blocks = self.host.take(n)
         for block_hash in self.host.evicted:
-            self.copies.pop(block_hash, None)  # a copy of a page no hit can find
+            self._drop_copy(block_hash)  # a copy of a page no hit can find
         return blocks
+
+    def _drop_copy(self, block_hash: BlockHash) -> None:
+        self.copies.pop(block_hash, None)
 
     def _take_device(self, n: int) -> list[int]:
         """``n`` free device blocks; each one's copy and readers are lost."""
         blocks = self.device.take(n)
+        self.device_blocks_taken(blocks)
+        return blocks
+
+    def device_blocks_taken(self, blocks: Sequence[int]) -> None:
+        """The device pool handed these blocks out (to the tier or, when the
+        pool is shared, to another group): their copies and readers are lost."""
         for b in blocks:
             for block_hash in [h for h, c in self.copies.items() if c == b]:
                 del self.copies[block_hash]
@@ -250,7 +231,6 @@ class HostTierManager:
                 if page < req.synced:
                     req.stale.add(page)
                 req.hot_required = True
-        return blocks
 
     def _record_copy(self, req: RequestState, page: int) -> None:
         b, host_block = req.resident_row[page], req.host_row[page]
@@ -273,6 +253,7 @@ class HostTierManager:
         self.next_transfer_id += 1
         self.transfers[transfer.transfer_id] = (transfer, req)
         req.pending[page] = transfer.transfer_id
+        self.outbox.append(transfer.transfer_id)
         self.host.hold(transfer.host_block)
         return transfer
 
@@ -280,13 +261,9 @@ class HostTierManager:
                         budget: int | None = None) -> list[PageTransfer]:
         """Write-back transfers of the sealed dirty pages, lowest first."""
         req = self._get(request_id)
-        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
-            raise InvalidTokenCountError(
-                f"num_computed_tokens must be an int >= 0, got {num_computed_tokens!r}")
-        sealed = min(num_computed_tokens // self.config.block_size, len(req.resident_row))
-        first = -(-req.importing // self.config.block_size)  # an import is writing those
         planned: list[PageTransfer] = []
-        for page in range(first, sealed):
+        for page in writeback_window(self.config.block_size, num_computed_tokens,
+                                     len(req.resident_row), req.importing):
             if budget is not None and len(planned) >= budget:
                 break
             b = req.resident_row[page]
@@ -311,10 +288,9 @@ class HostTierManager:
 
     def complete(self, transfer_ids: Sequence[int]) -> None:
         """The worker ran these transfers (spec/host_tier.md, complete)."""
-        if len(set(transfer_ids)) != len(transfer_ids) or any(
-                t not in self.transfers for t in transfer_ids):
-            raise InvalidArgumentError(
-                f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
+        check_transfer_ids(transfer_ids, self.transfers)
+        for t in transfer_ids:
+            self.worker_counts.pop(t, None)
         touched: list[str] = []
         finished_detached: list[RequestState] = []
         for t in transfer_ids:
@@ -343,13 +319,14 @@ class HostTierManager:
                 self.device.release([transfer.device_block])
             if live and transfer.kind == "restore" and transfer.page in req.clean:
                 self._record_copy(req, transfer.page)
+            if live and len(req.hot) == self.config.hot_blocks_per_request:
+                # A page is released as soon as it is clean, in completion
+                # order, so a prefix written back in order is reused head first.
+                self._unpin_page(transfer.request_id, req, transfer.page)
         for req in finished_detached:
             self._finish_detached(req)
         for request_id in touched:
-            req = self.requests[request_id]
-            self._publish(req)
-            if len(req.hot) == self.config.hot_blocks_per_request:
-                self._unpin_clean(request_id, req)
+            self._publish(self.requests[request_id])
 
     def _publish(self, req: RequestState) -> None:
         if not self.config.enable_caching:
@@ -361,14 +338,17 @@ class HostTierManager:
             req.published += 1
 
     def _unpin_clean(self, request_id: str, req: RequestState) -> None:
-        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
-        for page in reversed(range(tail)):
-            b = req.resident_row[page]
-            if b != 0 and page in req.clean and page not in req.unpinned and (
-                    page not in req.pending):
-                self.device.release([b])
-                self.readers.setdefault(b, set()).add((request_id, page))
-                req.unpinned.add(page)
+        for page in reversed(range(len(req.resident_row))):
+            self._unpin_page(request_id, req, page)
+
+    def _unpin_page(self, request_id: str, req: RequestState, page: int) -> None:
+        """Release a clean pinned page outside the tail; the request keeps reading it."""
+        b = req.resident_row[page]
+        if page < len(req.resident_row) - ACTIVE_TAIL_PAGES and b != 0 and page in req.clean and (
+                page not in req.unpinned and page not in req.pending):
+            self.device.unpin(b)
+            self.readers.setdefault(b, set()).add((request_id, page))
+            req.unpinned.add(page)
 
     def update_residency(self, request_id: str) -> None:
         """Release clean pages when the request can read from host, else ask
@@ -376,9 +356,7 @@ class HostTierManager:
         req = self._get(request_id)
         if len(req.hot) == self.config.hot_blocks_per_request:
             self._unpin_clean(request_id, req)
-        elif len(self.device.free) < self.config.device_watermark or (
-                self.config.admission_window is not None
-                and len(req.resident_row) >= self.config.admission_window):
+        elif wants_hot_region(self.config, len(self.device.free), len(req.resident_row)):
             req.hot_required = True
 
     # -- release -------------------------------------------------------------
@@ -391,10 +369,9 @@ class HostTierManager:
         updates: dict[str, ResidencyUpdate] = {}
         for request_id in request_ids:
             req = self.requests[request_id]
-            pages = sorted(req.stale) + list(range(req.synced, len(req.resident_row)))
-            if pages:
-                updates[request_id] = ResidencyUpdate(
-                    tuple(pages), tuple(req.resident_row[p] for p in pages))
+            update = residency_update(req.resident_row, req.synced, req.stale)
+            if update is not None:
+                updates[request_id] = update
             req.stale = set()
             req.synced = len(req.resident_row)
         return updates
@@ -410,26 +387,8 @@ class HostTierManager:
         host-only page (nothing written on the device) or a page beyond the
         row is skipped, its neighbours are not. Read-only."""
         req = self._get(request_id)
-        if type(num_computed_tokens) is not int or type(num_scheduled_tokens) is not int or (
-                num_computed_tokens < 0 or num_scheduled_tokens < 0):
-            raise InvalidTokenCountError(
-                "num_computed_tokens and num_scheduled_tokens must be ints >= 0, got "
-                f"{num_computed_tokens!r} and {num_scheduled_tokens!r}")
-        size = self.config.block_size
-        mirrors: list[RowMirror] = []
-        for token in range(num_computed_tokens, num_computed_tokens + num_scheduled_tokens):
-            page, offset = divmod(token, size)
-            if page >= len(req.resident_row) or req.resident_row[page] == 0:
-                continue
-            device_slot = req.resident_row[page] * size + offset
-            host_slot = req.host_row[page] * size + offset
-            last = mirrors[-1] if mirrors else None
-            if last is not None and last.device_slot + last.num_rows == device_slot and (
-                    last.host_slot + last.num_rows == host_slot) and offset != 0:
-                mirrors[-1] = RowMirror(last.device_slot, last.host_slot, last.num_rows + 1)
-            else:
-                mirrors.append(RowMirror(device_slot, host_slot, 1))
-        return mirrors
+        return row_mirrors(self.config.block_size, req.resident_row, req.host_row,
+                           num_computed_tokens, num_scheduled_tokens)
 
     def free(self, request_id: str, finished: bool = False) -> None:
         """Release every block the request holds, each list tail first.
@@ -437,6 +396,7 @@ class HostTierManager:
         prefix is published once its in-flight write-backs land (D-HOST-5)."""
         req = self._get(request_id)
         self._detach_if_publishing(req, finished)
+        dirty: list[int] = []
         for page in reversed(range(len(req.resident_row))):
             b = req.resident_row[page]
             if b == 0:
@@ -445,8 +405,11 @@ class HostTierManager:
                 self.readers[b].discard((request_id, page))
                 if not self.readers[b]:
                     del self.readers[b]
+            elif page in req.clean and page not in req.pending:
+                self.device.unpin(b)  # a copy: readable until reused, so reused last
             else:
-                self.device.release([b])
+                dirty.append(b)
+        self.device.release(dirty)
         self.device.release(req.hot[::-1])
         self.host.release(req.host_row[::-1])
         del self.requests[request_id]
@@ -490,10 +453,12 @@ class HostTierManager:
             tuple((r, self.residency(r)) for r in sorted(self.requests)),
             tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
             tuple(sorted(self.copies.items())),
-            tuple(tuple(req.held) for req in self.detached))
+            tuple(tuple(req.held) for req in self.detached), tuple(self.outbox),
+            tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())),
+            tuple(self.fences[f] for f in sorted(self.fences)), tuple(sorted(self.shared)))
 
     def check_invariants(self) -> None:
-        """HOST-1..HOST-12, by ID (raises InvariantViolation with a state dump)."""
+        """HOST-1..HOST-13, by ID (raises InvariantViolation with a state dump)."""
         from pagedkv.reference.hisparse_invariants import check_host_tier
 
         check_host_tier(self)

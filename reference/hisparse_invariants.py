@@ -1,4 +1,4 @@
-"""HOST-1..HOST-12 of spec/host_tier.md, checked over the reference host tier."""
+"""HOST-1..HOST-13 of spec/host_tier.md, checked over the reference host tier."""
 
 from __future__ import annotations
 
@@ -42,6 +42,12 @@ def check_host_tier(tier: HostTierManager) -> None:
     hot_n = tier.config.hot_blocks_per_request
     for held in tier.detached:
         host_refs.update(held.held)
+    device_refs.update(tier.shared)  # D-HOST-18: other device groups' blocks
+    for hold in tier.fences.values():  # D-HOST-16: blocks kept for an in-flight step
+        host_refs.update(hold.host_blocks)
+        device_refs.update(hold.resident_blocks + hold.hot_blocks)
+        dirty_blocks.update(hold.resident_blocks)
+        hot_blocks.update(hold.hot_blocks)
     for transfer, _ in tier.transfers.values():
         host_refs[transfer.host_block] += 1
         device_refs[transfer.device_block] += 1
@@ -101,5 +107,12 @@ def check_host_tier(tier: HostTierManager) -> None:
             raise tier._fail("HOST-12", f"copy block {b} is used for something else")
     if len(set(tier.copies.values())) != len(tier.copies):
         raise tier._fail("HOST-12", "one device block copies two pages")
+    # HOST-13: worker counts name in-flight transfers, never a finished count.
+    for t, (expected, done) in tier.worker_counts.items():
+        if t not in tier.transfers or (expected and done >= expected):
+            raise tier._fail("HOST-13", f"worker counts {t}: ({expected}, {done})")
+    if len(set(tier.outbox)) != len(tier.outbox) or any(
+            t >= tier.next_transfer_id for t in tier.outbox):
+        raise tier._fail("HOST-13", f"outbox {tier.outbox} repeats or names an unplanned id")
     _check_pool(tier, tier.host, "host", host_refs)
     _check_pool(tier, tier.device, "device", device_refs)

@@ -1,5 +1,5 @@
 """State records of the reference host tier (spec/host_tier.md): a tier's
-block pool, one request's rows and page sets, an allocation's plan."""
+block pool, one request's rows and page sets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["TierPool", "RequestState", "AllocationPlan"]
+__all__ = ["TierPool", "RequestState"]
 
 
 class TierPool:
@@ -45,6 +45,11 @@ class TierPool:
             if self.ref[b] == 0:
                 self.free.append(b)
 
+    def unpin(self, b: int) -> None:
+        """Release a block its holder keeps reading: to the back of the free
+        queue (the last to be reused). This pool queues every release there."""
+        self.release([b])
+
     def publish(self, b: int, block_hash: BlockHash) -> None:
         # The first block cached under a hash keeps it (spec/state.md).
         if block_hash not in self.cached and b not in self.hash_of:
@@ -67,14 +72,3 @@ class RequestState:
     synced: int = 0  # the worker knows the residency of pages below this...
     stale: set[int] = field(default_factory=set)  # ...except these, changed since
     held: list[int] = field(default_factory=list)  # host blocks kept for a late publication
-
-
-@dataclass(frozen=True, slots=True)
-class AllocationPlan:
-    req: RequestState | None
-    hashes: list[BlockHash]
-    imported: int  # tokens an import covers (hit included), 0 without one
-    host_only: int  # imported pages left host-only
-    host_new: int
-    free_hits: int  # hit blocks now in the free queue
-    hot_n: int

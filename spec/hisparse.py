@@ -24,6 +24,7 @@ __all__ = [
     "GROUP_ROLES",
     "HiSparseHotSpec",
     "HiSparseResidentSpec",
+    "FenceHold",
     "HostAllocation",
     "HostTierSnapshot",
     "RequestResidency",
@@ -130,6 +131,11 @@ class HostTierConfig:
     ``admission_window``: resident pages a request may keep pinned before it
     must read from host (``HiSparseResidentSpec.max_admission_blocks_per_request``);
     ``None``: no such limit.
+    ``num_reprefillable_tokens``: a request's last tokens the engine prefills
+    again (multi-token prediction), never written back (``advance``).
+    ``max_spill_pages``: transfers the outbox may hold before ``advance``
+    plans no more write-backs; ``None`` is vLLM 0.33's ``max_model_len //
+    block_size`` (``spill_budget``).
     """
 
     block_size: int
@@ -140,8 +146,15 @@ class HostTierConfig:
     enable_caching: bool = True
     watermark: int | None = None
     admission_window: int | None = None
+    num_reprefillable_tokens: int = 0
+    max_spill_pages: int | None = None
 
     def __post_init__(self) -> None:
+        if type(self.num_reprefillable_tokens) is not int or self.num_reprefillable_tokens < 0:
+            raise InvalidConfigError("HostTierConfig.num_reprefillable_tokens must be an int >= 0, "
+                                     f"got {self.num_reprefillable_tokens!r}")
+        if self.max_spill_pages is not None:
+            _positive(self, "max_spill_pages", self.max_spill_pages)
         if self.admission_window is not None:
             _positive(self, "admission_window", self.admission_window)
         for name in ("block_size", "host_num_blocks", "device_num_blocks",
@@ -161,6 +174,13 @@ class HostTierConfig:
             return self.watermark
         return max(self.hot_blocks_per_request, self.device_num_blocks // 10)
 
+    @property
+    def spill_budget(self) -> int:
+        """The resolved ``max_spill_pages`` (see the class docstring)."""
+        if self.max_spill_pages is not None:
+            return self.max_spill_pages
+        return self.max_model_len // self.block_size
+
 
 def host_groups(groups: Sequence[KVCacheGroupSpec]) -> tuple[int, ...]:
     """Indices of the host-resident groups."""
@@ -176,7 +196,8 @@ def device_groups(groups: Sequence[KVCacheGroupSpec]) -> tuple[KVCacheGroupSpec,
 
 def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len: int,
                      enable_caching: bool = True,
-                     max_num_batched_tokens: int | None = None) -> HostTierConfig:
+                     max_num_batched_tokens: int | None = None,
+                     num_reprefillable_tokens: int = 0) -> HostTierConfig:
     """The host tier a HiSparse ``KVCacheConfig`` describes.
 
     Exactly one group must be host-resident with role ``hisparse_source``;
@@ -185,6 +206,7 @@ def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len:
     ``blocks_per_request`` (D-HOST-2: one resident and one hot group are
     modelled; several are folded into one). With ``max_num_batched_tokens``
     the admission window is the resident spec's in-flight bound.
+    ``num_reprefillable_tokens``: tokens ``advance`` never writes back (D-HOST-13).
 
     Raises:
         InvalidConfigError: no or several host groups, a host group that is
@@ -223,7 +245,8 @@ def host_tier_config(config: KVCacheConfig, host_num_blocks: int, max_model_len:
         device_num_blocks=config.num_blocks,
         hot_blocks_per_request=sum(spec.blocks_per_request for spec in hots
                                    if isinstance(spec, HiSparseHotSpec)),
-        max_model_len=max_model_len, enable_caching=enable_caching)
+        max_model_len=max_model_len, enable_caching=enable_caching,
+        num_reprefillable_tokens=num_reprefillable_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +265,19 @@ class HostAllocation:
     """What one successful ``allocate`` added: new host blocks (hit blocks
     first), new device blocks of resident pages, the hot region if taken."""
 
+    host_blocks: tuple[int, ...]
+    resident_blocks: tuple[int, ...]
+    hot_blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FenceHold:
+    """The blocks ``pop_for_free`` kept referenced for a step still in flight:
+    host blocks of every page, device blocks of pages that are not clean (a
+    step may still write them) and the hot region. ``release_fence`` drops
+    them, resident pages tail first, then the hot region, then the host row."""
+
+    fence_id: int
     host_blocks: tuple[int, ...]
     resident_blocks: tuple[int, ...]
     hot_blocks: tuple[int, ...]
@@ -286,6 +322,14 @@ class HostTierSnapshot:
     in_flight: tuple[PageTransfer, ...]
     copies: tuple[tuple[bytes, int], ...]
     detached: tuple[tuple[int, ...], ...]
+    outbox: tuple[int, ...] = ()
+    """Ids of the transfers planned and not yet taken (``take_transfers``), in order."""
+    worker_counts: tuple[tuple[int, int, int], ...] = ()
+    """(transfer id, expected, completed) worker counts reported so far, by id."""
+    fences: tuple[FenceHold, ...] = ()
+    """Blocks held for steps still in flight (``pop_for_free``), by fence id."""
+    shared: tuple[int, ...] = ()
+    """Device blocks other device groups hold (``take_shared``), ascending."""
 
 
 def host_pool_num_blocks(host_budget_bytes: int, host_block_bytes: int, block_size: int,

@@ -157,6 +157,11 @@ def test_vllm_hisparse_config_translates_to_a_host_tier() -> None:
     assert isinstance(config.kv_cache_groups[3].kv_cache_spec, HiSparseHotSpec)
     assert (tier.host_num_blocks, tier.device_num_blocks, tier.hot_blocks_per_request,
             tier.admission_window) == (16, 32, 2, 4)
+    assert tier.num_reprefillable_tokens == 0 and tier.spill_budget == 128 // 16
+    # A drafter re-prefilling 3 tokens leaves the last 2 of them out of write-backs.
+    _, drafted = translate_hisparse_config(_VllmConfig(16), max_model_len=128,
+                                           num_prefill_lookahead=3)
+    assert drafted.num_reprefillable_tokens == 2
     with pytest.raises(InvalidConfigError, match="hisparse_host_num_blocks"):
         translate_hisparse_config(_VllmConfig(None), max_model_len=128)
 

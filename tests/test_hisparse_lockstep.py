@@ -48,12 +48,15 @@ class HostTierMachine(RuleBasedStateMachine):
     opt: OptimizedTier
 
     @initialize(host=st.integers(3, 14), device=st.integers(3, 14), hot=st.integers(1, 3),
-                caching=st.booleans(), window=st.one_of(st.none(), st.integers(1, 6)))
-    def setup(self, host: int, device: int, hot: int, caching: bool, window: int | None) -> None:
+                caching=st.booleans(), window=st.one_of(st.none(), st.integers(1, 6)),
+                reprefill=st.integers(0, 5), spill=st.one_of(st.none(), st.integers(1, 3)))
+    def setup(self, host: int, device: int, hot: int, caching: bool, window: int | None,
+              reprefill: int, spill: int | None) -> None:
         config = HostTierConfig(block_size=BLOCK_SIZE, host_num_blocks=host,
                                 device_num_blocks=device, hot_blocks_per_request=hot,
                                 max_model_len=32, enable_caching=caching,
-                                admission_window=window)
+                                admission_window=window, num_reprefillable_tokens=reprefill,
+                                max_spill_pages=spill)
         self.ref = ReferenceTier(config)
         self.opt = OptimizedTier(config)
         self.prompt: dict[str, int] = {}
@@ -146,6 +149,25 @@ class HostTierMachine(RuleBasedStateMachine):
                                  min_size=1))
         self._both("complete", "complete", ids)
 
+    @precondition(lambda self: bool(self.tokens))
+    @rule(data=st.data(), extra=st.integers(-2, 6))
+    def advance(self, data: st.DataObject, extra: int) -> None:
+        request_id = data.draw(st.sampled_from(sorted(self.tokens)))
+        self._both("advance", "advance", request_id, max(self.tokens[request_id] + extra, 0))
+
+    @rule()
+    def take_transfers(self) -> None:
+        self._both("take_transfers", "take_transfers")
+
+    @rule(data=st.data())
+    def report_transfers(self, data: st.DataObject) -> None:
+        # Worker counts for in-flight ids and a few unknown ones (ignored), as
+        # two or three tensor-parallel workers would send them, in any order.
+        ids = st.sampled_from(sorted(self.ref.transfers) + [97, 98])
+        enqueued = data.draw(st.dictionaries(ids, st.integers(0, 3), max_size=3))
+        completed = data.draw(st.dictionaries(ids, st.integers(0, 2), max_size=3))
+        self._both("report_transfers", "report_transfers", enqueued, completed)
+
     @rule(ids=st.lists(st.integers(0, 40), max_size=2))
     def complete_unknown(self, ids: list[int]) -> None:
         self._both("complete (maybe unknown)", "complete", ids)
@@ -183,6 +205,29 @@ class HostTierMachine(RuleBasedStateMachine):
     def free(self, request_id: str, finished: bool) -> None:
         self._both("free", "free", request_id, finished)
         self.tokens.pop(request_id, None)
+
+    @rule(request_id=st.sampled_from(REQUEST_IDS), finished=st.booleans())
+    def pop_for_free(self, request_id: str, finished: bool) -> None:
+        self._both("pop_for_free", "pop_for_free", request_id, finished)
+        self.tokens.pop(request_id, None)
+
+    @rule(fence_id=st.integers(0, 6))
+    def release_fence(self, fence_id: int) -> None:
+        self._both("release_fence", "release_fence", fence_id)
+
+    @rule(block_ids=st.lists(st.integers(0, 15), max_size=3))
+    def evict_host_blocks(self, block_ids: list[int]) -> None:
+        self._both("evict_host_blocks", "evict_host_blocks", block_ids)
+
+    @rule(num_blocks=st.integers(0, 4))
+    def take_shared(self, num_blocks: int) -> None:
+        self._both("take_shared", "take_shared", num_blocks)
+
+    @rule(data=st.data())
+    def free_shared(self, data: st.DataObject) -> None:
+        held = sorted(self.ref.shared) + [0, 99]
+        ids = data.draw(st.lists(st.sampled_from(held), max_size=3))
+        self._both("free_shared", "free_shared", ids)
 
     @rule()
     def reset(self) -> None:

@@ -169,3 +169,18 @@ def block_stored_hash_inputs(extra_keys: Any, lookahead_token_ids: Any, num_bloc
     if lookahead_token_ids is not None and "lookahead_token_ids" in _BLOCK_STORED_FIELDS:
         out["lookahead_token_ids"] = [list(tokens) for tokens in lookahead_token_ids]
     return out
+
+
+@cache
+def hisparse_classes() -> dict[str, Any]:
+    """vLLM 0.33's HiSparse classes by name (empty where this vLLM has none):
+    the coordinator class its tests assert and the worker command types."""
+    try:
+        from vllm.v1.hisparse import coordinator, types
+    except ImportError:
+        return {}
+    return {"HiSparseCoordinator": coordinator.HiSparseCoordinator,
+            "SparseKVOffloadCommand": types.SparseKVOffloadCommand,
+            "SparseKVPageTransfer": types.SparseKVPageTransfer,
+            "SparseKVResidencyUpdate": types.SparseKVResidencyUpdate,
+            "SparseKVRowMirror": types.SparseKVRowMirror}

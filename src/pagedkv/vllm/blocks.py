@@ -222,7 +222,10 @@ class BlockPoolView:
             mask=None if block_mask is None else list(block_mask))
 
     def touch(self, blocks: Any) -> None:
-        self.core.touch([block.block_id for group in blocks for block in group])
+        # vLLM 0.33 passes a flat list of blocks, 0.32 one list per group; the null block is skipped.
+        ids = [b.block_id for item in blocks
+               for b in ((item,) if hasattr(item, "block_id") else item)]
+        self.core.touch([b for b in ids if b])
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self.core.evict_blocks(list(block_ids))

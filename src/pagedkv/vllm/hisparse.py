@@ -9,9 +9,7 @@ name, so no vLLM import) into pagedkv's ``KVCacheConfig`` with the same
 roles and a :class:`~pagedkv.spec.hisparse.HostTierConfig`
 (spec/host_tier.md).
 
-What it does not do yet: drive vLLM's HiSparse coordinator. pagedkv's
-``KVCacheManager`` adapter still refuses HiSparse groups (D-HOST-1: the host
-tier keeps its own device pool, where vLLM shares one with the indexer group).
+:mod:`pagedkv.vllm.hisparse_manager` serves such a config (D-HOST-21).
 """
 
 from __future__ import annotations
@@ -56,9 +54,12 @@ def _role(group: Any) -> str:
 
 def translate_hisparse_config(config: Any, max_model_len: int, enable_caching: bool = True,
                               max_num_batched_tokens: int | None = None,
+                              num_prefill_lookahead: int = 0,
                               ) -> tuple[KVCacheConfig, HostTierConfig]:
     """pagedkv's ``KVCacheConfig`` (roles and ``host_resident`` kept) and the
-    host tier of a vLLM HiSparse ``KVCacheConfig``.
+    host tier of a vLLM HiSparse ``KVCacheConfig``. A multi-module drafter
+    prefills the last ``num_prefill_lookahead - 1`` tokens again, so the
+    tier never writes them back (vLLM 0.33's reprefillable tokens, D-HOST-13).
 
     Raises:
         InvalidConfigError: the config has no ``hisparse_host_num_blocks``, or
@@ -75,5 +76,6 @@ def translate_hisparse_config(config: Any, max_model_len: int, enable_caching: b
     ours = KVCacheConfig(num_blocks=int(config.num_blocks), kv_cache_tensors=(),
                          kv_cache_groups=groups)
     tier = host_tier_config(ours, int(config.hisparse_host_num_blocks), max_model_len,
-                            enable_caching, max_num_batched_tokens)
+                            enable_caching, max_num_batched_tokens,
+                            num_reprefillable_tokens=max(0, num_prefill_lookahead - 1))
     return ours, tier

@@ -50,6 +50,14 @@ class KVCacheManager:
     own (spec/hashing.md section 7, D-HASH-10..12).
     """
 
+    def __new__(cls, kv_cache_config: Any, *args: Any, **kwargs: Any) -> KVCacheManager:
+        if cls is KVCacheManager and getattr(kv_cache_config, "hisparse_host_num_blocks",
+                                             None) is not None:
+            # A HiSparse config: the device groups' manager composed with the host tier.
+            from .hisparse_manager import HiSparseKVCacheManager
+            return HiSparseKVCacheManager(kv_cache_config, *args, **kwargs)  # type: ignore[return-value]
+        return super().__new__(cls)
+
     def __init__(
         self,
         kv_cache_config: Any,

@@ -1,0 +1,151 @@
+"""The per-step and release operations of the optimized host tier (spec/host_tier.md):
+``advance``, ``take_transfers``, ``report_transfers`` (D-HOST-12/13),
+``pop_for_free`` / ``release_fence`` (D-HOST-16), ``evict_host_blocks``
+(D-HOST-17) and ``take_shared`` / ``free_shared`` (D-HOST-18). A mixin of
+``HostTierManager``: the state it reads and the core operations it calls are
+named by the ``_Tier`` protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from pagedkv.optimized.hisparse_state import RequestState, TierPool
+from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.hisparse import FenceHold, HostTierConfig, PageTransfer
+from pagedkv.spec.hisparse_rules import tally_worker_counts, writeback_tokens
+from pagedkv.spec.types import BlockHash
+
+__all__ = ["HostTierSteps"]
+
+
+class _Tier(Protocol):
+    config: HostTierConfig
+    host: TierPool
+    device: TierPool
+    requests: dict[str, RequestState]
+    transfers: dict[int, tuple[PageTransfer, RequestState]]
+    copies: dict[BlockHash, int]
+    outbox: list[int]
+    spill_budget: int
+    worker_counts: dict[int, tuple[int, int]]
+    fences: dict[int, FenceHold]
+    next_fence_id: int
+    shared: set[int]
+
+    def _get(self, request_id: str) -> RequestState: ...
+    def _drop_copy(self, block_hash: BlockHash) -> None: ...
+    def _take_device(self, n: int) -> list[int]: ...
+    def plan_writebacks(self, request_id: str, num_computed_tokens: int,
+                        budget: int | None = None) -> list[PageTransfer]: ...
+    def update_residency(self, request_id: str) -> None: ...
+    def complete(self, transfer_ids: Sequence[int]) -> None: ...
+    def free(self, request_id: str, finished: bool = False) -> None: ...
+
+
+class HostTierSteps:
+    def advance(self: _Tier, request_id: str, num_tokens: int) -> list[PageTransfer]:
+        """A step brings the request to ``num_tokens`` computed tokens: write
+        back its sealed pages within the spill budget, reprefillable tokens
+        left out, then update its residency (spec/host_tier.md, advance)."""
+        self._get(request_id)
+        computed = writeback_tokens(self.config, num_tokens)
+        budget = max(self.spill_budget - len(self.outbox), 0)
+        planned = self.plan_writebacks(request_id, computed, budget)
+        self.update_residency(request_id)
+        return planned
+
+    def take_transfers(self: _Tier) -> list[PageTransfer]:
+        """The transfers planned since the last call and still in flight, in
+        plan order; the outbox empties."""
+        taken = [self.transfers[t][0] for t in self.outbox if t in self.transfers]
+        self.outbox.clear()
+        return taken
+
+    def report_transfers(self: _Tier, enqueued: Mapping[int, int],
+                         completed: Mapping[int, int]) -> list[int]:
+        """Per-worker counts: a transfer completes once as many workers
+        reported it done as first enqueued it (D-HOST-12). Returns the ids
+        completed; ids not in flight are ignored."""
+        counts, finished = tally_worker_counts(self.worker_counts, self.transfers, enqueued,
+                                               completed)
+        self.complete(finished)
+        self.worker_counts = counts
+        return finished
+
+    def pop_for_free(self: _Tier, request_id: str, finished: bool = False) -> FenceHold:
+        """``free``, keeping referenced what a step still in flight may write:
+        the host row, the device blocks of pages that are not clean and the
+        hot region (D-HOST-16). ``release_fence`` drops them later."""
+        req = self._get(request_id)
+        resident = tuple(b for page, b in enumerate(req.resident_row) if b != 0 and (
+            page not in req.clean or page in req.pending))
+        hold = FenceHold(self.next_fence_id, tuple(req.host_row), resident, tuple(req.hot))
+        for b in hold.host_blocks:
+            self.host.hold(b)
+        for b in resident + hold.hot_blocks:
+            self.device.hold(b)
+        self.next_fence_id += 1
+        self.fences[hold.fence_id] = hold
+        self.free(request_id, finished)
+        return hold
+
+    def release_fence(self: _Tier, fence_id: int) -> None:
+        """The step a ``pop_for_free`` waited for has ended: drop its holds,
+        each list tail first. An unknown id: InvalidArgumentError, nothing changes."""
+        hold = self.fences.pop(fence_id, None) if type(fence_id) is int else None
+        if hold is None:
+            raise InvalidArgumentError(f"fence_id {fence_id!r} names no outstanding fence")
+        for blocks in (hold.resident_blocks, hold.hot_blocks):
+            for b in reversed(blocks):
+                self.device.release(b)
+        for b in reversed(hold.host_blocks):
+            self.host.release(b)
+
+    def evict_host_blocks(self: _Tier, block_ids: Iterable[int]) -> list[BlockHash]:
+        """Drop the host cache entry of each named block that has one (held
+        or free); its device copy goes too. Returns the hashes dropped, in
+        order. A block id outside the host pool: InvalidArgumentError, nothing changes."""
+        ids = list(block_ids)
+        for b in ids:
+            if type(b) is not int or not 0 < b < self.config.host_num_blocks:
+                raise InvalidArgumentError(
+                    f"block_ids: {b!r} is not a host block in [1, {self.config.host_num_blocks})")
+        dropped: list[BlockHash] = []
+        for b in ids:
+            block_hash = self.host.hash_of.pop(b, None)
+            if block_hash is None:
+                continue
+            del self.host.cached[block_hash]
+            self._drop_copy(block_hash)
+            dropped.append(block_hash)
+        return dropped
+
+    def take_shared(self: _Tier, num_blocks: int) -> tuple[int, ...] | None:
+        """``num_blocks`` device blocks for another device group sharing the
+        pool (the indexer), from the front of the free queue; a block an
+        unpinned page or a copy still reads is lost to it, as for the tier's
+        own allocations (D-HOST-18). ``None`` when fewer are free (nothing changes).
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is not an int >= 0.
+        """
+        if type(num_blocks) is not int or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        if num_blocks > len(self.device.free):
+            return None
+        blocks = self._take_device(num_blocks)
+        self.shared.update(blocks)
+        return tuple(blocks)
+
+    def free_shared(self: _Tier, block_ids: Sequence[int]) -> None:
+        """Another device group releases blocks ``take_shared`` gave it, in
+        the given order. A block it does not hold, or one named twice:
+        InvalidArgumentError, nothing changes."""
+        ids = list(block_ids)
+        if len(set(ids)) != len(ids) or any(b not in self.shared for b in ids):
+            raise InvalidArgumentError(
+                f"block_ids {ids!r} name a block no other group holds, or repeat one")
+        for b in ids:
+            self.shared.discard(b)
+            self.device.release(b)

@@ -1,0 +1,254 @@
+"""The pure rules of the host tier (spec/host_tier.md), shared by both implementations.
+
+Each function here reads plain values (rows, counts, page sets, maps) and
+returns a decision or raises a typed error; none holds or changes state.
+``pagedkv.reference.hisparse`` and ``pagedkv.optimized.hisparse`` keep only
+their own state handling (pools, rows, free queues) and ask these functions
+what an operation needs, which pages it touches and whether it is refused.
+Both implementations reaching the same answers from different state is what
+the lockstep machine (tests/test_hisparse_lockstep.py) checks; the rules
+themselves are checked against their definitions in tests/test_hisparse_rules.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from pagedkv.spec.errors import (
+    ExceedsMaxModelLenError,
+    InvalidArgumentError,
+    InvalidTokenCountError,
+)
+from pagedkv.spec.hisparse import HostTierConfig, ResidencyUpdate, RowMirror
+from pagedkv.spec.types import BlockHash
+
+__all__ = [
+    "AllocationCounts",
+    "check_token_count",
+    "check_transfer_ids",
+    "full_sequence_need",
+    "import_pages",
+    "plan_allocation",
+    "residency_update",
+    "row_mirrors",
+    "tally_worker_counts",
+    "writeback_tokens",
+    "wants_hot_region",
+    "writeback_window",
+]
+
+
+def check_token_count(name: str, value: object, max_model_len: int | None = None) -> int:
+    """``value`` as a token count: an int >= 0, and at most ``max_model_len`` when given.
+
+    Raises:
+        InvalidTokenCountError: not an int, or negative.
+        ExceedsMaxModelLenError: above ``max_model_len``.
+    """
+    if type(value) is not int or value < 0:
+        raise InvalidTokenCountError(f"{name} must be an int >= 0, got {value!r}")
+    if max_model_len is not None and value > max_model_len:
+        raise ExceedsMaxModelLenError(f"{name} {value} exceeds max_model_len {max_model_len}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationCounts:
+    """What one ``allocate`` needs, decided before anything is taken.
+
+    ``hashes``: the request's block hashes after the call. ``imported``:
+    tokens an import covers (hit included), 0 without one. ``host_only``:
+    imported pages left host-only (every imported page but the last).
+    ``host_new``: fresh host blocks. ``free_hits``: hit blocks now in the
+    host free queue (holding them shrinks it too). ``hot_n``: hot blocks to
+    take (0 when the request holds its region or needs none).
+    """
+
+    hashes: list[BlockHash]
+    imported: int
+    host_only: int
+    host_new: int
+    free_hits: int
+    hot_n: int
+
+    @property
+    def device_new(self) -> int:
+        """Fresh device blocks of resident pages (the hot region excluded)."""
+        return self.host_new - self.host_only
+
+
+def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: Sequence[int],
+                    block_hashes: Sequence[BlockHash] | None, num_external_tokens: int, *,
+                    held_pages: int, held_hashes: Sequence[BlockHash], has_hot: bool,
+                    hot_required: bool, host_hash_of: Mapping[int, BlockHash],
+                    host_ref: Sequence[int]) -> AllocationCounts:
+    """Validate an ``allocate`` and count what it needs (spec/host_tier.md, allocate).
+
+    ``held_pages``/``held_hashes``/``has_hot``/``hot_required`` describe the
+    request as it stands (0, (), False, False for one holding nothing);
+    ``host_hash_of`` maps a cached host block to its hash, ``host_ref`` is the
+    host pool's reference counts.
+
+    Raises:
+        InvalidTokenCountError, ExceedsMaxModelLenError: a bad token count.
+        InvalidArgumentError: a hit for a request already holding blocks, a hit
+            longer than the pages, not the cached blocks of the leading hashes
+            or repeating a block; an import for a request holding blocks or
+            covering more than ``num_tokens``.
+    """
+    check_token_count("num_tokens", num_tokens, cfg.max_model_len)
+    hashes = list(block_hashes) if block_hashes is not None else list(held_hashes)
+    pages = -(-num_tokens // cfg.block_size)
+    if hit:
+        if held_pages:
+            raise InvalidArgumentError(
+                f"hit given for request {request_id!r}, which already holds blocks")
+        if len(hit) > pages:
+            raise InvalidArgumentError(
+                f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
+        for i, b in enumerate(hit):
+            if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
+                    host_hash_of.get(b) != hashes[i]):
+                raise InvalidArgumentError(
+                    f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
+        if len(set(hit)) != len(hit):
+            raise InvalidArgumentError("hit repeats a block")
+    check_token_count("num_external_tokens", num_external_tokens)
+    imported = len(hit) * cfg.block_size + num_external_tokens if num_external_tokens else 0
+    if num_external_tokens and (held_pages or imported > num_tokens):
+        raise InvalidArgumentError(
+            f"num_external_tokens {num_external_tokens}: an import needs a request holding "
+            f"nothing and hit + external tokens <= num_tokens {num_tokens}")
+    # An import leaves its pages host-only except the last (the engine replays
+    # into it); later pages are resident as usual.
+    host_only = max(-(-imported // cfg.block_size) - 1 - len(hit), 0)
+    host_new = max(pages - held_pages - len(hit), 0)
+    free_hits = sum(1 for b in hit if host_ref[b] == 0)
+    wants_hot = bool(hit) or imported > 0 or hot_required
+    hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
+    return AllocationCounts(hashes, imported, host_only, host_new, free_hits, hot_n)
+
+
+def full_sequence_need(cfg: HostTierConfig, full_sequence_tokens: int, *, held_pages: int,
+                       hot_missing: bool) -> tuple[int, int]:
+    """The (host, device) blocks a request holding ``held_pages`` pages still
+    needs to hold ``full_sequence_tokens`` tokens: a host block per page, device
+    blocks only up to the admission window (D-HOST-11), plus the hot region
+    when it is required and not held (``hot_missing``)."""
+    check_token_count("full_sequence_tokens", full_sequence_tokens, cfg.max_model_len)
+    pages = -(-full_sequence_tokens // cfg.block_size)
+    resident = pages if cfg.admission_window is None else min(pages, cfg.admission_window)
+    hot = cfg.hot_blocks_per_request if hot_missing else 0
+    return max(pages - held_pages, 0), max(resident - held_pages, 0) + hot
+
+
+def import_pages(importing: int, block_size: int) -> tuple[int, int]:
+    """For an import of ``importing`` tokens that landed: (pages that become
+    clean, the last imported page, which gets a restore)."""
+    return importing // block_size, (importing - 1) // block_size
+
+
+def writeback_window(block_size: int, num_computed_tokens: int, row_len: int,
+                     importing: int) -> range:
+    """Pages a write-back may be planned for: sealed pages (fully computed)
+    of the row, after those an import is still writing."""
+    check_token_count("num_computed_tokens", num_computed_tokens)
+    sealed = min(num_computed_tokens // block_size, row_len)
+    return range(-(-importing // block_size), sealed)
+
+
+def wants_hot_region(cfg: HostTierConfig, free_device_blocks: int, row_len: int) -> bool:
+    """``update_residency`` for a request without its hot region: it asks for
+    one when the device pool runs below the watermark, or when its row reaches
+    the admission window (admission assumed older pages move to host)."""
+    return free_device_blocks < cfg.device_watermark or (
+        cfg.admission_window is not None and row_len >= cfg.admission_window)
+
+
+def check_transfer_ids(transfer_ids: Sequence[int], in_flight: Collection[int]) -> None:
+    """Raises InvalidArgumentError when ``transfer_ids`` repeats an id or names
+    one not in flight (``complete`` then changes nothing)."""
+    if len(set(transfer_ids)) != len(transfer_ids) or any(
+            t not in in_flight for t in transfer_ids):
+        raise InvalidArgumentError(
+            f"transfer_ids {list(transfer_ids)!r} name an unknown or repeated transfer")
+
+
+def residency_update(resident_row: Sequence[int], synced: int,
+                     stale: Collection[int]) -> ResidencyUpdate | None:
+    """What the worker lacks of one row: its stale pages (ascending), then the
+    pages from ``synced`` on, each with its device block (0: host-only);
+    ``None`` when it lacks nothing."""
+    pages = sorted(stale)
+    pages.extend(range(synced, len(resident_row)))
+    if not pages:
+        return None
+    return ResidencyUpdate(tuple(pages), tuple(resident_row[p] for p in pages))
+
+
+def row_mirrors(block_size: int, resident_row: Sequence[int], host_row: Sequence[int],
+                num_computed_tokens: int, num_scheduled_tokens: int) -> list[RowMirror]:
+    """Where the rows of tokens ``[num_computed_tokens, +num_scheduled_tokens)``
+    go on the device and in the host pool: one mirror per page span. A
+    host-only page (nothing is written on the device) is skipped alone; the
+    rows stop at the end of the row.
+
+    Raises:
+        InvalidTokenCountError: either count is not an int >= 0.
+    """
+    check_token_count("num_computed_tokens", num_computed_tokens)
+    check_token_count("num_scheduled_tokens", num_scheduled_tokens)
+    mirrors: list[RowMirror] = []
+    token, end = num_computed_tokens, num_computed_tokens + num_scheduled_tokens
+    while token < end:
+        page, offset = divmod(token, block_size)
+        if page >= len(resident_row):
+            break
+        num_rows = min(block_size - offset, end - token)
+        if resident_row[page] != 0:
+            mirrors.append(RowMirror(resident_row[page] * block_size + offset,
+                                     host_row[page] * block_size + offset, num_rows))
+        token += num_rows
+    return mirrors
+
+
+def writeback_tokens(cfg: HostTierConfig, num_tokens: int) -> int:
+    """The computed tokens ``advance`` may write back once a step brings the
+    request to ``num_tokens``: all but the last ``num_reprefillable_tokens``,
+    which the engine prefills again (a write-back of them would be stale)."""
+    check_token_count("num_tokens", num_tokens)
+    return max(0, num_tokens - cfg.num_reprefillable_tokens)
+
+
+def tally_worker_counts(counts: Mapping[int, tuple[int, int]], in_flight: Collection[int],
+                        enqueued: Mapping[int, int], completed: Mapping[int, int],
+                        ) -> tuple[dict[int, tuple[int, int]], list[int]]:
+    """Per-worker transfer counts (``report_transfers``, D-HOST-12).
+
+    ``counts`` maps a transfer id to (workers expected, workers done) so far.
+    Each in-flight id's first nonzero ``enqueued`` count is how many workers
+    must report it; ``completed`` counts add up. Ids not in flight are ignored
+    (a late report of a transfer that already landed). Returns the new
+    ``counts`` (finished ids left out) and the ids that finished, ascending.
+
+    Raises:
+        InvalidArgumentError: a count that is not an int >= 0.
+    """
+    for name, reports in (("enqueued", enqueued), ("completed", completed)):
+        for transfer_id, count in reports.items():
+            if type(count) is not int or count < 0:
+                raise InvalidArgumentError(
+                    f"{name}[{transfer_id!r}] must be an int >= 0, got {count!r}")
+    new = {t: c for t, c in counts.items() if t in in_flight}
+    for transfer_id in set(enqueued) | set(completed):
+        if transfer_id not in in_flight:
+            continue
+        expected, done = new.get(transfer_id, (0, 0))
+        if expected == 0:
+            expected = enqueued.get(transfer_id, 0)
+        new[transfer_id] = (expected, done + completed.get(transfer_id, 0))
+    finished = sorted(t for t, (expected, done) in new.items() if expected and done >= expected)
+    for transfer_id in finished:
+        del new[transfer_id]
+    return new, finished

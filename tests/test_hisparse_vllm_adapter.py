@@ -1,0 +1,120 @@
+"""pagedkv.vllm's HiSparse manager with vLLM 0.33's own classes (skipped without vLLM).
+
+A HiSparse config (host source, indexer, resident, hot) goes to
+``HiSparseKVCacheManager``; vLLM's ``get_hisparse_coordinator`` finds the
+tier's coordinator view; the indexer and the tier share one device pool, so a
+block the pool hands out elsewhere is lost to the page still reading it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+B = 16
+
+
+def _manager(num_blocks: int = 32, host_blocks: int = 16, **kwargs: Any) -> Any:
+    pytest.importorskip("vllm", reason="vLLM 0.33 is not installed (make verify-vllm)")
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        HiSparseHotSpec,
+        HiSparseResidentSpec,
+        KVCacheConfig,
+        KVCacheGroupRole,
+        KVCacheGroupSpec,
+    )
+
+    from pagedkv.vllm import KVCacheManager
+
+    full = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], hisparse_host_num_blocks=host_blocks,
+                           kv_cache_groups=[
+        KVCacheGroupSpec(["src"], full, role=KVCacheGroupRole.HISPARSE_SOURCE, host_resident=True),
+        KVCacheGroupSpec(["idx"], full, role=KVCacheGroupRole.HISPARSE_INDEXER),
+        KVCacheGroupSpec(["res"], HiSparseResidentSpec(block_size=B, page_size=4 * B)),
+        KVCacheGroupSpec(["hot"], HiSparseHotSpec(block_size=B, page_size=4 * B,
+                                                  blocks_per_request=2))])
+    return KVCacheManager(config, max_model_len=128, scheduler_block_size=B, hash_block_size=B,
+                          **kwargs)
+
+
+def _request(request_id: str, num_tokens: int) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    params = SamplingParams(max_tokens=4)
+    params.update_from_generation_config({}, eos_token_id=100)
+    return Request(request_id=request_id, prompt_token_ids=list(range(num_tokens)),
+                   sampling_params=params, pooling_params=None,
+                   block_hasher=get_request_block_hasher(B, sha256))
+
+
+def test_a_hisparse_config_is_served_by_the_host_tier() -> None:
+    manager = _manager(enable_caching=False, num_prefill_lookahead=3)
+    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+    from pagedkv.vllm.hisparse_manager import HiSparseKVCacheManager
+
+    assert isinstance(manager, HiSparseKVCacheManager)
+    coordinator = get_hisparse_coordinator(manager)
+    request = _request("r", 2 * B)
+    assert manager.allocate_slots(request, 2 * B) is not None
+    host, indexer, resident, hot = manager.get_block_ids("r")
+    # One pool for the device groups: the indexer's blocks, then the resident pages.
+    assert (host, indexer, resident, hot) == ([1, 2], [1, 2], [3, 4], [])
+    coordinator.advance_scheduled([("r", 2 * B)])
+    # 32 tokens, the last 2 prefilled again (lookahead 3): only page 0 is final.
+    [transfer] = coordinator.build_offload_command().page_transfers
+    assert (transfer.host_block_id, transfer.resident_block_ids) == (1, (3,))
+    assert transfer.after_forward and not transfer.restore
+
+
+def test_a_block_the_shared_pool_hands_out_is_lost_to_its_reader() -> None:
+    manager = _manager(enable_caching=False)
+    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+    coordinator = get_hisparse_coordinator(manager)
+    request = _request("r", 4 * B)
+    assert manager.allocate_slots(request, 4 * B) is not None
+    coordinator.hot_managers[0].require_hot("r")
+    assert manager.allocate_slots(request, 4 * B) is not None  # the hot region
+    coordinator.advance_scheduled([("r", 4 * B)])
+    commands = coordinator.build_offload_command().page_transfers
+    counts = {t.transfer_id: 1 for t in commands}
+    coordinator.update_spills(counts, counts)  # pages 0, 1 released (2, 3: the tail)
+    coordinator.take_residency_updates(["r"])
+    pool = manager.block_pool
+    pool.get_new_blocks(pool.get_num_free_blocks())
+    assert not coordinator.all_context_pages_resident((("r", 4 * B - 1, 1),))
+    update = coordinator.take_residency_updates(["r"])["r"]
+    assert update.pages == [0, 1] and update.block_ids == ([0, 0],)
+
+
+def test_a_deferred_free_holds_the_host_row_until_the_caller_frees_it() -> None:
+    manager = _manager(enable_caching=False)
+    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+    host_pool = get_hisparse_coordinator(manager).get_host_block_pool()
+    host_free, device_free = host_pool.get_num_free_blocks(), manager.block_pool.get_num_free_blocks()
+    request = _request("r", B)
+    assert manager.allocate_slots(request, B, delay_cache_blocks=True) is not None
+    blocks = manager.pop_blocks_for_free(request)
+    assert manager.get_block_ids("r") == ([], [], [], [])  # forgotten...
+    assert host_pool.get_num_free_blocks() == host_free - 1  # ...but its host page is held
+    assert any(host_pool.blocks[b.block_id] is b for b in blocks)
+    manager.block_pool.free_blocks(reversed(blocks))
+    assert host_pool.get_num_free_blocks() == host_free
+    assert manager.block_pool.get_num_free_blocks() == device_free
+
+
+def test_device_group_events_carry_vllms_group_ids() -> None:
+    manager = _manager(enable_caching=True, enable_kv_cache_events=True)
+    assert manager.allocate_slots(_request("r", 2 * B), 2 * B) is not None
+    stored = [event for event in manager.take_events() if hasattr(event, "token_ids")]
+    assert stored and {event.group_idx for event in stored} == {1}  # the indexer is group 1
