@@ -7,6 +7,13 @@ general path would change it the same way (a single full-attention group
 filling or needing blocks). Whatever they do not settle returns
 :data:`TAKE_GENERAL_PATH`, and the general path stays the definition.
 ``self`` names the coordinator, as in the methods these were.
+
+What a step reads of the request, a contract ``pagedkv.vllm`` relies on
+(D-PERF-11: it passes vLLM's own request unwrapped): ``request_id``,
+``num_computed_tokens``, ``num_tokens`` and ``block_hashes``, and nothing
+else unless the pool publishes kv-cache events (then the filling step takes
+the request's facts for the events). Every read happens before the first
+change.
 """
 
 from __future__ import annotations
@@ -74,13 +81,16 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     def step(request: RequestView, num_new_tokens: int,
              delay_cache_blocks: bool) -> KVCacheBlocks | None:
         try:
-            blocks = get_blocks(request.request_id)
+            request_id = request.request_id  # read once (the general path reads it once)
+            blocks = get_blocks(request_id)
         except (AttributeError, TypeError):
             return TAKE_GENERAL_PATH  # not a request, or an unhashable id: it raises
         num_computed = request.num_computed_tokens
         if blocks is None or type(num_computed) is not int:
             return TAKE_GENERAL_PATH
-        if request.__class__ is not own_request:  # the general path's check 1b′
+        # type(), not __class__: a call CPython specialises, and an object
+        # cannot pose as pagedkv's Request to skip the check.
+        if type(request) is not own_request:  # the general path's check 1b′
             num_tokens = request.num_tokens
             if type(num_tokens) is not int or num_tokens < 1:
                 return TAKE_GENERAL_PATH
@@ -92,7 +102,7 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
             # // b: none is new when total alone fills none, so
             # num_tokens (a property call) is left to the filling path.
             if (not caching or delay_cache_blocks
-                    or total // block_size <= cached[request.request_id]):
+                    or total // block_size <= cached[request_id]):
                 return empty
         return fill(request, blocks, num_new_tokens, delay_cache_blocks)
 
@@ -167,21 +177,31 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
     caching = self.enable_caching
     hash_block_size = self.hash_block_size
     empty = self.empty_blocks
+    own_request = Request
 
     def step(request: RequestView, num_new_tokens: int,
              delay_cache_blocks: bool) -> KVCacheBlocks | None:
         try:
             num_computed = request.num_computed_tokens
-            num_tokens = request.num_tokens  # checked as the general path's 1b′ checks it
+            # num_tokens: read where the step needs it (caching), or to run
+            # the general path's check 1b′ on objects other than pagedkv's
+            # own Request (an int >= 1 by construction, as in the single step).
+            num_tokens = 1
+            cache_tokens = -1  # the step caches nothing
+            if caching and not delay_cache_blocks:
+                num_tokens = request.num_tokens
+                cache_tokens = 0
+            elif type(request) is not own_request:
+                num_tokens = request.num_tokens
         except AttributeError:
             return TAKE_GENERAL_PATH  # not a request: the general path raises
-        if type(num_computed) is not int or type(num_tokens) is not int or num_tokens < 1:
+        if type(num_computed) is not int or (type(request) is not own_request and (
+                type(num_tokens) is not int or num_tokens < 1)):
             return TAKE_GENERAL_PATH
         total = num_computed + num_new_tokens
         if not num_new_tokens <= total <= max_model_len:
             return TAKE_GENERAL_PATH
-        cache_tokens = -1  # the step caches nothing
-        if caching and not delay_cache_blocks:
+        if cache_tokens == 0:
             cache_tokens = total if total < num_tokens else num_tokens
         # Hashes falling short of the blocks to cache: the general path raises.
         try:

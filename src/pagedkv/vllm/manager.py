@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
+from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
@@ -40,6 +41,8 @@ __all__ = ["KVCacheManager"]
 
 _WAITING_STATES: tuple[Any, ...] = (_compat.RequestStatus.WAITING,
                                     _compat.RequestStatus.PREEMPTED)
+_ZERO = 0
+_VLLM_REQUEST: Any = _compat.VllmRequest
 
 
 class KVCacheManager:
@@ -151,6 +154,10 @@ class KVCacheManager:
                 kv_cache_config.kv_cache_groups, self._core.coordinator.managers)
             if getattr(group.kv_cache_spec, "prefix_cacheable", True)
             and not isinstance(group.kv_cache_spec, skipped))
+        # allocate_slots' decode fast path (D-PERF-11) reads these per call.
+        self._core_coordinator = self._core.coordinator
+        self._core_pool = self._core.block_pool
+        self._core_empty = self._core_coordinator.empty_blocks
 
     # ---------------------------------------------------------- translation
 
@@ -272,6 +279,30 @@ class KVCacheManager:
         """Slots for ``num_new_tokens`` more tokens; None when they do not fit
         with ``reserved_blocks`` (and, for a waiting request while others are
         scheduled, the watermark) kept free."""
+        # The scheduler's commonest call, once per running request per step:
+        # a plain decode step of vLLM's own Request. The core's decode step
+        # reads the request itself, without the view (D-PERF-11): with events
+        # off it reads only request_id, num_computed_tokens, num_tokens and
+        # block_hashes, which vLLM's Request holds as the view would give them
+        # (the step takes the general path for any other type). Everything
+        # else is what the general path below passes for these arguments:
+        # no hit, headroom 0, nothing in flight, no zeroing to record.
+        if (type(request) is _VLLM_REQUEST and new_computed_blocks is None
+                and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
+                and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
+                and reserved_blocks is _ZERO and not full_sequence_must_fit
+                and type(num_new_tokens) is int and num_new_tokens >= 1):
+            decode_step = self._core_coordinator.decode_step
+            if (decode_step is not None and not self._zeroing.groups
+                    and not self._core_pool.enable_kv_cache_events
+                    and not (has_scheduled_reqs and self.watermark_blocks
+                             and request.status in _WAITING_STATES)
+                    and not getattr(request, "num_in_flight_tokens", 0)):
+                result = decode_step(request, num_new_tokens, delay_cache_blocks)
+                if result is not TAKE_GENERAL_PATH:
+                    if result is self._core_empty:
+                        return self.empty_kv_cache_blocks
+                    return None if result is None else self._vllm_blocks(result)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
                 num_new_computed_tokens == 0):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
@@ -432,8 +463,11 @@ class KVCacheManager:
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
         """Copy-on-write copies of sub-block hits and the blocks they retain
         (spec/mamba.md, MPART-3); the scheduler frees those after the copy ran."""
-        return take_block_copies(self._core, [group._pending_cow_copies
-                                              for group in self.coordinator.single_type_managers],
+        groups = self.coordinator.single_type_managers
+        if not self._core_coordinator.mamba_managers and not any(
+                group._pending_cow_copies for group in groups):
+            return [], []  # once per step, the common case: nothing to copy
+        return take_block_copies(self._core, [group._pending_cow_copies for group in groups],
                                  self.block_pool)
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
