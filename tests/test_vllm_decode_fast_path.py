@@ -74,9 +74,9 @@ def test_unwrapped_decode_steps_answer_as_the_view(window: bool, events: bool, s
                 manager.free(request)
         tokens = (prefix if rng.random() < 0.5 else []) + [rng.randrange(3, 500)
                                                           for _ in range(rng.randrange(1, 60))]
-        pair = tuple(kind(f"r{number}", list(tokens), sampling_params=SamplingParams(max_tokens=64),
-                          pooling_params=None, block_hasher=hasher)
-                     for kind in (Request, ViewedRequest))
+        made = [kind(f"r{number}", list(tokens), sampling_params=SamplingParams(max_tokens=64),
+                     pooling_params=None, block_hasher=hasher) for kind in (Request, ViewedRequest)]
+        pair = (made[0], made[1])
         answers = []
         for manager, request in zip(managers, pair):
             blocks, hit, _ = manager.get_computed_blocks(request)
