@@ -41,7 +41,6 @@ __all__ = ["KVCacheManager"]
 
 _WAITING_STATES: tuple[Any, ...] = (_compat.RequestStatus.WAITING,
                                     _compat.RequestStatus.PREEMPTED)
-_ZERO = 0
 _VLLM_REQUEST: Any = _compat.VllmRequest
 
 
@@ -287,10 +286,11 @@ class KVCacheManager:
         # (the step takes the general path for any other type). Everything
         # else is what the general path below passes for these arguments:
         # no hit, headroom 0, nothing in flight, no zeroing to record.
+        zero = 0  # the cached int 0, as the core compares it
         if (type(request) is _VLLM_REQUEST and new_computed_blocks is None
-                and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
-                and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
-                and reserved_blocks is _ZERO and not full_sequence_must_fit
+                and num_new_computed_tokens is zero and num_lookahead_tokens is zero
+                and num_external_computed_tokens is zero and num_encoder_tokens is zero
+                and reserved_blocks is zero and not full_sequence_must_fit
                 and type(num_new_tokens) is int and num_new_tokens >= 1):
             decode_step = self._core_coordinator.decode_step
             if (decode_step is not None and not self._zeroing.groups
