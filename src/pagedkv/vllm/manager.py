@@ -153,7 +153,7 @@ class KVCacheManager:
                 kv_cache_config.kv_cache_groups, self._core.coordinator.managers)
             if getattr(group.kv_cache_spec, "prefix_cacheable", True)
             and not isinstance(group.kv_cache_spec, skipped))
-        # allocate_slots' decode fast path (D-PERF-11) reads these per call.
+        # Read per call by the hot methods (the core's properties are a call each).
         self._core_coordinator = self._core.coordinator
         self._core_pool = self._core.block_pool
         self._core_empty = self._core_coordinator.empty_blocks
@@ -170,6 +170,9 @@ class KVCacheManager:
         if not any(blocks):
             return self.empty_kv_cache_blocks
         view = self.block_pool.blocks.__getitem__
+        if len(blocks) == 1 and type(blocks[0][0]) is int:
+            # One group of ids: get_blocks per scheduled request, a new allocation's blocks.
+            return _compat.KVCacheBlocks((list(map(view, blocks[0])),))
         return _compat.KVCacheBlocks(tuple(
             # Groups hold ids (the common case: one C-level map per group) or block objects.
             list(map(view, group)) if not group or type(group[0]) is int else
@@ -317,11 +320,11 @@ class KVCacheManager:
             hit = CoreBlocks(
                 tuple([b if type(b) is int else int(b.block_id) for b in group]
                       for group in new_computed_blocks.blocks),
-                self._core.block_pool.block_hashes)
+                self._core_pool.block_hashes)
         zeroing = self._zeroing
         before: tuple[int, ...] = ()
         if zeroing.groups:
-            known = request.request_id in self._core.coordinator.requests
+            known = request.request_id in self._core_coordinator.requests
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
         new_blocks = self._core.allocate_slots(
             self._request(request), num_new_tokens, num_new_computed_tokens,
@@ -341,7 +344,7 @@ class KVCacheManager:
         return self._vllm_blocks(new_blocks)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        if self.enable_caching and request.request_id in self._core.coordinator.requests:
+        if self.enable_caching and request.request_id in self._core_coordinator.requests:
             self._core.cache_blocks(self._request(request), num_computed_tokens)
 
     def free(self, request: Any) -> None:
@@ -354,10 +357,10 @@ class KVCacheManager:
         from pagedkv operations: pin every block once more, then free the
         request; the returned blocks hold exactly the pin."""
         request_id = request.request_id
-        if request_id not in self._core.coordinator.requests:
+        if request_id not in self._core_coordinator.requests:
             return []
         ids = [block for group in self._core.get_block_ids(request_id) for block in group if block]
-        self._core.block_pool.touch(ids)
+        self._core_pool.touch(ids)
         self._core.free(request)
         return self.block_pool.views(ids)
 
@@ -383,9 +386,10 @@ class KVCacheManager:
         return [0] * self.num_kv_cache_groups
 
     def take_events(self) -> list[Any]:
-        events = self.block_pool.take_events()
-        if not events:  # the common case, once per step: no loop, no lookups
-            return events
+        events = self._core_pool.take_events()
+        if not events:  # the common case, once per step: no translation, no loop, no lookups
+            return events  # an empty list the pool no longer holds, as block_pool.take_events gives
+        events = list(self._translate_events(events))
         for event in events:
             group = getattr(event, "group_idx", None)
             if not isinstance(event, _compat.BlockStored) or group is None:
@@ -404,12 +408,12 @@ class KVCacheManager:
 
     def get_blocks(self, request_id: str) -> Any:
         """The request's blocks; empty for a request holding none (as vLLM)."""
-        if request_id not in self._core.coordinator.requests:
+        if request_id not in self._core_coordinator.requests:
             return self.empty_kv_cache_blocks
-        return self.create_kv_cache_blocks(self._core.coordinator.get_blocks(request_id))
+        return self.create_kv_cache_blocks(self._core_coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        if request_id not in self._core.coordinator.requests:
+        if request_id not in self._core_coordinator.requests:
             return tuple([] for _ in range(self.num_kv_cache_groups))
         return self._core.get_block_ids(request_id)
 
@@ -430,7 +434,7 @@ class KVCacheManager:
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's cached prefix: the least over the prefix-cacheable groups."""
         request_id = request.request_id
-        if request_id not in self._core.coordinator.requests:
+        if request_id not in self._core_coordinator.requests:
             return 0
         cached: int | None = None
         for manager, block_size in self._cached_token_groups:
@@ -457,7 +461,7 @@ class KVCacheManager:
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
         """Zero the request's blocks from ``start_token`` on again (a failed load)."""
-        if self._zeroing.groups and request_id in self._core.coordinator.requests:
+        if self._zeroing.groups and request_id in self._core_coordinator.requests:
             self._zeroing.record_from(self._core.get_block_ids(request_id), start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
