@@ -5,9 +5,10 @@ one engine process, alternating rounds after a warm-up) in the engine venv, with
 imported from TREE (default: this checkout) instead of the checkout the engine venv's editable
 install points at, so a branch is measured without re-pointing the shared venv. Prints the
 check's own figure (time summed inside KV-manager calls per scheduler step, median over rounds)
-and, beside it, one that a loaded machine disturbs less: per method the median single-call
-time times calls per step, summed (a call that lost the CPU to another process counts once, not
-by its length). A benchmark, not a test.
+and, beside it, one that a loaded machine disturbs less: the same sum without the calls that
+took over 1 ms (``TRIM_S``). On this 2-core machine shared with other jobs, a call that loses the
+CPU to another process takes a scheduler time slice, 4 ms or more; the manager's own calls in
+this workload stay under 0.1 ms (99.9th percentile, both managers). A benchmark, not a test.
 
   ~/.cache/pagedkv/engine-venv/bin/python tools/engine_bench.py [--tree DIR] [--rounds 3] [--out F]
 """
@@ -40,6 +41,12 @@ def point_pagedkv_at(tree: Path) -> None:
 
 
 SAMPLES: dict[str, dict[str, list[float]]] = {}
+TRIM_S = 1e-3
+
+
+def trimmed_us_per_step(samples: dict[str, list[float]], steps: int) -> float:
+    """KV-manager time per step, calls over TRIM_S left out (another process's time slice)."""
+    return 1e6 * sum(x for calls in samples.values() for x in calls if x <= TRIM_S) / steps
 
 
 def sample_calls() -> None:
@@ -103,23 +110,25 @@ def main() -> int:
     figures = {}
     for variant in ("stock", "pagedkv"):
         runs = [r for r in rounds if r["variant"] == variant]
-        steps = sum(r["timing"]["steps"] for r in runs)
-        calls = {name: sum(r["timing"]["calls"].get(name, 0) for r in runs) for name in runs[0]["timing"]["calls"]}
-        # The samples include the warm-up round: medians per call, weighted by the timed rounds' counts.
-        medians = {name: statistics.median(SAMPLES[variant][name]) * 1e6 for name in calls}
-        robust = sum(medians[name] * calls[name] for name in calls) / steps
+        # The samples hold every round, the warm-up included: its steps count too.
+        steps = sum(r["timing"]["steps"] for r in runs) * (len(runs) + 1) // len(runs)
+        samples = SAMPLES[variant]
+        trimmed = trimmed_us_per_step(samples, steps)
         summed = statistics.median(1e6 * r["timing"]["kv_seconds"] / r["timing"]["steps"] for r in runs)
         req_s = statistics.median(r["requests"] / r["seconds"] for r in runs)
-        figures[variant] = (summed, robust, req_s, medians)
+        per_call = {name: (statistics.median(x) * 1e6, 1e6 * sum(v for v in x if v <= TRIM_S) / len(x))
+                    for name, x in samples.items()}
+        figures[variant] = (summed, trimmed, req_s, per_call)
         print(f"{variant:8s} KV-manager µs/step: summed {summed:7.1f} (per round "
               f"{[round(1e6 * r['timing']['kv_seconds'] / r['timing']['steps'], 1) for r in runs]}), "
-              f"median-based {robust:6.1f}; req/s {req_s:.2f}")
+              f"calls over 1 ms left out {trimmed:6.1f}; req/s {req_s:.2f}")
     s, p = figures["stock"], figures["pagedkv"]
-    print(f"ratio stock/pagedkv: summed {s[0] / p[0]:.2f}x, median-based {s[1] / p[1]:.2f}x; "
+    print(f"ratio stock/pagedkv: summed {s[0] / p[0]:.2f}x, calls over 1 ms left out {s[1] / p[1]:.2f}x; "
           f"throughput pagedkv/stock {p[2] / s[2]:.3f}")
-    print("median µs per call (stock / pagedkv):")
+    print("µs per call, median and mean without calls over 1 ms (stock / pagedkv):")
     for name in sorted(s[3]):
-        print(f"  {name:30s} {s[3][name]:7.2f} {p[3].get(name, 0.0):7.2f}")
+        a, b = s[3][name], p[3].get(name, (0.0, 0.0))
+        print(f"  {name:30s} {a[0]:7.2f} {a[1]:7.2f}   {b[0]:7.2f} {b[1]:7.2f}")
     return 0
 
 
