@@ -120,6 +120,11 @@ class KVCacheCoordinator:
                 alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval))
         self.managers: tuple[SingleTypeManager, ...] = tuple(managers)
+        # new_step_starts runs once per scheduler step: only the managers
+        # whose hook does something (Mamba's), not the base class's no-op.
+        self._stepped_managers = tuple(
+            manager for manager in self.managers
+            if type(manager).new_step_starts is not SingleTypeManager.new_step_starts)
         self.cacheable_managers: tuple[SingleTypeManager, ...] = tuple(
             manager for manager, cacheable in zip(managers, self.cacheable) if cacheable)
         # Prefill checkpoints land where vLLM would align hits (MCKPT-4).
@@ -451,8 +456,8 @@ class KVCacheCoordinator:
         self.block_pool.free_blocks(block_ids)
 
     def new_step_starts(self) -> None:
-        """Per-step hook of every manager. Cost: O(groups)."""
-        for manager in self.managers:
+        """Per-step hook of every manager (those that have one). Cost: O(groups)."""
+        for manager in self._stepped_managers:
             manager.new_step_starts()
 
 

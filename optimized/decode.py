@@ -104,8 +104,9 @@ def is_noop_decode(probes: tuple[DecodeProbe, ...], request_id: str, num_compute
     Cost: O(groups), a few list and dict loads per group.
     """
     for blocks_of, cached_of, block_size, extra, cache_size, released, align in probes:
-        blocks = blocks_of.get(request_id)
-        if blocks is None:
+        try:
+            blocks = blocks_of[request_id]  # a subscript, not dict.get: no call per group
+        except KeyError:
             return False
         held = len(blocks)
         if total + extra > held * block_size:

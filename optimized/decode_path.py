@@ -7,6 +7,13 @@ general path would change it the same way (a single full-attention group
 filling or needing blocks). Whatever they do not settle returns
 :data:`TAKE_GENERAL_PATH`, and the general path stays the definition.
 ``self`` names the coordinator, as in the methods these were.
+
+What a step reads of the request, a contract ``pagedkv.vllm`` relies on
+(D-PERF-11: it passes vLLM's own request unwrapped): ``request_id``,
+``num_computed_tokens``, ``num_tokens`` and ``block_hashes``, and nothing
+else unless the pool publishes kv-cache events (then the filling step takes
+the request's facts for the events). Every read happens before the first
+change.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import TYPE_CHECKING
 from pagedkv.spec.request import Request, RequestFacts, RequestView
 
 from .blocks import KVCacheBlocks
-from .decode import DecodeProbe, is_noop_decode
+from .decode import DecodeProbe
 from .recovery import recover
 
 if TYPE_CHECKING:
@@ -62,7 +69,7 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
 
     Cost: O(1), or O(new blocks + blocks newly cached).
     """
-    get_blocks = self._blocks0.get
+    blocks_of = self._blocks0
     cached = self._cached0
     block_size = self._block_size0
     max_model_len = self.max_model_len
@@ -74,11 +81,15 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     def step(request: RequestView, num_new_tokens: int,
              delay_cache_blocks: bool) -> KVCacheBlocks | None:
         try:
-            blocks = get_blocks(request.request_id)
-        except (AttributeError, TypeError):
-            return TAKE_GENERAL_PATH  # not a request, or an unhashable id: it raises
+            request_id = request.request_id  # read once (the general path reads it once)
+            # A subscript, not dict.get: no call on the hottest line.
+            blocks = blocks_of[request_id]
+        except (AttributeError, TypeError, KeyError):
+            # Not a request, an unhashable id, or an unknown request: the
+            # general path raises or admits it.
+            return TAKE_GENERAL_PATH
         num_computed = request.num_computed_tokens
-        if blocks is None or type(num_computed) is not int:
+        if type(num_computed) is not int:
             return TAKE_GENERAL_PATH
         if request.__class__ is not own_request:  # the general path's check 1b′
             num_tokens = request.num_tokens
@@ -92,7 +103,7 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
             # // b: none is new when total alone fills none, so
             # num_tokens (a property call) is left to the filling path.
             if (not caching or delay_cache_blocks
-                    or total // block_size <= cached[request.request_id]):
+                    or total // block_size <= cached[request_id]):
                 return empty
         return fill(request, blocks, num_new_tokens, delay_cache_blocks)
 
@@ -167,12 +178,19 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
     caching = self.enable_caching
     hash_block_size = self.hash_block_size
     empty = self.empty_blocks
+    own_request = Request
 
     def step(request: RequestView, num_new_tokens: int,
              delay_cache_blocks: bool) -> KVCacheBlocks | None:
+        caches = caching and not delay_cache_blocks
+        num_tokens = 1
         try:
             num_computed = request.num_computed_tokens
-            num_tokens = request.num_tokens  # checked as the general path's 1b′ checks it
+            # num_tokens: read where the step needs it (caching), or for the
+            # general path's check 1b′ on objects other than pagedkv's own
+            # Request (an int >= 1 by construction, as in the single step).
+            if caches or request.__class__ is not own_request:
+                num_tokens = request.num_tokens
         except AttributeError:
             return TAKE_GENERAL_PATH  # not a request: the general path raises
         if type(num_computed) is not int or type(num_tokens) is not int or num_tokens < 1:
@@ -181,16 +199,41 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
         if not num_new_tokens <= total <= max_model_len:
             return TAKE_GENERAL_PATH
         cache_tokens = -1  # the step caches nothing
-        if caching and not delay_cache_blocks:
+        if caches:
             cache_tokens = total if total < num_tokens else num_tokens
-        # Hashes falling short of the blocks to cache: the general path raises.
         try:
-            if cache_tokens // hash_block_size <= len(request.block_hashes) and is_noop_decode(
-                    probes, request.request_id, num_computed, total, cache_tokens):
-                return empty
+            # Hashes falling short of the blocks to cache: the general path raises.
+            if cache_tokens // hash_block_size > len(request.block_hashes):
+                return TAKE_GENERAL_PATH
+            request_id = request.request_id
+            # decode.is_noop_decode, line for line, inlined: a call (a frame)
+            # per step cost the no-op step more than the robustness checks
+            # above. test_multi_group_decode_fast_path_is_exactly_a_no_op
+            # holds the two to the same answer.
+            for blocks_of, cached_of, block_size, extra, cache_size, released, align in probes:
+                try:
+                    blocks = blocks_of[request_id]
+                except KeyError:
+                    return TAKE_GENERAL_PATH
+                held = len(blocks)
+                if total + extra > held * block_size:
+                    return TAKE_GENERAL_PATH
+                if cache_tokens // cache_size > cached_of[request_id]:
+                    return TAKE_GENERAL_PATH
+                if released is not None:
+                    skipped = released(num_computed)
+                    if skipped >= block_size:
+                        index = skipped // block_size
+                        if blocks[(index if index < held else held) - 1]:
+                            return TAKE_GENERAL_PATH
+                    if align is not None:
+                        last = align.get(request_id)
+                        if last is not None and last < -(-(skipped + 1) // block_size) - 1 and (
+                                last >= held or blocks[last]):
+                            return TAKE_GENERAL_PATH
+            return empty
         except TypeError:
-            pass  # an unhashable id: the general path raises
-        return TAKE_GENERAL_PATH
+            return TAKE_GENERAL_PATH  # an unhashable id: the general path raises
 
     return step
 

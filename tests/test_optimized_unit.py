@@ -703,7 +703,11 @@ def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...],
         delay = rng.random() < 0.2
         computed = request.num_computed_tokens
         cache_tokens = min(computed + 1, request.num_tokens) if caching and not delay else -1
-        if is_noop_decode(probes, "a", computed, computed + 1, cache_tokens):
+        noop = is_noop_decode(probes, "a", computed, computed + 1, cache_tokens)
+        # The installed step inlines is_noop_decode: the same answer (it changes nothing either way).
+        fast = manager.coordinator.decode_step(request, 1, delay)
+        assert (fast is manager.coordinator.empty_blocks) == noop, (step, kinds)
+        if noop:
             taken += 1
             before = manager.snapshot()
             decode_step, manager.coordinator.decode_step = manager.coordinator.decode_step, None

@@ -21,11 +21,12 @@ from vllm.v1.core import kv_cache_manager as _vllm_manager
 from vllm.v1.core import kv_cache_utils as _kv_cache_utils
 from vllm.v1.core.sched import scheduler as _scheduler
 from vllm.v1.metrics import stats as _stats
+from vllm.v1.request import Request as _Request
 from vllm.v1.request import RequestStatus as _RequestStatus
 
 __all__ = [
     "VLLM_VERSION", "VLLM_0_32", "VLLM_0_33", "KVCacheBlocks", "BlockStored", "BlockRemoved",
-    "AllBlocksCleared", "PrefixCacheStats", "RequestStatus", "VllmScheduler", "spec_classes",
+    "AllBlocksCleared", "PrefixCacheStats", "RequestStatus", "VllmRequest", "VllmScheduler", "spec_classes",
     "block_hash_with_group_id", "external_block_hash", "kv_cache_spec_kind",
     "kv_cache_manager_logger",
     "kv_cache_spec_sliding_window", "KVCacheBlockCopy", "block_stored_hash_inputs",
@@ -47,6 +48,8 @@ BlockRemoved: Any = _kv_events.BlockRemoved
 AllBlocksCleared: Any = _kv_events.AllBlocksCleared
 PrefixCacheStats: Any = _stats.PrefixCacheStats
 RequestStatus: Any = _RequestStatus
+VllmRequest: Any = _Request
+"""vLLM's ``Request`` class (the scheduler's requests are exactly this type)."""
 VllmScheduler: Any = _scheduler.Scheduler
 KVCacheBlockCopy: Any = _kv_cache_utils.KVCacheBlockCopy
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
+from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
@@ -40,6 +41,7 @@ __all__ = ["KVCacheManager"]
 
 _WAITING_STATES: tuple[Any, ...] = (_compat.RequestStatus.WAITING,
                                     _compat.RequestStatus.PREEMPTED)
+_VLLM_REQUEST: Any = _compat.VllmRequest
 
 
 class KVCacheManager:
@@ -151,6 +153,10 @@ class KVCacheManager:
                 kv_cache_config.kv_cache_groups, self._core.coordinator.managers)
             if getattr(group.kv_cache_spec, "prefix_cacheable", True)
             and not isinstance(group.kv_cache_spec, skipped))
+        # Read per call by the hot methods (the core's properties are a call each).
+        self._core_coordinator = self._core.coordinator
+        self._core_pool = self._core.block_pool
+        self._core_empty = self._core_coordinator.empty_blocks
 
     # ---------------------------------------------------------- translation
 
@@ -164,6 +170,9 @@ class KVCacheManager:
         if not any(blocks):
             return self.empty_kv_cache_blocks
         view = self.block_pool.blocks.__getitem__
+        if len(blocks) == 1 and type(blocks[0][0]) is int:
+            # One group of ids: get_blocks per scheduled request, a new allocation's blocks.
+            return _compat.KVCacheBlocks((list(map(view, blocks[0])),))
         return _compat.KVCacheBlocks(tuple(
             # Groups hold ids (the common case: one C-level map per group) or block objects.
             list(map(view, group)) if not group or type(group[0]) is int else
@@ -272,6 +281,31 @@ class KVCacheManager:
         """Slots for ``num_new_tokens`` more tokens; None when they do not fit
         with ``reserved_blocks`` (and, for a waiting request while others are
         scheduled, the watermark) kept free."""
+        # The scheduler's commonest call, once per running request per step:
+        # a plain decode step of vLLM's own Request. The core's decode step
+        # reads the request itself, without the view (D-PERF-11): with events
+        # off it reads only request_id, num_computed_tokens, num_tokens and
+        # block_hashes, which vLLM's Request holds as the view would give them
+        # (the step takes the general path for any other type). Everything
+        # else is what the general path below passes for these arguments:
+        # no hit, headroom 0, nothing in flight, no zeroing to record.
+        zero = 0  # the cached int 0, as the core compares it
+        if (type(request) is _VLLM_REQUEST and new_computed_blocks is None
+                and num_new_computed_tokens is zero and num_lookahead_tokens is zero
+                and num_external_computed_tokens is zero and num_encoder_tokens is zero
+                and reserved_blocks is zero and not full_sequence_must_fit
+                and type(num_new_tokens) is int and num_new_tokens >= 1):
+            decode_step = self._core_coordinator.decode_step
+            if (decode_step is not None and not self._zeroing.groups
+                    and not self._core_pool.enable_kv_cache_events
+                    and not (has_scheduled_reqs and self.watermark_blocks
+                             and request.status in _WAITING_STATES)
+                    and not getattr(request, "num_in_flight_tokens", 0)):
+                result = decode_step(request, num_new_tokens, delay_cache_blocks)
+                if result is not TAKE_GENERAL_PATH:
+                    if result is self._core_empty:
+                        return self.empty_kv_cache_blocks
+                    return None if result is None else self._vllm_blocks(result)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
                 num_new_computed_tokens == 0):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
@@ -286,11 +320,11 @@ class KVCacheManager:
             hit = CoreBlocks(
                 tuple([b if type(b) is int else int(b.block_id) for b in group]
                       for group in new_computed_blocks.blocks),
-                self._core.block_pool.block_hashes)
+                self._core_pool.block_hashes)
         zeroing = self._zeroing
         before: tuple[int, ...] = ()
         if zeroing.groups:
-            known = request.request_id in self._core.coordinator.requests
+            known = request.request_id in self._core_coordinator.requests
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
         new_blocks = self._core.allocate_slots(
             self._request(request), num_new_tokens, num_new_computed_tokens,
@@ -310,7 +344,7 @@ class KVCacheManager:
         return self._vllm_blocks(new_blocks)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        if self.enable_caching and request.request_id in self._core.coordinator.requests:
+        if self.enable_caching and request.request_id in self._core_coordinator.requests:
             self._core.cache_blocks(self._request(request), num_computed_tokens)
 
     def free(self, request: Any) -> None:
@@ -323,10 +357,10 @@ class KVCacheManager:
         from pagedkv operations: pin every block once more, then free the
         request; the returned blocks hold exactly the pin."""
         request_id = request.request_id
-        if request_id not in self._core.coordinator.requests:
+        if request_id not in self._core_coordinator.requests:
             return []
         ids = [block for group in self._core.get_block_ids(request_id) for block in group if block]
-        self._core.block_pool.touch(ids)
+        self._core_pool.touch(ids)
         self._core.free(request)
         return self.block_pool.views(ids)
 
@@ -352,9 +386,10 @@ class KVCacheManager:
         return [0] * self.num_kv_cache_groups
 
     def take_events(self) -> list[Any]:
-        events = self.block_pool.take_events()
-        if not events:  # the common case, once per step: no loop, no lookups
-            return events
+        events = self._core_pool.take_events()
+        if not events:  # the common case, once per step: no translation, no loop, no lookups
+            return events  # an empty list the pool no longer holds, as block_pool.take_events gives
+        events = list(self._translate_events(events))
         for event in events:
             group = getattr(event, "group_idx", None)
             if not isinstance(event, _compat.BlockStored) or group is None:
@@ -373,12 +408,12 @@ class KVCacheManager:
 
     def get_blocks(self, request_id: str) -> Any:
         """The request's blocks; empty for a request holding none (as vLLM)."""
-        if request_id not in self._core.coordinator.requests:
+        if request_id not in self._core_coordinator.requests:
             return self.empty_kv_cache_blocks
-        return self.create_kv_cache_blocks(self._core.coordinator.get_blocks(request_id))
+        return self.create_kv_cache_blocks(self._core_coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        if request_id not in self._core.coordinator.requests:
+        if request_id not in self._core_coordinator.requests:
             return tuple([] for _ in range(self.num_kv_cache_groups))
         return self._core.get_block_ids(request_id)
 
@@ -399,7 +434,7 @@ class KVCacheManager:
     def estimate_cached_tokens(self, request: Any) -> int:
         """Tokens of the request's cached prefix: the least over the prefix-cacheable groups."""
         request_id = request.request_id
-        if request_id not in self._core.coordinator.requests:
+        if request_id not in self._core_coordinator.requests:
             return 0
         cached: int | None = None
         for manager, block_size in self._cached_token_groups:
@@ -426,14 +461,17 @@ class KVCacheManager:
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
         """Zero the request's blocks from ``start_token`` on again (a failed load)."""
-        if self._zeroing.groups and request_id in self._core.coordinator.requests:
+        if self._zeroing.groups and request_id in self._core_coordinator.requests:
             self._zeroing.record_from(self._core.get_block_ids(request_id), start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
         """Copy-on-write copies of sub-block hits and the blocks they retain
         (spec/mamba.md, MPART-3); the scheduler frees those after the copy ran."""
-        return take_block_copies(self._core, [group._pending_cow_copies
-                                              for group in self.coordinator.single_type_managers],
+        groups = self.coordinator.single_type_managers
+        if not self._core_coordinator.mamba_managers and not any(
+                group._pending_cow_copies for group in groups):
+            return [], []  # once per step, the common case: nothing to copy
+        return take_block_copies(self._core, [group._pending_cow_copies for group in groups],
                                  self.block_pool)
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
