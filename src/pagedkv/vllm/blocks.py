@@ -15,10 +15,11 @@ engines and vLLM's tests use, by translating to ``pagedkv.optimized``'s pool.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pagedkv.optimized.block_pool import BlockPool
 from pagedkv.optimized.hybrid_search import HashViews
+from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import BlockHashWithGroupId, get_block_hash, get_group_id
 
 from .requests import VllmRequestView
@@ -204,7 +205,9 @@ class _LiveCacheMap(dict[bytes, Any]):
             for view in views:
                 block_id = view.block_id
                 if block_id and core.cache_key(block_id) is None:
-                    core.cache_full_blocks(None, [block_id], block_hashes=[block_hash], num_cached_blocks=0,
+                    # Events are off for this call, the only reader of the request.
+                    core.cache_full_blocks(cast(HashedRequest, None), [block_id], block_hashes=[block_hash],
+                                           num_cached_blocks=0,
                                            num_full_blocks=1, block_size=1, group_id=group_id)
         finally:
             core.enable_kv_cache_events = events
