@@ -19,7 +19,7 @@ from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request
 from pagedkv.spec.snapshot import ManagerSnapshot
-from pagedkv.spec.types import make_block_hash_with_group_id
+from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 from tests.postconditions import group_view
 
 __all__ = ["check_mamba_retention"]
@@ -50,7 +50,7 @@ def check_mamba_retention(manager: Any, request: Request, before: ManagerSnapsho
         for index, block in enumerate(manager.get_block_ids(request.request_id)[group_id]):
             if not block or before.pool.block_hashes[block] is not None or index >= len(view):
                 continue
-            if after[block] != make_block_hash_with_group_id(view[index], group_id):
+            if after[block] != make_block_hash_with_group_id(BlockHash(view[index]), group_id):
                 continue
             mask = mamba_retention_mask(index, index + 1, size, unit, retention, kept)
             if mask is not None and not mask[0]:
