@@ -116,3 +116,29 @@ def test_shared_prefix_junction_state_is_kept_only_when_pinned(
     assert (1 in keyed_states(manager, second)) == (expected == 32)
     third = manager.make_request("2", shared + [70] * 32)
     assert manager.get_computed_blocks(third)[1] == expected
+
+
+def test_sub_block_hits_with_eagle_resume_below_the_proof_boundary(impl: ModuleType) -> None:
+    """D-MAMBA-36: full attention at the hash block 2, Mamba 4 (align), EAGLE,
+    sub-block hits on. A 9-token prompt prefilled to 6 then 9 publishes its
+    state at 6 (the prompt tail one hash block below 8) under a partial key.
+    A longer sibling: full attention reads blocks 0-3 (to 8) and gives block
+    3 back, Mamba resumes from the tail state at 6: the hit is 6, not the
+    block boundary 4."""
+    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(2, 1, 8, "float16")),
+              KVCacheGroupSpec(("mamba",), MambaSpec(4, shapes=((2,),), dtypes=("float32",),
+                                                     mamba_cache_mode="align")))
+    manager = impl.KVCacheManager(KVCacheConfig(32, (), groups), max_model_len=64, enable_caching=True,
+                                  use_eagle=True, hash_block_size=2)
+    manager.enable_partial_hash_hits()
+    owner = manager.make_request("0", [7] * 9)
+    prefill(manager, owner, [6])
+    manager.new_step_starts()
+    assert manager.get_block_ids("0")[1][1] == 4  # the running state, keyed at 6
+    prefill(manager, owner, [9])
+    manager.new_step_starts()
+    # The producer wrote on, so its next step copied the state at 6 into
+    # block 7 and the partial key moved there (MPART-4).
+    blocks, num_hit = manager.get_computed_blocks(manager.make_request("1", [7] * 9 + [9] * 4))
+    assert num_hit == 6
+    assert blocks.get_block_ids() == ([1, 2, 3], [N, 7])
