@@ -13,15 +13,8 @@ from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.eagle import eagle_group_mask, eagle_peek_limit
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
-from tests.implementations import IMPLEMENTATIONS
 
 N = 0  # the null block
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
 
 
 def full(block_size: int) -> FullAttentionSpec:

@@ -13,15 +13,8 @@ from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.eagle import mamba_retention_mask
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import make_block_hash_with_group_id
-from tests.implementations import IMPLEMENTATIONS
 
 N = 0  # the null block
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
 
 
 def make(impl: ModuleType, block_size: int = 32, *, num_speculative_blocks: int = 0,
