@@ -374,7 +374,8 @@ class KVCacheCoordinator:
                 continue
             tokens = aligned
             if manager.use_eagle and aligned > 0:
-                tokens = min(finalized, finalized - finalized % self.alignment + manager.block_size)
+                # Floored to the caching unit, not A (D-MAMBA-36).
+                tokens = min(finalized, finalized - finalized % unit + manager.block_size)
             if manager.block_size == hash_block_size:
                 manager.cache_blocks(request, None, request_id, tokens)
             else:

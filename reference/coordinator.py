@@ -289,7 +289,9 @@ class KVCacheCoordinator:
                 continue
             tokens = aligned
             if manager.use_eagle and aligned > 0:
-                tokens = min(finalized, finalized // self.alignment * self.alignment + manager.block_size)
+                # The extent's unit is the caching unit: with sub-block hits
+                # nothing is floored to A again (D-MAMBA-36).
+                tokens = min(finalized, finalized // unit * unit + manager.block_size)
             manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, tokens)
 
     def release(self, request_id: str) -> None:

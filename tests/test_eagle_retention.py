@@ -135,3 +135,21 @@ def test_sub_block_hits_with_eagle_resume_below_the_proof_boundary(impl: ModuleT
     blocks, num_hit = manager.get_computed_blocks(manager.make_request("1", [7] * 9 + [9] * 4))
     assert num_hit == 6
     assert blocks.get_block_ids() == ([1, 2, 3], [N, 7])
+
+
+def test_sub_block_hits_keep_an_eagle_groups_unaligned_tail(impl: ModuleType) -> None:
+    """D-MAMBA-36: full attention at the hash block 2 (every group drafting),
+    Mamba 8, sub-block hits on, 22 tokens in one call. The EAGLE caching
+    extent is floored to the hash block, not to the alignment 8, so the full
+    group keys all 11 blocks (flooring to 8 would stop at 16 + 2 = 18 tokens,
+    9 blocks)."""
+    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(2, 1, 8, "float16")),
+              KVCacheGroupSpec(("mamba",), MambaSpec(8, shapes=((2,),), dtypes=("float32",),
+                                                     mamba_cache_mode="align")))
+    manager = impl.KVCacheManager(KVCacheConfig(40, (), groups), max_model_len=64, enable_caching=True,
+                                  use_eagle=True, hash_block_size=2)
+    manager.enable_partial_hash_hits()
+    request = manager.make_request("0", list(range(22)))
+    assert manager.allocate_slots(request, 22) is not None
+    hashes = manager.snapshot().pool.block_hashes
+    assert [block for block in manager.get_block_ids("0")[0] if hashes[block] is not None] == list(range(1, 12))
