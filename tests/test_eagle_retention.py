@@ -11,8 +11,11 @@ import pytest
 
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.eagle import mamba_retention_mask
+from pagedkv.spec.errors import InvariantViolation
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import make_block_hash_with_group_id
+from tests.eagle_checks import check_mamba_retention
+from tests.test_gates import Surgery
 
 N = 0  # the null block
 
@@ -153,3 +156,21 @@ def test_sub_block_hits_keep_an_eagle_groups_unaligned_tail(impl: ModuleType) ->
     assert manager.allocate_slots(request, 22) is not None
     hashes = manager.snapshot().pool.block_hashes
     assert [block for block in manager.get_block_ids("0")[0] if hashes[block] is not None] == list(range(1, 12))
+
+
+def test_mret1_gate_names_the_broken_invariant(impl: ModuleType) -> None:
+    """MRET-1's gate: the lockstep post-condition passes on an honest
+    retention-0 prefill and fails, naming MRET-1, once the running state block
+    (position 3, not a replay position) is keyed under the request's own key."""
+    manager = make(impl, retention_interval=0, use_eagle=True)
+    tokens = [i // 32 for i in range(128)]
+    owner = manager.make_request("a", tokens)
+    before = manager.snapshot()
+    prefill(manager, owner, [32, 64, 96, 128])
+    options = {"retention_interval": 0, "use_eagle": True}
+    check_mamba_retention(manager, owner, before, options)  # the honest state passes
+    surgery = Surgery(manager)
+    running = surgery.ids(1)[3]
+    surgery.set_key(running, owner.block_hashes[3], 1)
+    with pytest.raises(InvariantViolation, match="^MRET-1:"):
+        check_mamba_retention(manager, owner, before, options)
