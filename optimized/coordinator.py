@@ -28,6 +28,7 @@ from math import lcm
 
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
+from pagedkv.spec.eagle import eagle_peek_limit
 from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
@@ -42,6 +43,7 @@ from .blocks import KVCacheBlocks
 from .cross_attention import CrossAttentionManager
 from .decode import decode_probes
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
+from .eagle import apply_eagle_groups
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
 from .ring import RingManager
@@ -137,6 +139,8 @@ class KVCacheCoordinator:
             mamba.hash_block_size = hash_block_size
             mamba.drop_eagle_checkpoint = use_eagle
             mamba.cache_hit_alignment_tokens = hash_block_size if self.partial_hash_hits else self.alignment
+        # EAGLE per group: marked groups and their same-spec siblings (D-SWA-14).
+        apply_eagle_groups(managers, groups, self.block_sizes, use_eagle)
         self._use_eagle = use_eagle
         self._kinds = tuple(manager_kind_for(group.kv_cache_spec) for group in groups)
         self._specs = tuple(group.kv_cache_spec for group in groups)
@@ -190,7 +194,8 @@ class KVCacheCoordinator:
             return tuple([] for _ in self.managers), tuple(0 for _ in self.managers)
         blocks, lengths = group_hits.per_group_hits(
             self.cacheable_managers,
-            self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.hit_unit)
+            self.views(block_hashes, max_cache_hit_length), max_cache_hit_length, self.hit_unit,
+            self.peek_limit(block_hashes, max_cache_hit_length))
         # A group outside prefix caching hits nothing (PFX-1).
         found = iter(zip(blocks, lengths))
         pairs = [next(found) if cacheable else ([], 0) for cacheable in self.cacheable]
@@ -206,7 +211,12 @@ class KVCacheCoordinator:
         # Only prefix-cacheable groups can lead (PFX-1).
         return group_hits.uncached_shared_prefix(
             self.cacheable_managers, self.views(block_hashes, max_cache_hit_length), max_cache_hit_length,
-            self.hit_unit, hit_length)
+            self.hit_unit, hit_length, self.peek_limit(block_hashes, max_cache_hit_length))
+
+    def peek_limit(self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int) -> int:
+        """How far an EAGLE group's given-back block may reach (D-SWA-15). Cost: O(1)."""
+        return eagle_peek_limit(max_cache_hit_length, len(block_hashes) * self.hash_block_size,
+                                len(self.managers))
 
     def views(self, block_hashes: Sequence[BlockHash], max_tokens: int | None = None) -> HashViews:
         """The request's hashes per group block size (the hash-block hashes
@@ -364,7 +374,8 @@ class KVCacheCoordinator:
                 continue
             tokens = aligned
             if manager.use_eagle and aligned > 0:
-                tokens = min(finalized, finalized - finalized % self.alignment + manager.block_size)
+                # Floored to the caching unit, not A (D-MAMBA-36).
+                tokens = min(finalized, finalized - finalized % unit + manager.block_size)
             if manager.block_size == hash_block_size:
                 manager.cache_blocks(request, None, request_id, tokens)
             else:
@@ -496,7 +507,8 @@ class HybridCoordinator(KVCacheCoordinator):
         # With sub-block hits every group reads the hash-block hashes (MPART-1).
         views = self.views(block_hashes, max_cache_hit_length)
         # A group outside prefix caching serves every length with no block (PFX-1).
-        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.hit_unit)
+        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.hit_unit,
+                                    self.peek_limit(block_hashes, max_cache_hit_length))
         if length == 0:
             return tuple([] for _ in managers), 0
         return tuple([manager.hit_blocks(views.at(manager.block_size), length) if c else []

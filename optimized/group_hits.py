@@ -28,24 +28,27 @@ __all__ = ["per_group_hits", "uncached_shared_prefix"]
 
 
 def per_group_hits(managers: Sequence[SingleTypeManager], views: HashViews, max_length: int,
-                   alignment: int) -> tuple[tuple[list[int], ...], tuple[int, ...]]:
+                   alignment: int, peek_limit: int | None = None
+                   ) -> tuple[tuple[list[int], ...], tuple[int, ...]]:
     """Each group's largest aligned hit ``L <= max_length`` it alone can
-    serve, and its blocks. Pure. Cost: one ``longest_hit`` per group plus
-    the hit blocks."""
+    serve, and its blocks; an EAGLE group peeks up to ``peek_limit``
+    (default ``max_length``, D-SWA-15). Pure. Cost: one ``longest_hit`` per
+    group plus the hit blocks."""
+    peek = max_length if peek_limit is None else peek_limit
     cap = max_length // alignment * alignment
     blocks: list[list[int]] = []
     lengths: list[int] = []
     for manager in managers:
         length = 0
         if cap > 0 and not manager.always_empty_hit:
-            length = manager.longest_hit(views.at(manager.block_size), cap, max_length)
+            length = manager.longest_hit(views.at(manager.block_size), cap, peek)
         blocks.append(manager.hit_blocks(views.at(manager.block_size), length) if length else [])
         lengths.append(length)
     return tuple(blocks), tuple(lengths)
 
 
 def uncached_shared_prefix(managers: Sequence[SingleTypeManager], views: HashViews, max_length: int,
-                           alignment: int, hit_length: int) -> int:
+                           alignment: int, hit_length: int, peek_limit: int | None = None) -> int:
     """Tokens the leading group hits beyond ``hit_length`` (0 if none).
     Pure. Cost: one ``longest_hit`` search of the leading group."""
     leading = next((manager for manager in managers if isinstance(manager, FullAttentionManager)),
@@ -53,5 +56,6 @@ def uncached_shared_prefix(managers: Sequence[SingleTypeManager], views: HashVie
     cap = max_length // alignment * alignment
     if cap <= hit_length or leading.always_empty_hit:
         return 0
-    found = leading.longest_hit(views.at(leading.block_size), cap, max_length)
+    found = leading.longest_hit(views.at(leading.block_size), cap,
+                                max_length if peek_limit is None else peek_limit)
     return found - hit_length if found > hit_length else 0

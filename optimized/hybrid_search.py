@@ -84,9 +84,10 @@ class HashViews:
 
 
 def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
-                       max_length: int, alignment: int) -> int:
+                       max_length: int, alignment: int, peek_limit: int | None = None) -> int:
     """The largest common hit (see the module docstring); ``managers`` in
-    group order. Pure: touches nothing.
+    group order; an EAGLE group's given-back block ends by ``peek_limit``
+    (default ``max_length``; D-SWA-15). Pure: touches nothing.
 
     Cost: one cached-prefix scan per full group, then about one hit span
     per window group per lowering of ``L`` (misses are jumped over).
@@ -94,13 +95,14 @@ def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
     length = max_length // alignment * alignment
     if length <= 0:
         return 0
+    peek = max_length if peek_limit is None else peek_limit
     window_groups: list[SingleTypeManager] = []
     for manager in managers:
         if manager.always_empty_hit:
             return 0
         if isinstance(manager, FullAttentionManager):
             # Final after one call: a lower bound only clips it.
-            length = manager.longest_hit(views.at(manager.block_size), length, max_length)
+            length = manager.longest_hit(views.at(manager.block_size), length, peek)
             if length == 0:
                 return 0
         else:
@@ -110,7 +112,7 @@ def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
     index = 0
     while confirmed < count:
         manager = window_groups[index]
-        found = manager.longest_hit(views.at(manager.block_size), length, max_length)
+        found = manager.longest_hit(views.at(manager.block_size), length, peek)
         if found < length:
             if found == 0:
                 return 0

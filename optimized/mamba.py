@@ -33,6 +33,7 @@ from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
+from .eagle import mamba_retention_cache_mask
 from .mamba_partial import key_block, move_key
 from .single_type import SingleTypeManager
 
@@ -175,10 +176,12 @@ class MambaManager(SingleTypeManager):
             self.checkpoints.pop(request_id, None)
 
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
-        """The base mask, less a checkpoint column whose position is not its
-        block's end: its full-block key would name the wrong state
-        (D-MAMBA-12). Cost: O(1), or O(blocks) when a column is masked."""
-        mask = super().cache_mask(request, num_cached, num_full)
+        """The sparse-retention mask (D-MAMBA-35; ``None`` when dense), less a
+        checkpoint column whose position is not its block's end: its
+        full-block key would name the wrong state (D-MAMBA-12).
+        Cost: O(1) dense, else O(blocks)."""
+        mask = mamba_retention_cache_mask(self, request, num_cached, num_full,
+                                          self.cache_hit_alignment_tokens)  # D-MAMBA-35
         found = self.caching_checkpoint
         if found is None:
             return mask

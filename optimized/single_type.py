@@ -55,7 +55,7 @@ class SingleTypeManager:
     """
 
     __slots__ = ("kv_cache_spec", "block_size", "block_pool", "group_id", "enable_caching",
-                 "alignment", "use_eagle", "retention_interval", "req_to_blocks",
+                 "alignment", "use_eagle", "replay_eagle", "retention_interval", "req_to_blocks",
                  "num_cached_blocks")
 
     uses_eagle_rule = True
@@ -78,6 +78,9 @@ class SingleTypeManager:
         self.enable_caching = enable_caching
         self.alignment = alignment
         self.use_eagle = use_eagle and self.uses_eagle_rule
+        # Whether the model drafts at all (its replay positions), whatever
+        # this group's own EAGLE rule; the coordinator sets both (D-SWA-14).
+        self.replay_eagle = use_eagle
         self.retention_interval = retention_interval
         self.req_to_blocks: dict[str, list[int]] = {}
         self.num_cached_blocks: dict[str, int] = {}

@@ -65,7 +65,7 @@ class SlidingWindowManager(SingleTypeManager):
         boundaries: list[int] = []
         prompt = getattr(request, "num_prompt_tokens", None)
         if isinstance(prompt, int) and prompt >= 1:
-            if self.use_eagle:
+            if self.replay_eagle:  # the model's drafter, not this group's rule (D-SWA-14)
                 unit = self.alignment
                 resend = (prompt - 1) // unit * unit - unit
                 extension = prompt // unit * unit - unit

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.eagle import apply_eagle_groups
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.ring import RingManager
 from pagedkv.reference.rswa import RSWAManager
@@ -25,6 +26,7 @@ from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManage
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
+from pagedkv.spec.eagle import eagle_peek_limit
 from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
@@ -92,6 +94,8 @@ class KVCacheCoordinator:
                 spec, block_pool=self.block_pool, group_id=group_id, block_size=block_size,
                 enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval, admission_cap=cap))
+        # EAGLE per group: marked groups and their same-spec siblings (D-SWA-14).
+        apply_eagle_groups(self.managers, groups, self.block_sizes, use_eagle)
         # Prefill checkpoints land on the alignment vLLM would give hits
         # (MCKPT-4): the hash block with sub-block hits configured, else ours.
         self.partial_hash_hits = enable_caching and partial_hash_hits_configured(
@@ -132,6 +136,7 @@ class KVCacheCoordinator:
         lengths: list[int] = []
         fine = self.partial_hits_enabled  # sub-block hits: hash-block steps (MPART-1)
         step = self.hash_block_size if fine else self.alignment
+        peek = self.peek_limit(block_hashes, max_length)
         for manager, cacheable in zip(self.managers, self.cacheable):
             if not cacheable:  # hits nothing (PFX-1)
                 blocks.append([])
@@ -140,11 +145,15 @@ class KVCacheCoordinator:
             view = (list(block_hashes) if fine and isinstance(manager, MambaManager)
                     else self.view(manager, block_hashes))
             length = max_length // step * step if self.enable_caching else 0
-            while length > 0 and not manager.can_hit(view, length, max_length):
+            while length > 0 and not manager.can_hit(view, length, peek):
                 length -= step
             blocks.append(manager.hit_blocks(view, length) if length else [])
             lengths.append(length)
         return tuple(blocks), tuple(lengths)
+
+    def peek_limit(self, block_hashes: Sequence[BlockHash], max_length: int) -> int:
+        """How far an EAGLE group's given-back block may reach (D-SWA-15)."""
+        return eagle_peek_limit(max_length, len(block_hashes) * self.hash_block_size, len(self.managers))
 
     def uncached_shared_prefix(self, block_hashes: Sequence[BlockHash], max_length: int,
                                hit_length: int) -> int:
@@ -280,7 +289,9 @@ class KVCacheCoordinator:
                 continue
             tokens = aligned
             if manager.use_eagle and aligned > 0:
-                tokens = min(finalized, finalized // self.alignment * self.alignment + manager.block_size)
+                # The extent's unit is the caching unit: with sub-block hits
+                # nothing is floored to A again (D-MAMBA-36).
+                tokens = min(finalized, finalized // unit * unit + manager.block_size)
             manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, tokens)
 
     def release(self, request_id: str) -> None:
@@ -363,8 +374,9 @@ class HybridCoordinator(KVCacheCoordinator):
                   else self.view(manager, block_hashes)) if cacheable else []
                  for manager, cacheable in zip(self.managers, self.cacheable)]
         length = max_length // step * step
+        peek = self.peek_limit(block_hashes, max_length)
         # A group outside prefix caching serves every length with no block (PFX-1).
-        while length > 0 and not all(not cacheable or manager.can_hit(view, length, max_length)
+        while length > 0 and not all(not cacheable or manager.can_hit(view, length, peek)
                                      for manager, view, cacheable
                                      in zip(self.managers, views, self.cacheable)):
             length -= step

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference.eagle import mamba_retention_cache_mask
 from pagedkv.reference.mamba_partial import hit_padding, key_block, move_key
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
@@ -164,7 +165,8 @@ class MambaManager(SingleTypeManager):
         # A checkpoint block holds the state at its checkpoint position; when
         # that is not the block's own end its full-block key would name the
         # wrong state, so the block is not published (D-MAMBA-12).
-        mask = super().cache_mask(request, num_cached, num_full)
+        mask = mamba_retention_cache_mask(self, request, num_cached, num_full,
+                                          self.cache_hit_alignment_tokens)  # D-MAMBA-35
         found = self.caching_checkpoint
         if found is None:
             return mask

@@ -46,6 +46,9 @@ class SingleTypeManager:
         self.enable_caching = enable_caching
         self.alignment = alignment
         self.use_eagle = use_eagle and self.uses_eagle_rule
+        # Whether the model drafts at all (its replay positions), whatever
+        # this group's own EAGLE rule; the coordinator sets both (D-SWA-14).
+        self.replay_eagle = use_eagle
         self.retention_interval = retention_interval
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}

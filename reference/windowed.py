@@ -63,7 +63,7 @@ class SlidingWindowManager(_WindowedManager):
         pinned (with EAGLE also one block below it: a sibling diverging
         right after the junction cannot use the block past it as its peek)."""
         prompt_tokens = getattr(request, "num_prompt_tokens", None)
-        boundaries = list(rules.replay_boundaries(prompt_tokens, self.alignment, self.use_eagle)
+        boundaries = list(rules.replay_boundaries(prompt_tokens, self.alignment, self.replay_eagle)
                           if isinstance(prompt_tokens, int) else ())
         junction = getattr(request, "shared_prefix_boundary", 0)
         if isinstance(junction, int) and junction > 0:

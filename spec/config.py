@@ -39,12 +39,18 @@ class KVCacheGroupSpec:
     # ``pagedkv.spec.hisparse.GROUP_ROLES``.
     host_resident: bool = False
     role: str = "default"
+    # A draft (EAGLE/MTP) layer group: the EAGLE hit rule applies to it and
+    # its same-spec siblings; with no group marked, to every group (D-SWA-14).
+    is_eagle_group: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_names", tuple(self.layer_names))
         if type(self.host_resident) is not bool:
             raise InvalidConfigError(
                 f"KVCacheGroupSpec.host_resident must be a bool, got {self.host_resident!r}")
+        if type(self.is_eagle_group) is not bool:
+            raise InvalidConfigError(
+                f"KVCacheGroupSpec.is_eagle_group must be a bool, got {self.is_eagle_group!r}")
         if self.role not in ("default", "hisparse_source", "hisparse_indexer"):
             raise InvalidConfigError(
                 "KVCacheGroupSpec.role must be 'default', 'hisparse_source' or "

@@ -31,8 +31,9 @@ def partial_hits_supported(kinds: Sequence[str], specs: Sequence[object], block_
         return "prefix caching is off"
     if not configured:
         return "vLLM would not enable partial hash hits for these groups (MCKPT-4)"
-    if use_eagle:
-        return "EAGLE is not supported with sub-block hits yet"
+    # EAGLE is allowed (D-MAMBA-36): full attention at the hash block gives
+    # back one hash block, and a Mamba checkpoint already sits one hash
+    # block lower under EAGLE.
     for index, (kind, spec, block_size) in enumerate(zip(kinds, specs, block_sizes)):
         if isinstance(spec, KVCacheSpec) and not prefix_cacheable(spec):
             continue  # a ring or bounded-replay group never looks up (PFX-1)

@@ -214,7 +214,11 @@ def hybrid_setups(draw: st.DrawFn) -> Setup:
     """Hybrid models, prefix caching on (and sometimes off); the pool gets
     room for the sink blocks on top of the drawn size."""
     specs = draw(hybrid_groups())
-    groups = tuple(KVCacheGroupSpec((f"layer.{index}",), spec) for index, spec in enumerate(specs))
+    # Draft-layer groups now and then (D-SWA-14): the EAGLE rule then applies
+    # to them and their same-spec siblings only.
+    marks = [draw(st.integers(0, 3)) == 0 for _ in specs]
+    groups = tuple(KVCacheGroupSpec((f"layer.{index}",), spec, is_eagle_group=mark)
+                   for index, (spec, mark) in enumerate(zip(specs, marks)))
     sinks = sum(spec.sink_len // spec.block_size for spec in specs
                 if isinstance(spec, SinkFullAttentionSpec) and spec.sink_len)
     encoder = any(isinstance(spec, CrossAttentionSpec) for spec in specs)

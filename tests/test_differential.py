@@ -48,7 +48,7 @@ from hypothesis.stateful import (
 from pagedkv.spec import PagedKVError
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.request import Request
-from tests import postconditions
+from tests import eagle_checks, postconditions
 from tests.implementations import IMPLEMENTATIONS
 from tests.strategies import (
     BAD_TOKEN_COUNTS,
@@ -133,6 +133,7 @@ class Lockstep(RuleBasedStateMachine):
         result, or the same typed error with every state unchanged. Returns
         the results (or errors), one per implementation."""
         before = [manager.snapshot() for manager in self.managers]
+        self.before = before  # for post-conditions comparing with the state before the call
         outcomes: list[tuple[str, Any]] = []
         for index, manager in enumerate(self.managers):
             try:
@@ -205,6 +206,8 @@ class Lockstep(RuleBasedStateMachine):
         """MCKPT-1 after a successful allocation, in every implementation."""
         for index, manager in enumerate(self.managers):
             postconditions.check_mamba_checkpoint(manager, pair.requests[index].request_id)
+            eagle_checks.check_mamba_retention(manager, pair.requests[index], self.before[index],
+                                               self.setup.options)
 
     def check_allocation(self, pair: Tracked, total_computed: int, num_new_tokens: int, lookahead: int) -> None:
         for index, manager in enumerate(self.managers):

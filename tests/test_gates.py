@@ -413,9 +413,9 @@ def test_every_state_md_id_has_a_gate() -> None:
     text = (Path(__file__).resolve().parents[1] / "spec" / "state.md").read_text()
     ids = set(re.findall(r"^\| ([A-Z]+-\d+) \|", text, flags=re.MULTILINE))
     assert ids, "no IDs found in spec/state.md"
-    # RING-1's and RSWA-1's gates plant their corruptions on their own models:
-    # tests/test_ring_scenarios.py, tests/test_rswa_scenarios.py.
-    gated = set(STATE_CORRUPTIONS) | set(POSTCONDITION_CORRUPTIONS) | {"POOL-4", "RING-1", "RSWA-1"}
+    # RING-1's, RSWA-1's and MRET-1's gates plant their corruptions on their own models:
+    # tests/test_ring_scenarios.py, tests/test_rswa_scenarios.py, tests/test_eagle_retention.py.
+    gated = set(STATE_CORRUPTIONS) | set(POSTCONDITION_CORRUPTIONS) | {"POOL-4", "RING-1", "RSWA-1", "MRET-1"}
     assert ids <= gated, f"IDs without a gate: {sorted(ids - gated)}"
 
 

@@ -39,7 +39,7 @@ def partial_setups(draw: st.DrawFn) -> Setup:
     prefixes = draw(st.lists(st.lists(ALPHABET, min_size=6, max_size=30), min_size=1, max_size=2))
     options = draw(manager_options(alignment=mamba_block, enable_caching=True,
                                    hash_fns=("sha256", "xxh3_128"), sparse=True))
-    options["use_eagle"] = False  # not supported with sub-block hits yet (D-MAMBA-15)
+    # EAGLE is drawn too: allowed with sub-block hits since D-MAMBA-36.
     options["hash_block_size"] = 2
     return Setup(config=KVCacheConfig(draw(st.integers(16, 80)), (), groups),
                  max_model_len=max_model_len, options=options, prefixes=prefixes,

@@ -15,10 +15,12 @@ engines and vLLM's tests use, by translating to ``pagedkv.optimized``'s pool.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pagedkv.optimized.block_pool import BlockPool
 from pagedkv.optimized.hybrid_search import HashViews
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.types import BlockHashWithGroupId, get_block_hash, get_group_id
 
 from .requests import VllmRequestView
 
@@ -146,10 +148,11 @@ class CachedBlocksView:
         return entries
 
     @property
-    def _cache(self) -> dict[bytes, Any]:
+    def _cache(self) -> _LiveCacheMap:
         blocks = self._view.blocks
-        return {key: blocks[ids[0]] if len(ids) == 1 else {i: blocks[i] for i in ids}
-                for key, ids in self._entries().items()}
+        return _LiveCacheMap(self._view, {
+            key: blocks[ids[0]] if len(ids) == 1 else {i: blocks[i] for i in ids}
+            for key, ids in self._entries().items()})
 
     def get_one_block(self, key: bytes) -> BlockView | None:
         ids = self._entries().get(bytes(key))
@@ -170,6 +173,44 @@ class CachedBlocksView:
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self._entries())
+
+
+class _LiveCacheMap(dict[bytes, Any]):
+    """``_cache``: a snapshot in vLLM's layout whose ``pop`` and item
+    assignment reach pagedkv's pool, as vLLM's tests edit the map to evict a
+    key and put it back. ``pop`` evicts the key's blocks; assigning a block
+    (or a dict of them) that lost its key re-keys it, emitting no event (a
+    map edit in vLLM emits none). A block given another key since is left
+    alone."""
+
+    def __init__(self, pool_view: BlockPoolView, entries: dict[bytes, Any]) -> None:
+        super().__init__(entries)
+        self._view = pool_view
+
+    def pop(self, key: bytes, *default: Any) -> Any:
+        found = super().pop(key, *default)
+        core = self._view.core
+        ids = [block_id for block_id in range(core.num_blocks) if core.cache_key(block_id) == key]
+        if ids:
+            core.evict_blocks(ids)
+        return found
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        super().__setitem__(key, value)
+        core = self._view.core
+        views = list(value.values()) if isinstance(value, dict) else [value]
+        block_hash, group_id = get_block_hash(BlockHashWithGroupId(key)), get_group_id(BlockHashWithGroupId(key))
+        events, core.enable_kv_cache_events = core.enable_kv_cache_events, False
+        try:
+            for view in views:
+                block_id = view.block_id
+                if block_id and core.cache_key(block_id) is None:
+                    # Events are off for this call, the only reader of the request.
+                    core.cache_full_blocks(cast(HashedRequest, None), [block_id], block_hashes=[block_hash],
+                                           num_cached_blocks=0,
+                                           num_full_blocks=1, block_size=1, group_id=group_id)
+        finally:
+            core.enable_kv_cache_events = events
 
 
 class BlockPoolView:

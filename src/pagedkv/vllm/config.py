@@ -166,7 +166,8 @@ def translate_config(config: Any, dcp_world_size: int = 1) -> KVCacheConfig:
     tensors), block sizes already scaled for context parallelism (D-VLLM-7)."""
     groups = tuple(
         KVCacheGroupSpec(tuple(group.layer_names), translate_spec(
-            group.kv_cache_spec, group_block_size(group.kv_cache_spec, dcp_world_size)))
+            group.kv_cache_spec, group_block_size(group.kv_cache_spec, dcp_world_size)),
+            is_eagle_group=bool(getattr(group, "is_eagle_group", False)))
         for group in config.kv_cache_groups)
     # The tensors back the engine's memory; the manager never reads them.
     return KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=(), kv_cache_groups=groups)

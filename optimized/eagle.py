@@ -1,0 +1,61 @@
+"""EAGLE per KV-cache group and Mamba sparse retention, optimized side
+(spec/coordinators.md section 4.1, spec/mamba.md "Sparse retention").
+
+The same rules as the reference, from the shared vocabulary
+(:mod:`pagedkv.spec.eagle`): :func:`apply_eagle_groups` sets each manager's
+``use_eagle`` (its own hit rule) and ``replay_eagle`` (whether the model
+drafts: the replay positions retention keeps); :func:`mamba_retention_cache_mask`
+is a Mamba group's sparse-retention mask, built once per caching call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.spec.config import KVCacheGroupSpec
+from pagedkv.spec.eagle import eagle_group_mask, mamba_kept_boundaries, mamba_retention_mask
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.registry import manager_kind_for
+
+from .single_type import SingleTypeManager
+
+__all__ = ["apply_eagle_groups", "mamba_retention_cache_mask", "replay_positions"]
+
+
+def apply_eagle_groups(managers: Sequence[SingleTypeManager], groups: Sequence[KVCacheGroupSpec],
+                       block_sizes: Sequence[int], use_eagle: bool) -> None:
+    """Set every manager's EAGLE flags (D-SWA-14). Cost: O(groups)."""
+    keys = [(manager_kind_for(group.kv_cache_spec), group.kv_cache_spec, size)
+            for group, size in zip(groups, block_sizes)]
+    flags = eagle_group_mask([group.is_eagle_group for group in groups], keys, use_eagle)
+    for manager, flag in zip(managers, flags):
+        manager.use_eagle = flag and manager.uses_eagle_rule
+        manager.replay_eagle = use_eagle
+
+
+def replay_positions(num_prompt_tokens: object, alignment: int, eagle: bool) -> list[int]:
+    """The prompt's replay positions (spec/managers.md section 4): ``P - 1``;
+    with a drafter one alignment unit below the resend's and a longer
+    sibling's aligned ends. None for a missing or empty prompt. Cost: O(1)."""
+    if not isinstance(num_prompt_tokens, int) or num_prompt_tokens < 1:
+        return []
+    if not eagle:
+        return [num_prompt_tokens - 1]
+    resend = (num_prompt_tokens - 1) // alignment * alignment - alignment
+    extension = num_prompt_tokens // alignment * alignment - alignment
+    return [resend if resend > 0 else 0, extension if extension > 0 else 0]
+
+
+def mamba_retention_cache_mask(manager: SingleTypeManager, request: HashedRequest, num_cached: int,
+                               num_full: int, alignment: int) -> list[bool] | None:
+    """The Mamba state blocks in ``[num_cached, num_full)`` sparse retention
+    publishes (D-MAMBA-35); ``None`` under dense retention.
+    Cost: O(num_full - num_cached)."""
+    retention = manager.retention_interval
+    if retention is None:
+        return None
+    replay = replay_positions(getattr(request, "num_prompt_tokens", None), manager.alignment,
+                              manager.replay_eagle)
+    junction = getattr(request, "shared_prefix_boundary", 0)
+    boundaries = mamba_kept_boundaries(replay, junction if isinstance(junction, int) else 0)
+    return mamba_retention_mask(num_cached, num_full, manager.block_size, alignment, retention, boundaries)
