@@ -39,7 +39,7 @@ def per_group_hits(managers: Sequence[SingleTypeManager], views: HashViews, max_
         length = 0
         if cap > 0 and not manager.always_empty_hit:
             length = manager.longest_hit(views.at(manager.block_size), cap, max_length)
-        blocks.append(manager.hit_blocks(views.at(manager.block_size), length) if length else [])
+        blocks.append(manager.hit_blocks(views.at(manager.block_size), length, max_length) if length else [])
         lengths.append(length)
     return tuple(blocks), tuple(lengths)
 

@@ -108,7 +108,7 @@ class MambaManager(SingleTypeManager):
             return length
         return super().longest_hit(view, bound, max_length)
 
-    def hit_blocks(self, view: Sequence[BlockHash], length: int) -> list[int]:
+    def hit_blocks(self, view: Sequence[BlockHash], length: int, max_length: int | None = None) -> list[int]:
         """See the base class; with sub-block hits, the state block of the
         hit after its padding. Cost: O(L / b)."""
         if not self.partial_hits or length == 0:
