@@ -40,10 +40,10 @@ from .admission import admission_caps, full_sequence_demand
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .cross_attention import CrossAttentionManager
+from .dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
 from .decode import decode_probes
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .hybrid_search import HashViews, longest_common_hit
-from .dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
 from .mamba import MambaManager
 from .ring import RingManager
 from .rswa import RSWAManager

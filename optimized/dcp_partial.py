@@ -14,8 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pagedkv.spec.dcp import (check_dcp_world_size, partial_hits_configured_under_dcp, prompt_tail_boundary,
-                              tail_boundaries)
+from pagedkv.spec.dcp import (
+    check_dcp_world_size,
+    partial_hits_configured_under_dcp,
+    prompt_tail_boundary,
+    tail_boundaries,
+)
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported
