@@ -62,7 +62,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
     read the request's hash-block hashes (``RawHashViews``), caching the
     group's own view."""
 
-    __slots__ = ("hash_block_size", "partial_hits", "partial_hit", "copies")
+    __slots__ = ("hash_block_size", "partial_hits", "partial_hit", "copies", "extra_tail", "extra_holders")
 
     def _setup(self) -> None:
         """Sub-block state (``replacing`` sets the hash block size). Cost: O(1)."""
@@ -72,6 +72,12 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         # queued (source, destination) copies, one retention each (MPART-3).
         self.partial_hit: dict[str, tuple[int, int]] = {}
         self.copies: list[tuple[int, int]] = []
+        # Partial keys of blocks already carrying their full key (one key per
+        # block in the pool): block -> (partial hash, that full hash), and
+        # partial hash -> blocks, oldest first; valid while the block keeps
+        # that full key (FPART-2, D-MAMBA-22).
+        self.extra_tail: dict[int, tuple[BlockHash, BlockHash]] = {}
+        self.extra_holders: dict[BlockHash, list[int]] = {}
 
     @classmethod
     def replacing(cls, manager: FullAttentionManager, hash_block_size: int) -> FullAttentionSubBlockManager:
@@ -105,9 +111,23 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             if found is not None:
                 return found
         for boundary in tail_boundaries(length, max_length, hashed, hash_size, size):
-            found = get(fine[boundary // hash_size - 1])
+            found = self._partial_lookup(fine[boundary // hash_size - 1])
             if found is not None:
                 return found
+        return None
+
+    def _partial_lookup(self, partial: BlockHash) -> int | None:
+        """The pool's first holder of a partial key, else the oldest block
+        whose extra entry still holds. Cost: O(1) (O(stale entries) on a miss)."""
+        pool = self.block_pool
+        found: int | None = pool.cached_by_group[self.group_id].get(partial)
+        if found is not None or not self.extra_holders:
+            return found
+        group_id, hashes, gids = self.group_id, pool._hash, pool._gid
+        for block in self.extra_holders.get(partial, ()):
+            entry = self.extra_tail[block]
+            if gids[block] == group_id and hashes[block] == entry[1]:
+                return block
         return None
 
     def longest_hit(self, view: Sequence[BlockHash], bound: int, max_length: int) -> int:
@@ -123,7 +143,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             full += 1
         found = full * size
         for boundary in tail_boundaries(found + hash_size, max_length, len(view) * hash_size, hash_size, size):
-            if get(view[boundary // hash_size - 1]) is not None:
+            if self._partial_lookup(view[boundary // hash_size - 1]) is not None:
                 found = boundary
                 break
         return min(found, bound)
@@ -215,8 +235,25 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         if boundary <= 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         column = boundary // self.block_size
-        if column < len(blocks) and blocks[column] and gids[blocks[column]] < 0:
-            key_block(pool, blocks[column], request.block_hashes[boundary // hash_size - 1], self.group_id)
+        if column >= len(blocks) or not blocks[column]:
+            return
+        block, partial = blocks[column], request.block_hashes[boundary // hash_size - 1]
+        if gids[block] < 0:
+            key_block(pool, block, partial, self.group_id)
+            return
+        if gids[block] != self.group_id or column >= len(keys) or hashes[block] != keys[column]:
+            return
+        # Already keyed with its full key: the partial key is its extra entry (D-MAMBA-22).
+        old = self.extra_tail.get(block)
+        if old is not None and old[0] != partial:
+            holders = self.extra_holders[old[0]]
+            holders.remove(block)
+            if not holders:
+                del self.extra_holders[old[0]]
+        self.extra_tail[block] = (partial, keys[column])
+        holders = self.extra_holders.setdefault(partial, [])
+        if block not in holders:
+            holders.append(block)
 
     def release(self, request_id: str) -> None:
         """Forget a pending copy, then release. Cost: O(blocks held)."""

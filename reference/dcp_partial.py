@@ -18,7 +18,7 @@ from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.dcp import prompt_tail_boundary, tail_boundaries
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
-from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
+from pagedkv.spec.types import BlockHash, BlockHashWithGroupId, make_block_hash_with_group_id
 
 __all__ = ["FullAttentionSubBlockManager"]
 
@@ -63,6 +63,13 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         # holding one retention reference (MPART-3).
         self.partial_hit: dict[str, tuple[int, KVCacheBlock]] = {}
         self.copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        # Partial keys of blocks that already carry their full key (the pool
+        # keeps one key per block, CACHE-1): block id -> (partial hash, the
+        # full key it had then), and partial hash -> its blocks, oldest
+        # first. An entry serves while its block still carries that full key
+        # (FPART-2, D-MAMBA-22); one per block, the latest.
+        self.extra_tail: dict[int, tuple[BlockHash, BlockHashWithGroupId]] = {}
+        self.extra_holders: dict[BlockHash, list[KVCacheBlock]] = {}
 
     # -- hits ---------------------------------------------------------------------
 
@@ -79,9 +86,21 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             if found is not None:
                 return found
         for boundary in tail_boundaries(length, max_length, hashed, hash_size, size):
-            found = self._lookup(fine_hashes[boundary // hash_size - 1])
+            found = self._partial_lookup(fine_hashes[boundary // hash_size - 1])
             if found is not None:
                 return found
+        return None
+
+    def _partial_lookup(self, partial: BlockHash) -> KVCacheBlock | None:
+        """The block a partial key names: the pool's first holder, else the
+        oldest block whose extra entry still holds (FPART-2)."""
+        found = self._lookup(partial)
+        if found is not None:
+            return found
+        for block in self.extra_holders.get(partial, ()):
+            entry = self.extra_tail.get(block.block_id)
+            if entry is not None and entry[0] == partial and block.block_hash == entry[1]:
+                return block
         return None
 
     def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
@@ -160,12 +179,15 @@ class FullAttentionSubBlockManager(FullAttentionManager):
                     del self.block_pool.cached[key]
                 block.block_hash = None
         super().cache_blocks(request, block_hashes, request_id, num_tokens)
-        self._publish_prompt_tail(request, request_id, num_tokens)
+        self._publish_prompt_tail(request, block_hashes, request_id, num_tokens)
 
-    def _publish_prompt_tail(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+    def _publish_prompt_tail(self, request: HashedRequest, block_hashes: Sequence[BlockHash],
+                             request_id: str, num_tokens: int) -> None:
         """Key the block holding the prompt's last reusable hash boundary under
         that boundary's partial key once caching reaches it (FPART-2): only
-        inside a block, on a real unkeyed block (D-MAMBA-16)."""
+        inside a block, on a real block; an unkeyed block takes it as its
+        key, a block carrying its own full key as its extra entry
+        (D-MAMBA-22)."""
         prompt = getattr(request, "num_prompt_tokens", None)
         if type(prompt) is not int:
             return
@@ -175,10 +197,25 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             return
         blocks = self.req_to_blocks[request_id]
         column = boundary // self.block_size
-        if column >= len(blocks) or blocks[column].is_null or blocks[column].block_hash is not None:
+        if column >= len(blocks) or blocks[column].is_null:
             return
-        key_block(self.block_pool, blocks[column], request.block_hashes[boundary // hash_size - 1],
-                  self.group_id)
+        block, partial = blocks[column], request.block_hashes[boundary // hash_size - 1]
+        if block.block_hash is None:
+            key_block(self.block_pool, block, partial, self.group_id)
+            return
+        if column >= len(block_hashes) or block.block_hash != make_block_hash_with_group_id(
+                block_hashes[column], self.group_id):
+            return
+        old = self.extra_tail.get(block.block_id)
+        if old is not None and old[0] != partial:
+            holders = self.extra_holders[old[0]]
+            holders.remove(block)
+            if not holders:
+                del self.extra_holders[old[0]]
+        self.extra_tail[block.block_id] = (partial, block.block_hash)
+        holders = self.extra_holders.setdefault(partial, [])
+        if block not in holders:
+            holders.append(block)
 
     def release(self, request_id: str) -> None:
         self.partial_hit.pop(request_id, None)
