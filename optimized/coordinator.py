@@ -258,6 +258,9 @@ class KVCacheCoordinator:
                 if fine and group_ids[block] == group_id and hashes[block] in state_keys_in_block(
                         block_hashes, index, hash_size, manager.block_size):
                     continue  # a state block may carry any boundary's key inside it (MPART-1)
+                if isinstance(manager, FullAttentionSubBlockManager) and manager.extra_entry_serves(
+                        block_hashes, index, block):
+                    continue  # a tail served through its extra entry (D-MAMBA-22)
                 if (index >= len(view) or hashes[block] != view[index]
                         or group_ids[block] != group_id):
                     return (f"group {group_id} position {index}: block {block} no longer caches "

@@ -22,7 +22,7 @@ from pagedkv.spec.dcp import (
 )
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported
+from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
 from pagedkv.spec.types import BlockHash
 
 from .block_pool import BlockPool
@@ -129,6 +129,15 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             if gids[block] == group_id and hashes[block] == entry[1]:
                 return block
         return None
+
+    def extra_entry_serves(self, fine: Sequence[BlockHash], index: int, block: int) -> bool:
+        """Whether ``block``, at ``index`` of a hit, still serves through its
+        extra entry (the partial hash of a boundary inside it, the block
+        still under the full key it had then). Cost: O(hash blocks per block)."""
+        entry = self.extra_tail.get(block)
+        pool = self.block_pool
+        return (entry is not None and pool._gid[block] == self.group_id and pool._hash[block] == entry[1]
+                and entry[0] in state_keys_in_block(fine, index, self.hash_block_size, self.block_size))
 
     def longest_hit(self, view: Sequence[BlockHash], bound: int, max_length: int) -> int:
         """The cached full blocks from the start (within ``max_length`` and

@@ -248,6 +248,9 @@ class KVCacheCoordinator:
                     if block.block_hash in {make_block_hash_with_group_id(key, manager.group_id)
                                             for key in keys}:
                         continue
+                    if isinstance(manager, FullAttentionSubBlockManager) and manager.extra_entry_serves(
+                            block_hashes, index, block):
+                        continue
                 if index >= len(view) or block.block_hash != make_block_hash_with_group_id(
                         view[index], manager.group_id):
                     return (f"group {manager.group_id} position {index}: block {block.block_id} no longer "

@@ -17,6 +17,7 @@ from pagedkv.reference.mamba_partial import key_block
 from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.dcp import prompt_tail_boundary, tail_boundaries
 from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.mamba_partial import state_keys_in_block
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.types import BlockHash, BlockHashWithGroupId, make_block_hash_with_group_id
 
@@ -102,6 +103,14 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             if entry is not None and entry[0] == partial and block.block_hash == entry[1]:
                 return block
         return None
+
+    def extra_entry_serves(self, fine_hashes: Sequence[BlockHash], index: int, block: KVCacheBlock) -> bool:
+        """Whether ``block``, at ``index`` of a hit, still serves through its
+        extra entry: the partial hash of a boundary inside that block, and
+        the block still carrying the full key it had then."""
+        entry = self.extra_tail.get(block.block_id)
+        return (entry is not None and block.block_hash == entry[1]
+                and entry[0] in state_keys_in_block(fine_hashes, index, self.hash_block_size, self.block_size))
 
     def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
         coarse = _coarse(block_hashes, self.hash_block_size, self.block_size)
