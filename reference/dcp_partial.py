@@ -17,8 +17,8 @@ from pagedkv.reference.mamba_partial import key_block
 from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.dcp import prompt_tail_boundary, tail_boundaries
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_partial import state_keys_in_block
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
+from pagedkv.spec.mamba_partial import state_keys_in_block
 from pagedkv.spec.types import BlockHash, BlockHashWithGroupId, make_block_hash_with_group_id
 
 __all__ = ["FullAttentionSubBlockManager"]

@@ -166,16 +166,18 @@ def _check_sub_block_full_hit(request: Request, group_id: int, blocks: list[int]
     """HYB-1 for a full-attention group larger than the hash block (FPART-1):
     ``cdiv(L, b)`` blocks, the whole ones under their keys, the last one
     under its own full key or the partial key of a boundary at or past ``L``
-    inside it. A full key past the request's hashes cannot be recomputed
-    here: a tail block through its extra entry (D-MAMBA-22) is then only
-    checked to carry a full-length key of the group."""
+    inside it. A tail served through its extra entry (D-MAMBA-22) carries
+    the full key of whichever prefix filled it, which a snapshot cannot
+    tell apart: a tail is then only checked to carry a full-length key of
+    the group."""
     view = group_view(request.block_hashes, hash_block_size, block_size)
     if len(blocks) != -(-length // block_size):
         raise _fail("HYB-1", f"group {group_id} sub-block hit {blocks} for {length} tokens")
+    full_length = len(view_key_of(request, block_size, hash_block_size, group_id))
     for index, block in enumerate(blocks):
         key = keys[block]
-        if index >= len(view) and key is not None and len(key) == len(view_key_of(request, block_size,
-                                                                                     hash_block_size, group_id)):
+        if ((index + 1) * block_size > length and key is not None and len(key) == full_length
+                and key.endswith(make_block_hash_with_group_id(BlockHash(b""), group_id))):
             continue
         allowed = {make_block_hash_with_group_id(BlockHash(view[index]), group_id)} if index < len(view) else set()
         if (index + 1) * block_size > length:
