@@ -1,6 +1,6 @@
 """Decode context parallelism beside Mamba groups: full-attention sub-block
 hits with copy-on-write (spec/mamba.md "DCP and full-attention sub-block
-hits", FPART-1..4, D-MAMBA-20..24; spec/examples.md §14), one suite over
+hits", FPART-1..4, D-MAMBA-20..24; spec/examples.md §16), one suite over
 every implementation.
 
 The block sizes are the effective ones a DCP model hands the manager: an
