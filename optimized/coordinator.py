@@ -32,7 +32,7 @@ from pagedkv.spec.eagle import eagle_peek_limit
 from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
-from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
+from pagedkv.spec.mamba_partial import state_keys_in_block
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash
 
@@ -41,6 +41,7 @@ from .admission import admission_caps, full_sequence_demand
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .cross_attention import CrossAttentionManager
+from .dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
 from .decode import decode_probes
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .eagle import apply_eagle_groups
@@ -132,6 +133,8 @@ class KVCacheCoordinator:
         # Prefill checkpoints land where vLLM would align hits (MCKPT-4).
         self.mamba_managers: tuple[MambaManager, ...] = tuple(
             manager for manager in managers if isinstance(manager, MambaManager))
+        # Groups that queue copy-on-write copies (full attention joins with sub-block hits).
+        self.copy_managers: tuple[MambaManager | FullAttentionSubBlockManager, ...] = self.mamba_managers
         self.partial_hash_hits = enable_caching and partial_hash_hits_configured(
             [manager_kind_for(group.kv_cache_spec) for group in groups],
             [group.kv_cache_spec for group in groups], self.block_sizes, hash_block_size)
@@ -257,7 +260,7 @@ class KVCacheCoordinator:
                         and list(map(group_ids.__getitem__, group)).count(group_id) == len(group)):
                     continue
             manager = self.managers[group_id]
-            fine = isinstance(manager, MambaManager) and manager.partial_hits
+            fine = isinstance(manager, (MambaManager, FullAttentionSubBlockManager)) and manager.partial_hits
             hash_size = self.hash_block_size
             for index, block in enumerate(group):
                 if not block:
@@ -265,6 +268,9 @@ class KVCacheCoordinator:
                 if fine and group_ids[block] == group_id and hashes[block] in state_keys_in_block(
                         block_hashes, index, hash_size, manager.block_size):
                     continue  # a state block may carry any boundary's key inside it (MPART-1)
+                if isinstance(manager, FullAttentionSubBlockManager) and manager.extra_entry_serves(
+                        block_hashes, index, block):
+                    continue  # a tail served through its extra entry (D-MAMBA-22)
                 if (index >= len(view) or hashes[block] != view[index]
                         or group_ids[block] != group_id):
                     return (f"group {group_id} position {index}: block {block} no longer caches "
@@ -415,36 +421,22 @@ class KVCacheCoordinator:
         """The request's cached-block count per group. Cost: O(groups)."""
         return tuple(manager.num_cached_blocks[request_id] for manager in self.managers)
 
-    def enable_partial_hash_hits(self) -> None:
-        """Turn sub-block hits on before any request is known (MPART-1..4).
+    def enable_partial_hash_hits(self, dcp_world_size: int = 1) -> None:
+        """Turn sub-block hits on before any request is known (MPART-1..4,
+        FPART-1..4; ``dcp_partial.switch_on_sub_block_hits``).
 
         Raises:
-            InvalidConfigError: unsupported configuration (D-MAMBA-15) or
-                requests already known.
+            InvalidConfigError: unsupported configuration (D-MAMBA-15,
+                D-MAMBA-21), requests already known, bad ``dcp_world_size``.
         Cost: O(groups).
         """
-        check_supported(partial_hits_supported(
-            self._kinds, self._specs, self.block_sizes, self.hash_block_size,
-            enable_caching=self.enable_caching, use_eagle=self._use_eagle,
-            configured=self.partial_hash_hits))
-        if self.requests:
-            raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
-        self.partial_hits_enabled = True
-        # A producer's published tail makes its next step allocate a copy,
-        # which the decode fast path does not know: general path only (D-MAMBA-17).
-        self.decode_step = None
-        for manager in self.managers:
-            if isinstance(manager, MambaManager):
-                manager.partial_hits = manager.block_size != self.hash_block_size
-            else:
-                # Full attention at the hash block size: hits on every hash block.
-                manager.alignment = self.hash_block_size
+        switch_on_sub_block_hits(self, dcp_world_size)
 
     def take_block_copies(self, *, hand_over: bool = False) -> list[tuple[int, int]]:
         """Every Mamba group's queued copy-on-write pairs, groups in id order
         (MPART-3); their retention references pass to the caller.
         Cost: O(groups + copies)."""
-        pairs = [pair for manager in self.mamba_managers for pair in manager.take_copies()]
+        pairs = [pair for manager in self.copy_managers for pair in manager.take_copies()]
         if pairs and not hand_over:  # handed over: plain pool references (D-MAMBA-19)
             self.retained.update(block for pair in pairs for block in pair)
         return pairs
@@ -511,7 +503,7 @@ class HybridCoordinator(KVCacheCoordinator):
                                     self.peek_limit(block_hashes, max_cache_hit_length))
         if length == 0:
             return tuple([] for _ in managers), 0
-        return tuple([manager.hit_blocks(views.at(manager.block_size), length) if c else []
+        return tuple([manager.hit_blocks(views.at(manager.block_size), length, max_cache_hit_length) if c else []
                       for manager, c in zip(managers, cacheable)]), length
 
 

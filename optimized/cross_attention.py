@@ -28,7 +28,7 @@ class CrossAttentionManager(SingleTypeManager):
         """Always 0. Cost: O(1)."""
         return 0
 
-    def hit_blocks(self, view: Sequence[BlockHash], length: int) -> list[int]:
+    def hit_blocks(self, view: Sequence[BlockHash], length: int, max_length: int | None = None) -> list[int]:
         """Always empty. Cost: O(1)."""
         return []
 

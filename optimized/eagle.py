@@ -54,8 +54,10 @@ def mamba_retention_cache_mask(manager: SingleTypeManager, request: HashedReques
     retention = manager.retention_interval
     if retention is None:
         return None
-    replay = replay_positions(getattr(request, "num_prompt_tokens", None), manager.alignment,
-                              manager.replay_eagle)
+    # A Mamba group's replay positions follow the model's alignment even
+    # after sub-block hits lowered its hit alignment (as the reference).
+    replay = replay_positions(getattr(request, "num_prompt_tokens", None),
+                              getattr(manager, "replay_alignment", manager.alignment), manager.replay_eagle)
     junction = getattr(request, "shared_prefix_boundary", 0)
     boundaries = mamba_kept_boundaries(replay, junction if isinstance(junction, int) else 0)
     return mamba_retention_mask(num_cached, num_full, manager.block_size, alignment, retention, boundaries)

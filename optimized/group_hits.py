@@ -41,8 +41,9 @@ def per_group_hits(managers: Sequence[SingleTypeManager], views: HashViews, max_
     for manager in managers:
         length = 0
         if cap > 0 and not manager.always_empty_hit:
-            length = manager.longest_hit(views.at(manager.block_size), cap, peek)
-        blocks.append(manager.hit_blocks(views.at(manager.block_size), length) if length else [])
+            length = manager.longest_hit(views.at(manager.block_size), cap,
+                                         peek if manager.use_eagle else max_length)
+        blocks.append(manager.hit_blocks(views.at(manager.block_size), length, max_length) if length else [])
         lengths.append(length)
     return tuple(blocks), tuple(lengths)
 
@@ -57,5 +58,5 @@ def uncached_shared_prefix(managers: Sequence[SingleTypeManager], views: HashVie
     if cap <= hit_length or leading.always_empty_hit:
         return 0
     found = leading.longest_hit(views.at(leading.block_size), cap,
-                                max_length if peek_limit is None else peek_limit)
+                                peek_limit if peek_limit is not None and leading.use_eagle else max_length)
     return found - hit_length if found > hit_length else 0

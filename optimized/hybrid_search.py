@@ -102,7 +102,8 @@ def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
             return 0
         if isinstance(manager, FullAttentionManager):
             # Final after one call: a lower bound only clips it.
-            length = manager.longest_hit(views.at(manager.block_size), length, peek)
+            length = manager.longest_hit(views.at(manager.block_size), length,
+                                           peek if manager.use_eagle else max_length)
             if length == 0:
                 return 0
         else:
@@ -112,7 +113,8 @@ def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
     index = 0
     while confirmed < count:
         manager = window_groups[index]
-        found = manager.longest_hit(views.at(manager.block_size), length, peek)
+        found = manager.longest_hit(views.at(manager.block_size), length,
+                                    peek if manager.use_eagle else max_length)
         if found < length:
             if found == 0:
                 return 0

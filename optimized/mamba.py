@@ -47,7 +47,7 @@ class MambaManager(SingleTypeManager):
                  "given_state", "checkpoints", "has_checkpoints", "cache_hit_alignment_tokens",
                  "hash_block_size", "drop_eagle_checkpoint",
                  "caching_checkpoint", "offers", "partial_hits", "partial_hit", "copies",
-                 "published_tail", "caching_end")
+                 "published_tail", "caching_end", "replay_alignment")
 
     uses_eagle_rule = False
 
@@ -69,6 +69,9 @@ class MambaManager(SingleTypeManager):
         self.checkpoints: dict[str, tuple[int, int]] = {}
         self.has_checkpoints = self.enable_caching and spec.has_prefill_checkpoints
         self.cache_hit_alignment_tokens = self.alignment
+        # The model's alignment, where the prompt's replay positions fall
+        # (D-MAMBA-35); sub-block hits may later lower ``alignment`` itself.
+        self.replay_alignment = self.alignment
         self.hash_block_size = 1
         self.drop_eagle_checkpoint = False
         # The checkpoint of the request ``cache_blocks`` is caching, for ``cache_mask``.
@@ -109,7 +112,7 @@ class MambaManager(SingleTypeManager):
             return length
         return super().longest_hit(view, bound, max_length)
 
-    def hit_blocks(self, view: Sequence[BlockHash], length: int) -> list[int]:
+    def hit_blocks(self, view: Sequence[BlockHash], length: int, max_length: int | None = None) -> list[int]:
         """See the base class; with sub-block hits, the state block of the
         hit after its padding. Cost: O(L / b)."""
         if not self.partial_hits or length == 0:

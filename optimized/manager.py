@@ -501,14 +501,17 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
 
-    def enable_partial_hash_hits(self) -> None:
-        """Turn on sub-block hits with copy-on-write (spec/mamba.md, MPART-1..4).
+    def enable_partial_hash_hits(self, dcp_world_size: int = 1) -> None:
+        """Turn on sub-block hits with copy-on-write (spec/mamba.md, MPART-1..4,
+        FPART-1..4); ``dcp_world_size``: the decode context parallelism the
+        group block sizes already reflect (D-MAMBA-20).
 
         Raises:
-            InvalidConfigError: unsupported configuration (D-MAMBA-15) or requests already known.
+            InvalidConfigError: unsupported configuration (D-MAMBA-15, D-MAMBA-21), requests
+                already known, or a malformed ``dcp_world_size``.
         Cost: O(groups).
         """
-        self._coordinator.enable_partial_hash_hits()
+        self._coordinator.enable_partial_hash_hits(dcp_world_size)
 
     def take_kv_cache_block_copies(self, *, hand_over: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
         """Copy-on-write copies queued since the last call and the retained

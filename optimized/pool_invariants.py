@@ -98,6 +98,7 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
     """
     # Imported late: these modules import the pool, which imports this one.
     from .cross_attention import CrossAttentionManager
+    from .dcp_partial import FullAttentionSubBlockManager
     from .mamba import MambaManager
     from .ring import RingManager
     from .rswa import RSWAManager
@@ -175,7 +176,7 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
     for block, times in coordinator.retained.items():
         holders[block] += times
     for manager in managers:
-        if isinstance(manager, MambaManager):
+        if isinstance(manager, (MambaManager, FullAttentionSubBlockManager)):
             for pair in manager.copies:
                 for block in pair:
                     holders[block] += 1

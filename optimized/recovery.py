@@ -59,6 +59,6 @@ def recover(coordinator: KVCacheCoordinator) -> None:
                       for blocks in manager.req_to_blocks.values() for block in blocks if block)
     # Copy retentions hold their endpoints too (MPART-3).
     holders.update(coordinator.retained)
-    for manager in coordinator.mamba_managers:
+    for manager in coordinator.copy_managers:
         holders.update(block for pair in manager.copies for block in pair)
     coordinator.block_pool.recover(holders)

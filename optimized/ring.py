@@ -32,7 +32,7 @@ class RingManager(SingleTypeManager):
         """Never asked (PFX-1); every length would do. Cost: O(1)."""
         return bound
 
-    def hit_blocks(self, view: Sequence[BlockHash], length: int) -> list[int]:
+    def hit_blocks(self, view: Sequence[BlockHash], length: int, max_length: int | None = None) -> list[int]:
         """Always empty. Cost: O(1)."""
         return []
 

@@ -144,9 +144,10 @@ class SingleTypeManager:
             length = (index - shift) * block_size // alignment * alignment
         return 0
 
-    def hit_blocks(self, view: Sequence[BlockHash], length: int) -> list[int]:
-        """The blocks a hit of ``length`` tokens hands to the request (its
-        span found cached by :meth:`longest_hit`). Cost: O(L / b)."""
+    def hit_blocks(self, view: Sequence[BlockHash], length: int, max_length: int | None = None) -> list[int]:
+        """The blocks a hit of ``length`` tokens (found within ``max_length``)
+        hands to the request (its span found cached by :meth:`longest_hit`).
+        Cost: O(L / b)."""
         first = self.first_hit_block(length) if length else 0
         table = self.block_pool.cached_by_group[self.group_id]
         return [0] * first + [table[view[index]] for index in range(first, length // self.block_size)]

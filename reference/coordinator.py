@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.reference.eagle import apply_eagle_groups
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.ring import RingManager
@@ -26,6 +27,7 @@ from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManage
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
+from pagedkv.spec.dcp import check_dcp_world_size, partial_hits_configured_under_dcp
 from pagedkv.spec.eagle import eagle_peek_limit
 from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
@@ -49,6 +51,9 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "rswa": RSWAManager,
 }
 """The reference manager for each manager kind of :mod:`pagedkv.spec.registry`."""
+
+SUB_BLOCK_MANAGERS = (MambaManager, FullAttentionSubBlockManager)
+"""Managers that hit inside their blocks when sub-block hits are on (MPART, FPART)."""
 
 
 def group_view(block_hashes: Sequence[BlockHash], hash_block_size: int, block_size: int) -> list[BlockHash]:
@@ -142,12 +147,12 @@ class KVCacheCoordinator:
                 blocks.append([])
                 lengths.append(0)
                 continue
-            view = (list(block_hashes) if fine and isinstance(manager, MambaManager)
+            view = (list(block_hashes) if fine and isinstance(manager, SUB_BLOCK_MANAGERS)
                     else self.view(manager, block_hashes))
             length = max_length // step * step if self.enable_caching else 0
-            while length > 0 and not manager.can_hit(view, length, peek):
+            while length > 0 and not manager.can_hit(view, length, peek if manager.use_eagle else max_length):
                 length -= step
-            blocks.append(manager.hit_blocks(view, length) if length else [])
+            blocks.append(manager.hit_blocks(view, length, max_length) if length else [])
             lengths.append(length)
         return tuple(blocks), tuple(lengths)
 
@@ -245,12 +250,15 @@ class KVCacheCoordinator:
             for index, block in enumerate(hits):
                 if block.is_null:
                     continue
-                if isinstance(manager, MambaManager) and manager.partial_hits:
+                if isinstance(manager, SUB_BLOCK_MANAGERS) and manager.partial_hits:
                     # A state block may carry the key of any boundary inside it (MPART-1).
                     keys = state_keys_in_block(block_hashes, index, manager.hash_block_size,
                                                manager.block_size)
                     if block.block_hash in {make_block_hash_with_group_id(key, manager.group_id)
                                             for key in keys}:
+                        continue
+                    if isinstance(manager, FullAttentionSubBlockManager) and manager.extra_entry_serves(
+                            block_hashes, index, block):
                         continue
                 if index >= len(view) or block.block_hash != make_block_hash_with_group_id(
                         view[index], manager.group_id):
@@ -308,31 +316,39 @@ class KVCacheCoordinator:
         """Common prefix blocks per group."""
         return [manager.get_num_common_prefix_blocks(request_id) for manager in self.managers]
 
-    def enable_partial_hash_hits(self) -> None:
-        """Turn sub-block hits on (spec/mamba.md, MPART-1..4), before any
-        request is known.
+    def enable_partial_hash_hits(self, dcp_world_size: int = 1) -> None:
+        """Turn sub-block hits on (spec/mamba.md, MPART-1..4, FPART-1..4),
+        before any request is known; ``dcp_world_size`` is the decode context
+        parallelism the block sizes already reflect (D-MAMBA-20). A
+        full-attention group larger than the hash block gets the sub-block
+        manager.
 
         Raises:
-            InvalidConfigError: the configuration does not support them (D-MAMBA-15).
-            InvalidConfigError: also when requests are already known.
+            InvalidConfigError: the configuration does not support them (D-MAMBA-15, D-MAMBA-21).
+            InvalidConfigError: also when requests are already known, or a malformed ``dcp_world_size``.
         """
+        kinds = [manager_kind_for(spec) for spec in self._specs]
+        configured = self.enable_caching and partial_hits_configured_under_dcp(
+            kinds, self._specs, self.block_sizes, self.hash_block_size, check_dcp_world_size(dcp_world_size))
         check_supported(partial_hits_supported(
-            [manager_kind_for(spec) for spec in self._specs], self._specs, self.block_sizes,
-            self.hash_block_size, enable_caching=self.enable_caching, use_eagle=self._use_eagle,
-            configured=self.partial_hash_hits))
+            kinds, self._specs, self.block_sizes, self.hash_block_size, enable_caching=self.enable_caching,
+            use_eagle=self._use_eagle, configured=configured))
         if self.known:
             raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
-        self.partial_hits_enabled = True
-        for manager in self.managers:
-            if isinstance(manager, MambaManager) and manager.block_size != self.hash_block_size:
-                manager.partial_hits = True
+        self.partial_hits_enabled = self.partial_hash_hits = True
+        for index, manager in enumerate(self.managers):
+            if isinstance(manager, MambaManager):
+                manager.cache_hit_alignment_tokens = self.hash_block_size
+                manager.partial_hits = manager.block_size != self.hash_block_size
+            elif type(manager) is FullAttentionManager and manager.block_size != self.hash_block_size:
+                self.managers[index] = FullAttentionSubBlockManager.replacing(manager, self.hash_block_size)
 
     def take_block_copies(self, *, hand_over: bool = False) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
         """Every group's queued copy-on-write pairs, groups in id order; their
         retention references pass to the caller (MPART-3): tracked until
         :meth:`release_copy_retentions`, or with ``hand_over`` plain pool
         references the caller frees itself (D-MAMBA-19)."""
-        pairs = [pair for manager in self.managers if isinstance(manager, MambaManager)
+        pairs = [pair for manager in self.managers if isinstance(manager, SUB_BLOCK_MANAGERS)
                  for pair in manager.take_copies()]
         if not hand_over:
             self.retained.update(block.block_id for pair in pairs for block in pair)
@@ -370,17 +386,18 @@ class HybridCoordinator(KVCacheCoordinator):
         # hash-block hashes themselves.
         fine = self.partial_hits_enabled
         step = self.hash_block_size if fine else self.alignment
-        views = [(list(block_hashes) if fine and isinstance(manager, MambaManager)
+        views = [(list(block_hashes) if fine and isinstance(manager, SUB_BLOCK_MANAGERS)
                   else self.view(manager, block_hashes)) if cacheable else []
                  for manager, cacheable in zip(self.managers, self.cacheable)]
         length = max_length // step * step
         peek = self.peek_limit(block_hashes, max_length)
         # A group outside prefix caching serves every length with no block (PFX-1).
-        while length > 0 and not all(not cacheable or manager.can_hit(view, length, peek)
+        while length > 0 and not all(not cacheable or manager.can_hit(
+                                         view, length, peek if manager.use_eagle else max_length)
                                      for manager, view, cacheable
                                      in zip(self.managers, views, self.cacheable)):
             length -= step
-        return tuple(manager.hit_blocks(view, length) if cacheable else []
+        return tuple(manager.hit_blocks(view, length, max_length) if cacheable else []
                      for manager, view, cacheable in zip(self.managers, views, self.cacheable)), length
 
 

@@ -24,7 +24,8 @@ class CrossAttentionManager(SingleTypeManager):
     def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
         return length == 0
 
-    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int) -> list[KVCacheBlock]:
+    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int,
+                   max_length: int | None = None) -> list[KVCacheBlock]:
         return []
 
     def admit(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.ring import RingManager
 from pagedkv.reference.rswa import RSWAManager
@@ -95,7 +96,7 @@ def check_manager(manager: KVCacheManager) -> None:
     # MPART-3: each copy endpoint, queued or taken and not yet released, holds one reference.
     holders.update(manager.coordinator.retained)
     for group in managers:
-        if isinstance(group, MambaManager):
+        if isinstance(group, (MambaManager, FullAttentionSubBlockManager)):
             holders.update(block.block_id for pair in group.copies for block in pair)
     for group in managers:
         for blocks in group.req_to_blocks.values():

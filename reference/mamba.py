@@ -99,7 +99,8 @@ class MambaManager(SingleTypeManager):
             return self._state_at(block_hashes, length) is not None
         return super().can_hit(block_hashes, length, max_length)
 
-    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int) -> list[KVCacheBlock]:
+    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int,
+                   max_length: int | None = None) -> list[KVCacheBlock]:
         if not self.partial_hits or length == 0:
             return super().hit_blocks(block_hashes, length)
         state = self._state_at(block_hashes, length)

@@ -27,7 +27,8 @@ class RingManager(SingleTypeManager):
     def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
         return True  # never asked: the coordinator leaves the group out of hits (PFX-1)
 
-    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int) -> list[KVCacheBlock]:
+    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int,
+                   max_length: int | None = None) -> list[KVCacheBlock]:
         return []
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,

@@ -88,8 +88,9 @@ class SingleTypeManager:
             return False
         return all(self._lookup(block_hashes[index]) is not None for index in range(first, end))
 
-    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int) -> list[KVCacheBlock]:
-        """The blocks a hit of ``length`` tokens hands to the request."""
+    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int,
+                   max_length: int | None = None) -> list[KVCacheBlock]:
+        """The blocks a hit of ``length`` tokens (found within ``max_length``) hands to the request."""
         first, end = self.hit_span(length)
         found = [self._lookup(block_hashes[index]) for index in range(first, end)]
         return [self.block_pool.null_block] * first + [block for block in found if block is not None]

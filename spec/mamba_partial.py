@@ -23,10 +23,12 @@ def partial_hits_supported(kinds: Sequence[str], specs: Sequence[object], block_
                            configured: bool) -> str | None:
     """Why sub-block hits cannot be turned on for this configuration, or
     ``None`` when they can (D-MAMBA-15): vLLM would enable them
-    (``configured``, MCKPT-4), caching is on, no EAGLE, every Mamba group
-    with a larger block is in mode ``align``, and every other group is full
-    attention (sink included) whose block is the hash block, so only Mamba
-    groups ever hit inside a block."""
+    (``configured``, MCKPT-4), caching is on, every Mamba group with a
+    larger block is in mode ``align``, and every other group is full
+    attention (sink included) whose block is the hash block -- or, without
+    EAGLE, plain full attention with a larger block, which then hits inside
+    its own blocks with copy-on-write too (FPART-1..4, D-MAMBA-21; EAGLE's
+    one-hash-unit rewind inside such a block is not built)."""
     if not enable_caching:
         return "prefix caching is off"
     if not configured:
@@ -42,7 +44,10 @@ def partial_hits_supported(kinds: Sequence[str], specs: Sequence[object], block_
                 return f"kv_cache_groups[{index}]: Mamba mode {spec.mamba_cache_mode!r} is not 'align'"
         elif kind not in ("full_attention", "sink_full_attention", "rswa"):
             return f"kv_cache_groups[{index}]: kind {kind!r} is not supported with sub-block hits yet"
-        elif block_size != hash_block_size:
+        elif block_size != hash_block_size and use_eagle and kind == "full_attention":
+            return (f"kv_cache_groups[{index}]: with EAGLE, full-attention block size {block_size} "
+                    f"must be the hash block size {hash_block_size}")
+        elif block_size != hash_block_size and kind != "full_attention":
             return (f"kv_cache_groups[{index}]: block size {block_size} is not the hash block size "
                     f"{hash_block_size}")
     return None

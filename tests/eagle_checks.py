@@ -12,9 +12,9 @@ from typing import Any
 
 from pagedkv.reference import rules
 from pagedkv.spec.attention_variants import prefix_cacheable
+from pagedkv.spec.dcp import partial_hits_configured_under_dcp
 from pagedkv.spec.eagle import mamba_kept_boundaries, mamba_retention_mask
 from pagedkv.spec.errors import InvariantViolation
-from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request
@@ -36,8 +36,9 @@ def check_mamba_retention(manager: Any, request: Request, before: ManagerSnapsho
     specs = [group.kv_cache_spec for group in groups]
     sizes = list(manager.block_sizes)
     alignment = math.lcm(*(size for size, spec in zip(sizes, specs) if prefix_cacheable(spec)))
-    fine = partial_hash_hits_configured([manager_kind_for(spec) for spec in specs], specs, sizes,
-                                        hash_block_size)
+    dcp = options.get("dcp_world_size") or 1
+    fine = partial_hits_configured_under_dcp([manager_kind_for(spec) for spec in specs], specs, sizes,
+                                             hash_block_size, dcp)
     unit = hash_block_size if fine else alignment
     replay = rules.replay_boundaries(request.num_prompt_tokens, alignment, bool(options.get("use_eagle")))
     junction = getattr(request, "shared_prefix_boundary", 0)

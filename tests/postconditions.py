@@ -24,7 +24,7 @@ from pagedkv.spec.kv_cache_spec import (
     KVCacheSpec,
     SlidingWindowSpec,
 )
-from pagedkv.spec.mamba_partial import state_key
+from pagedkv.spec.mamba_partial import state_key, state_keys_in_block
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.request import Request
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
@@ -93,10 +93,19 @@ def check_position_keys(manager: Any, requests: Iterable[Request]) -> None:
                     raise _fail("PFX-1", f"request {request.request_id!r} group {group_id} is outside "
                                 f"prefix caching but holds hashed blocks {hashed}")
                 continue
-            view = group_view(request.block_hashes, hash_block_size, manager.block_sizes[group_id])
+            block_size = manager.block_sizes[group_id]
+            view = group_view(request.block_hashes, hash_block_size, block_size)
+            # A full-attention block larger than the hash block may carry the
+            # partial key of a boundary inside it (FPART-2).
+            inside = block_size != hash_block_size and bool(
+                getattr(manager.coordinator, "partial_hits_enabled", False))
             for index, block in enumerate(blocks):
                 key = keys[block]
                 if key is None:
+                    continue
+                if inside and key in {make_block_hash_with_group_id(partial, group_id) for partial in
+                                      state_keys_in_block(request.block_hashes, index, hash_block_size,
+                                                          block_size)}:
                     continue
                 if index >= len(view) or key != make_block_hash_with_group_id(BlockHash(view[index]), group_id):
                     raise _fail("REQ-7", f"request {request.request_id!r} group {group_id} holds block {block} "
@@ -138,6 +147,10 @@ def check_hit(manager: Any, request: Request, block_ids: Sequence[Sequence[int]]
                     key is None or keys[blocks[-1]] != make_block_hash_with_group_id(key, group_id))):
                 raise _fail("HYB-1", f"group {group_id} sub-block hit {list(blocks)} for {length} tokens")
             continue
+        if sub_block and block_sizes[group_id] != alignment:
+            _check_sub_block_full_hit(request, group_id, list(blocks), length, alignment,
+                                      block_sizes[group_id], keys)
+            continue
         if len(blocks) * block_sizes[group_id] != length:
             raise _fail("HYB-1", f"group {group_id} hit {len(blocks)} blocks of {block_sizes[group_id]} "
                         f"tokens for a hit of {length}")
@@ -146,6 +159,42 @@ def check_hit(manager: Any, request: Request, block_ids: Sequence[Sequence[int]]
             if block != NULL and keys[block] != make_block_hash_with_group_id(BlockHash(view[index]), group_id):
                 raise _fail("HYB-1", f"group {group_id} hit block {block} at position {index} does not carry "
                             "its position's key")
+
+
+def _check_sub_block_full_hit(request: Request, group_id: int, blocks: list[int], length: int,
+                              hash_block_size: int, block_size: int, keys: Sequence[bytes | None]) -> None:
+    """HYB-1 for a full-attention group larger than the hash block (FPART-1):
+    ``cdiv(L, b)`` blocks, the whole ones under their keys, the last one
+    under its own full key or the partial key of a boundary at or past ``L``
+    inside it. A tail served through its extra entry (D-MAMBA-22) carries
+    the full key of whichever prefix filled it, which a snapshot cannot
+    tell apart: a tail is then only checked to carry a full-length key of
+    the group."""
+    view = group_view(request.block_hashes, hash_block_size, block_size)
+    if len(blocks) != -(-length // block_size):
+        raise _fail("HYB-1", f"group {group_id} sub-block hit {blocks} for {length} tokens")
+    full_length = len(view_key_of(request, block_size, hash_block_size, group_id))
+    for index, block in enumerate(blocks):
+        key = keys[block]
+        if ((index + 1) * block_size > length and key is not None and len(key) == full_length
+                and key.endswith(make_block_hash_with_group_id(BlockHash(b""), group_id))):
+            continue
+        allowed = {make_block_hash_with_group_id(BlockHash(view[index]), group_id)} if index < len(view) else set()
+        if (index + 1) * block_size > length:
+            allowed |= {make_block_hash_with_group_id(request.block_hashes[boundary // hash_block_size - 1],
+                                                      group_id)
+                        for boundary in range(length, (index + 1) * block_size, hash_block_size)
+                        if boundary // hash_block_size <= len(request.block_hashes)}
+        if keys[block] not in allowed:
+            raise _fail("HYB-1", f"group {group_id} hit block {block} at position {index} carries no key "
+                        f"that serves a hit of {length} tokens")
+
+
+def view_key_of(request: Request, block_size: int, hash_block_size: int, group_id: int) -> bytes:
+    """A full key of the group, for its length: ``block_size / hash_block_size``
+    hashes (of the request's first hash's length) and the group id."""
+    width = len(request.block_hashes[0]) if request.block_hashes else 32
+    return make_block_hash_with_group_id(BlockHash(bytes(width * (block_size // hash_block_size))), group_id)
 
 
 def _skipped(spec: KVCacheSpec, num_computed: int) -> int | None:

@@ -139,6 +139,11 @@ class CoordinatorView:
         return found
 
     @property
+    def _cache_hit_alignment_tokens(self) -> int:
+        """The granularity hits land on: the hash block with sub-block hits, else the alignment."""
+        return self.core.hash_block_size if self.core.partial_hits_enabled else self.core.alignment
+
+    @property
     def retention_interval(self) -> int | None:
         return self._retention_interval
 

@@ -26,12 +26,13 @@ __all__ = ["MambaManagerView", "CoreMambaManager", "enable_partial_hits_where_vl
 def enable_partial_hits_where_vllm_would(core: Any, dcp_world_size: int) -> None:
     """Turn the core's sub-block hits on where vLLM 0.33 enables
     ``enable_partial_hash_hits`` and pagedkv supports them (D-MAMBA-14,
-    D-MAMBA-15); elsewhere they stay off and the scheduler never splits
-    chunks for them. vLLM runs Mamba without context parallelism."""
-    if dcp_world_size != 1 or not core.coordinator.partial_hash_hits:
+    D-MAMBA-15, D-MAMBA-21); elsewhere they stay off and the scheduler never
+    splits chunks for them. The core's block sizes are already scaled for
+    DCP; its size widens which Mamba groups qualify (D-MAMBA-20)."""
+    if not core.enable_caching:
         return
     try:
-        core.enable_partial_hash_hits()
+        core.enable_partial_hash_hits(dcp_world_size)
     except InvalidConfigError:
         return  # a configuration pagedkv does not cover yet: block-granular hits
 
