@@ -52,9 +52,8 @@ class BlockView:
 
     @property
     def block_hash_num_tokens(self) -> int | None:
-        # pagedkv caches whole blocks only and keeps no per-block position;
-        # estimate_cached_tokens counts a request's cached blocks instead.
-        return None
+        """Tokens the block's key covers (KEYTOK-1), or None when not cached."""
+        return self._pool.key_tokens(self.block_id)
 
     @property
     def prev_free_block(self) -> Any:
