@@ -240,7 +240,27 @@ class BlockPoolView:
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> (
             list[BlockView] | None):
         ids = self.core.get_cached_block(block_hash, kv_cache_group_ids)
+        if ids is None:
+            ids = self._cached_by_last_hash(bytes(block_hash), kv_cache_group_ids)
         return None if ids is None else self.views(ids)
+
+    def _cached_by_last_hash(self, block_hash: bytes, group_ids: list[int]) -> list[int] | None:
+        """vLLM 0.33 keys a block larger than the hash block by the hash of its
+        last hash block; pagedkv by the concatenation of its hash blocks
+        (D-HASH-5), which ends with that hash. Either names the same prefix,
+        so a miss is looked up again by suffix (D-MAMBA-25). Cost: O(cached keys)."""
+        found: list[int] = []
+        for group_id in group_ids:
+            table = self.core.cached_by_group[group_id]
+            block = table.get(block_hash)
+            if block is None:
+                block = next((holder for key, holder in table.items()
+                              if len(key) > len(block_hash) and len(key) % len(block_hash) == 0
+                              and key.endswith(block_hash)), None)
+            if block is None:
+                return None
+            found.append(block)
+        return found
 
     def get_new_blocks(self, num_blocks: int) -> list[BlockView]:
         return self.views(self.core.get_new_blocks(num_blocks))
