@@ -56,7 +56,8 @@ def publish_checkpoint(manager: MambaManager, request: HashedRequest, request_id
         alignment=manager.cache_hit_alignment_tokens, drop_eagle_block=manager.drop_eagle_checkpoint,
         num_hash_lookahead_tokens=manager.hash_lookahead_tokens(), block_size=manager.block_size,
         retention_interval=manager.retention_interval,
-        shared_prefix_boundary=getattr(request, "shared_prefix_boundary", 0))
+        shared_prefix_boundary=getattr(request, "shared_prefix_boundary", 0),
+        partial_keys=manager.partial_hits)
     if not published:
         pool.evict_blocks([block.block_id])
         return

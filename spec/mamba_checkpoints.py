@@ -136,11 +136,15 @@ def mamba_retention_mask(start_block: int, end_block: int, block_size: int, alig
 
 def checkpoint_published(*, position: int, num_prompt_tokens: object, alignment: int, drop_eagle_block: bool,
                          num_hash_lookahead_tokens: int, block_size: int, retention_interval: int | None,
-                         shared_prefix_boundary: object) -> bool:
+                         shared_prefix_boundary: object, partial_keys: bool) -> bool:
     """Whether a prefill checkpoint's state at ``position`` enters the prefix
     cache (MCKPT-5): it is the prompt's own last reusable boundary, or a block
     end that retention keeps (boundaries aside), or the shared-prefix
-    junction. Otherwise the next step overwrites it: it is transient."""
+    junction. Otherwise the next step overwrites it: it is transient. A
+    position inside its block needs a partial key, so sub-block hits
+    (``partial_keys``) must be on for it to be of use (D-MAMBA-26)."""
+    if position % block_size and not partial_keys:
+        return False
     if type(num_prompt_tokens) is int and position == checkpoint_position(
             num_prompt_tokens, alignment, drop_eagle_block, num_hash_lookahead_tokens):
         return True
