@@ -134,6 +134,7 @@ class KVCacheManager:
         self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
                                                  self.block_pool, retention, self.enable_caching,
                                                  dcp_world_size)
+        self.coordinator.scheduler_block_size = scheduler_block_size
         self._zeroing = ZeroingRecorder(kv_cache_config, self._core.coordinator.block_sizes)
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
