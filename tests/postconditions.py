@@ -273,6 +273,17 @@ def mamba_checkpoints(manager: Any) -> list[dict[str, tuple[int, int]]]:
             if hasattr(group, "checkpoints")]
 
 
+def key_token_counts(manager: Any) -> list[int | None]:
+    """KEYTOK-1: the tokens each block's key covers (``None`` unkeyed), for
+    comparison; a keyed block covers at least one token."""
+    pool = manager.block_pool
+    counts: list[int | None] = [pool.key_tokens(block) for block in range(pool.num_blocks)]
+    for block, count in enumerate(counts):
+        if count is not None and count < 1:
+            raise _fail("KEYTOK-1", f"block {block} is keyed but its key covers {count} tokens")
+    return counts
+
+
 def check_mamba_checkpoint(manager: Any, request_id: str) -> None:
     """MCKPT-1 right after an allocation: a recorded checkpoint names a real
     block at its column; MCKPT-3: the checkpoint block carries no key or

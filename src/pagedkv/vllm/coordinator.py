@@ -144,6 +144,8 @@ class CoordinatorView:
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
         self._retention_interval = retention_interval
+        # The scheduler's block (vLLM's retention and replay unit); the adapter sets it.
+        self.scheduler_block_size: int = core.alignment
         # The dense reference group of per-group lookups: the first
         # full-attention group of a hybrid with caching on, else None.
         self.full_attention_group_id: int | None = next(
@@ -177,7 +179,7 @@ class CoordinatorView:
         scheduler's block (vLLM's resolved alignment, MCKPT-4)."""
         if self.enable_partial_hash_hits:
             return int(self.core.hash_block_size)
-        return int(getattr(self, "scheduler_block_size", self.core.alignment))
+        return self.scheduler_block_size
 
     @property
     def retention_interval(self) -> int | None:
