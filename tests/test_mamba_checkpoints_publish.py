@@ -68,8 +68,9 @@ def test_retention_mask_keeps_segment_ends_and_boundaries() -> None:
 
 
 def test_checkpoint_published_rules() -> None:
-    rule: dict[str, Any] = dict(num_prompt_tokens=240, alignment=16, drop_eagle_block=False, num_hash_lookahead_tokens=0,
-                block_size=32, shared_prefix_boundary=0, partial_keys=True)
+    rule: dict[str, Any] = dict(num_prompt_tokens=240, alignment=16, drop_eagle_block=False,
+                                num_hash_lookahead_tokens=0, block_size=32, shared_prefix_boundary=0,
+                                partial_keys=True)
     assert checkpoint_published(position=224, retention_interval=0, **rule)       # the prompt's boundary
     assert not checkpoint_published(position=112, retention_interval=None, **rule)  # inside a block: transient
     assert checkpoint_published(position=96, retention_interval=None, **rule)     # a kept block end

@@ -31,15 +31,27 @@ __all__ = ["CoordinatorView", "GroupManagerView", "make_coordinator_view"]
 
 
 class LiveBlocks(Sequence[BlockView]):
-    """One request's blocks in one group, read from pagedkv's list on every
+    """One request's blocks in one group, read from pagedkv's table on every
     access: vLLM hands out its own list, which later allocations grow and
-    edit in place, and callers keep it across steps (D-MAMBA-27)."""
+    edit in place, and callers keep it across steps (D-MAMBA-27). Once the
+    request is freed the blocks it held last stay readable, as a list vLLM
+    popped from its table does."""
 
-    __slots__ = ("_ids", "_pool")
+    __slots__ = ("_table", "_request_id", "_last", "_pool")
 
-    def __init__(self, ids: list[int], pool: BlockPoolView) -> None:
-        self._ids = ids
+    def __init__(self, table: dict[str, list[int]], request_id: str, pool: BlockPoolView) -> None:
+        self._table = table
+        self._request_id = request_id
+        self._last = list(table[request_id])
         self._pool = pool
+
+    @property
+    def _ids(self) -> list[int]:
+        ids = self._table.get(self._request_id)
+        if ids is None:
+            return self._last
+        self._last = list(ids)
+        return ids
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -71,7 +83,7 @@ class _BlocksTable(Mapping[str, LiveBlocks]):
         self._pool = pool
 
     def __getitem__(self, request_id: str) -> LiveBlocks:
-        return LiveBlocks(self._table[request_id], self._pool)
+        return LiveBlocks(self._table, request_id, self._pool)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._table)
