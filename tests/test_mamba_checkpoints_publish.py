@@ -1,7 +1,8 @@
 """Which Mamba states get keys and which are handed to a connector
 (spec/mamba.md "Caching and publication": KEYTOK-1, MRET-1, MCKPT-5,
 MOFF-2, MTAIL-1; spec/examples.md "Mamba checkpoint publication"), one
-suite over every implementation, with the block ids a fresh pool hands out.
+suite over every implementation (the ``impl`` fixture of tests/conftest.py),
+with the block ids a fresh pool hands out.
 """
 
 from __future__ import annotations
@@ -16,15 +17,8 @@ from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
 from pagedkv.spec.mamba_spec import MambaSpec
-from tests.implementations import IMPLEMENTATIONS
 
 N = 0  # the null block
-
-
-@pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def impl(request: pytest.FixtureRequest) -> ModuleType:
-    module: ModuleType = IMPLEMENTATIONS[request.param]
-    return module
 
 
 def make(impl: ModuleType, *specs: KVCacheSpec, hash_block_size: int, partial: bool,
