@@ -51,6 +51,10 @@ def check_mamba_retention(manager: Any, request: Request, before: ManagerSnapsho
                 continue
             if after[block] != make_block_hash_with_group_id(BlockHash(view[index]), group_id):
                 continue
+            checkpoint = getattr(manager.coordinator.managers[group_id], "checkpoints", {}).get(
+                request.request_id)
+            if checkpoint is not None and checkpoint[1] == index:
+                continue  # a checkpoint block is published by MCKPT-5, not by the mask
             mask = mamba_retention_mask(index, index + 1, size, unit, retention, kept)
             if mask is not None and not mask[0]:
                 raise InvariantViolation(
