@@ -29,7 +29,7 @@ def retention_mask(manager: MambaManager, request: HashedRequest, num_cached: in
         return None
     boundaries = mamba_kept_boundaries(getattr(request, "num_prompt_tokens", None),
                                        getattr(request, "shared_prefix_boundary", 0),
-                                       manager.alignment, manager.replay_eagle)
+                                       manager.replay_alignment, manager.replay_eagle)
     return mamba_retention_mask(num_cached, num_full, manager.block_size,
                                 manager.cache_hit_alignment_tokens, interval, boundaries)
 
