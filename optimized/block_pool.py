@@ -56,7 +56,7 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
-from .pool_caching import cache_new_run
+from .pool_caching import cache_new_run, record_key_tokens
 from .pool_events import stored_events
 from .pool_recover import recover_pool
 from .pool_view import NULL_BLOCK, PoolView
@@ -80,7 +80,7 @@ class BlockPool(PoolView):
 
     __slots__ = (
         "num_blocks", "enable_caching", "enable_kv_cache_events",
-        "num_groups", "_ref", "_hash", "_gid", "cached_by_group", "dup_by_group", "_queue", "_events",
+        "num_groups", "_ref", "_hash", "_gid", "_key_tokens", "cached_by_group", "dup_by_group", "_queue", "_events",
         "reserved", "num_hash_lookahead_tokens",
     )
 
@@ -103,6 +103,8 @@ class BlockPool(PoolView):
         self._ref: list[int] = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
         self._gid: list[int] = [-1] * num_blocks
+        # Tokens each key covers (KEYTOK-1), read only while the block is keyed.
+        self._key_tokens: list[int] = [0] * num_blocks
         self.cached_by_group: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
         self.dup_by_group: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
         # The null block is never queued (POOL-1).
@@ -433,7 +435,9 @@ class BlockPool(PoolView):
         runs: list[tuple[int, list[BlockHash]]] = []
         if mask is None:  # the rule first, in bulk (pool_caching.py)
             keys = block_hashes[num_cached_blocks:num_full_blocks]
-            if cache_new_run(self, blocks[num_cached_blocks:num_full_blocks], keys, group_id):
+            run = blocks[num_cached_blocks:num_full_blocks]
+            if cache_new_run(self, run, keys, group_id):
+                record_key_tokens(self._key_tokens, run, num_cached_blocks, block_size)
                 if self.enable_kv_cache_events:
                     runs.append((num_cached_blocks, list(keys)))
                 num_full_blocks = num_cached_blocks  # done: skip the per-block loop
@@ -452,6 +456,7 @@ class BlockPool(PoolView):
             block_hash = block_hashes[i]
             hashes[block] = block_hash
             gids[block] = group_id
+            self._key_tokens[block] = (i + 1) * block_size
             # One probe of the table; a key already cached (identical
             # blocks, rare) records this block as a later holder.
             if setdefault(block_hash, block) != block:
@@ -465,6 +470,10 @@ class BlockPool(PoolView):
         if runs:
             self._events.extend(stored_events(request, runs, block_hashes, block_size, group_id,
                                               self.num_hash_lookahead_tokens))
+
+    def key_tokens(self, block_id: int) -> int | None:
+        """Tokens the key of ``block_id`` covers (KEYTOK-1); ``None`` when unkeyed. Cost: O(1)."""
+        return None if self._gid[block_id] < 0 else self._key_tokens[block_id]
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks, in the given order (each

@@ -248,7 +248,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             return
         block, partial = blocks[column], request.block_hashes[boundary // hash_size - 1]
         if gids[block] < 0:
-            key_block(pool, block, partial, self.group_id)
+            key_block(pool, block, partial, self.group_id, boundary)
             return
         if gids[block] != self.group_id or column >= len(keys) or hashes[block] != keys[column]:
             return

@@ -1,11 +1,10 @@
-"""EAGLE per KV-cache group and Mamba sparse retention, optimized side
-(spec/coordinators.md section 4.1, spec/mamba.md "Sparse retention").
+"""EAGLE per KV-cache group, optimized side (spec/coordinators.md section 4.1).
 
 The same rules as the reference, from the shared vocabulary
 (:mod:`pagedkv.spec.eagle`): :func:`apply_eagle_groups` sets each manager's
 ``use_eagle`` (its own hit rule) and ``replay_eagle`` (whether the model
-drafts: the replay positions retention keeps); :func:`mamba_retention_cache_mask`
-is a Mamba group's sparse-retention mask, built once per caching call.
+drafts: the replay positions retention keeps). The Mamba sparse-retention
+mask is :func:`pagedkv.optimized.mamba_publish.retention_mask`.
 """
 
 from __future__ import annotations
@@ -13,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv.spec.config import KVCacheGroupSpec
-from pagedkv.spec.eagle import eagle_group_mask, mamba_kept_boundaries, mamba_retention_mask
-from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.eagle import eagle_group_mask
 from pagedkv.spec.registry import manager_kind_for
 
 from .single_type import SingleTypeManager
 
-__all__ = ["apply_eagle_groups", "mamba_retention_cache_mask", "replay_positions"]
+__all__ = ["apply_eagle_groups", "replay_positions"]
 
 
 def apply_eagle_groups(managers: Sequence[SingleTypeManager], groups: Sequence[KVCacheGroupSpec],
@@ -44,20 +42,3 @@ def replay_positions(num_prompt_tokens: object, alignment: int, eagle: bool) -> 
     resend = (num_prompt_tokens - 1) // alignment * alignment - alignment
     extension = num_prompt_tokens // alignment * alignment - alignment
     return [resend if resend > 0 else 0, extension if extension > 0 else 0]
-
-
-def mamba_retention_cache_mask(manager: SingleTypeManager, request: HashedRequest, num_cached: int,
-                               num_full: int, alignment: int) -> list[bool] | None:
-    """The Mamba state blocks in ``[num_cached, num_full)`` sparse retention
-    publishes (D-MAMBA-35); ``None`` under dense retention.
-    Cost: O(num_full - num_cached)."""
-    retention = manager.retention_interval
-    if retention is None:
-        return None
-    # A Mamba group's replay positions follow the model's alignment even
-    # after sub-block hits lowered its hit alignment (as the reference).
-    replay = replay_positions(getattr(request, "num_prompt_tokens", None),
-                              getattr(manager, "replay_alignment", manager.alignment), manager.replay_eagle)
-    junction = getattr(request, "shared_prefix_boundary", 0)
-    boundaries = mamba_kept_boundaries(replay, junction if isinstance(junction, int) else 0)
-    return mamba_retention_mask(num_cached, num_full, manager.block_size, alignment, retention, boundaries)

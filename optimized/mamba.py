@@ -33,8 +33,8 @@ from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
-from .eagle import mamba_retention_cache_mask
 from .mamba_partial import key_block, move_key
+from .mamba_publish import finalize_partial_tail, publish_checkpoint, retention_mask
 from .single_type import SingleTypeManager
 
 __all__ = ["MambaManager"]
@@ -47,7 +47,7 @@ class MambaManager(SingleTypeManager):
                  "given_state", "checkpoints", "has_checkpoints", "cache_hit_alignment_tokens",
                  "hash_block_size", "drop_eagle_checkpoint",
                  "caching_checkpoint", "offers", "partial_hits", "partial_hit", "copies",
-                 "published_tail", "caching_end", "replay_alignment")
+                 "published_tail", "caching_end", "replay_alignment", "producer_tail")
 
     uses_eagle_rule = False
 
@@ -88,6 +88,8 @@ class MambaManager(SingleTypeManager):
         self.copies: list[tuple[int, int]] = []
         # Requests that published their prompt tail (once each, MPART-4).
         self.published_tail: set[str] = set()
+        # A producer's published tail not yet handed over (MTAIL-1): request -> (block, boundary).
+        self.producer_tail: dict[str, tuple[int, int]] = {}
         # The unaligned end of the caching call in progress (set by the coordinator).
         self.caching_end = -1
 
@@ -179,18 +181,14 @@ class MambaManager(SingleTypeManager):
             self.checkpoints.pop(request_id, None)
 
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
-        """The sparse-retention mask (D-MAMBA-35; ``None`` when dense), less a
-        checkpoint column whose position is not its block's end: its
-        full-block key would name the wrong state (D-MAMBA-12).
-        Cost: O(1) dense, else O(blocks)."""
-        mask = mamba_retention_cache_mask(self, request, num_cached, num_full,
-                                          self.cache_hit_alignment_tokens)  # D-MAMBA-35
+        """The states retention keeps (MRET-1), less a checkpoint column:
+        ``publish_checkpoint`` keys it at its position, or not (MCKPT-5).
+        Cost: O(1) dense without a checkpoint, else O(blocks)."""
+        mask = retention_mask(self, request, num_cached, num_full)
         found = self.caching_checkpoint
         if found is None:
             return mask
-        position, column = found
-        if position % self.block_size == 0 and position // self.block_size == column + 1:
-            return mask
+        column = found[1]
         if column < num_cached or column >= num_full:
             return mask
         result = [True] * (num_full - num_cached) if mask is None else list(mask)
@@ -301,6 +299,9 @@ class MambaManager(SingleTypeManager):
             block_hash = pool._hash[destination]
             if block_hash is not None:
                 self.cached_this_step.add(block_hash)  # filled by this step's copy
+            tail = self.producer_tail.pop(request_id, None) if self.producer_tail else None
+            if tail is not None and tail[0] == source:
+                self.offers.append((request_id, destination, tail[1]))  # the copy keeps it (MOFF-2)
         else:
             blocks[column] = destination
             pool._ref[destination] += 1
@@ -353,18 +354,20 @@ class MambaManager(SingleTypeManager):
             super().cache_blocks(request, view, request_id, num_tokens)
         finally:
             self.caching_checkpoint = None
+        if self.checkpoints and self.mode == "align":
+            publish_checkpoint(self, request, request_id)
         hashes = self.block_pool.block_hashes
+        key_tokens = self.block_pool._key_tokens
         added = self.cached_this_step.add
         offer = self.offers.append if self.mode == "align" else None
         blocks = self.req_to_blocks[request_id]
-        block_size = self.block_size
         for position in range(before, self.num_cached_blocks[request_id]):
             block = blocks[position]
             block_hash = hashes[block]
             if block and block_hash is not None:
                 added(block_hash)
                 if offer is not None:
-                    offer((request_id, block, (position + 1) * block_size))
+                    offer((request_id, block, key_tokens[block]))  # a checkpoint's: its position
         if self.partial_hits:
             self._publish_prompt_tail(request, request_id, num_tokens)
 
@@ -388,8 +391,9 @@ class MambaManager(SingleTypeManager):
         key = state_key(request.block_hashes, num_tokens, hash_size, size)
         if key is None:
             return
-        key_block(self.block_pool, blocks[column], key, self.group_id)
+        key_block(self.block_pool, blocks[column], key, self.group_id, num_tokens)
         self.published_tail.add(request_id)
+        self.producer_tail[request_id] = (blocks[column], num_tokens)
         self.cached_this_step.add(key)
         self.partial_hit[request_id] = (column, blocks[column])
         if self.num_cached_blocks[request_id] > column:
@@ -400,6 +404,11 @@ class MambaManager(SingleTypeManager):
         offers, self.offers = self.offers, []
         return offers
 
+    def finalize_partial_tail(self, request_id: str, num_computed_tokens: int,
+                              num_in_flight_tokens: int) -> tuple[int, int] | None:
+        """A finishing producer's uncopied tail (MTAIL-1), consumed. Cost: O(1)."""
+        return finalize_partial_tail(self, request_id, num_computed_tokens, num_in_flight_tokens)
+
     def release(self, request_id: str) -> None:
         """Forget the request's state bookkeeping, then release its blocks.
         Cost: O(blocks held + offers pending)."""
@@ -409,6 +418,8 @@ class MambaManager(SingleTypeManager):
         if self.partial_hit:
             self.partial_hit.pop(request_id, None)
         self.published_tail.discard(request_id)
+        if self.producer_tail:
+            self.producer_tail.pop(request_id, None)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
         super().release(request_id)

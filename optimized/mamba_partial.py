@@ -16,11 +16,13 @@ from .block_pool import BlockPool
 __all__ = ["key_block", "move_key"]
 
 
-def key_block(pool: BlockPool, block: int, block_hash: BlockHash, group_id: int) -> None:
-    """Give the unkeyed real ``block`` the key ``block_hash`` in ``group_id``. Cost: O(1)."""
+def key_block(pool: BlockPool, block: int, block_hash: BlockHash, group_id: int, num_tokens: int) -> None:
+    """Give the unkeyed real ``block`` the key ``block_hash`` (the state after
+    ``num_tokens`` tokens) in ``group_id``. Cost: O(1)."""
     assert block and pool._gid[block] < 0
     pool._hash[block] = block_hash
     pool._gid[block] = group_id
+    pool._key_tokens[block] = num_tokens
     # The first holder of a key is the table's; identical later ones go to the side map (D-PERF-10).
     if pool.cached_by_group[group_id].setdefault(block_hash, block) != block:
         pool.dup_by_group[group_id].setdefault(block_hash, []).append(block)
@@ -43,4 +45,5 @@ def move_key(pool: BlockPool, source: int, destination: int) -> None:
         later = pool.dup_by_group[group_id][block_hash]
         later[later.index(source)] = destination
     pool._hash[destination], pool._gid[destination] = block_hash, group_id
+    pool._key_tokens[destination] = pool._key_tokens[source]
     pool._hash[source], pool._gid[source] = None, -1

@@ -541,6 +541,29 @@ class KVCacheManager:
                 offloads.setdefault(request_id, []).append((group.group_id, block, num_tokens))
         return offloads
 
+    def finalize_partial_tail_offloads(self, request_id: str, num_computed_tokens: int,
+                                       num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
+        """A finishing request's Mamba ``align`` prompt tails that no copy
+        preserved, for a KV connector to offload from the block itself:
+        ``(group id, block id, boundary)`` per group, in group order. Given only
+        when ``num_in_flight_tokens == 0`` and ``num_computed_tokens`` is the
+        boundary (no later token overwrote the state); the record is consumed
+        either way, so a second call gives nothing (spec/mamba.md, MTAIL-1). Cost: O(groups).
+
+        Raises:
+            InvalidArgumentError: a count is not an int >= 0 (no change).
+        """
+        if not all(type(count) is int and count >= 0 for count in (num_computed_tokens, num_in_flight_tokens)):
+            raise InvalidArgumentError(
+                f"num_computed_tokens and num_in_flight_tokens must be ints >= 0, got "
+                f"{num_computed_tokens!r} and {num_in_flight_tokens!r}")
+        offloads: list[tuple[int, int, int]] = []
+        for group in self.coordinator.mamba_managers:
+            tail = group.finalize_partial_tail(request_id, num_computed_tokens, num_in_flight_tokens)
+            if tail is not None:
+                offloads.append((group.group_id, tail[0], tail[1]))
+        return offloads
+
     def new_step_starts(self) -> None:
         """Per-step hook (no-op for full attention). Cost: O(groups)."""
         self._coordinator.new_step_starts()

@@ -18,7 +18,7 @@ from pagedkv.spec.types import BlockHash
 if TYPE_CHECKING:
     from .block_pool import BlockPool
 
-__all__ = ["cache_new_run"]
+__all__ = ["cache_new_run", "record_key_tokens"]
 
 
 def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash], group_id: int) -> bool:
@@ -58,3 +58,17 @@ def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash]
             hashes[block] = key
             gids[block] = group_id
     return True
+
+
+def record_key_tokens(key_tokens: list[int], run: Sequence[int], first_index: int, block_size: int) -> None:
+    """Record, for a run :func:`cache_new_run` keyed, the tokens each key
+    covers: ``(first_index + k + 1) * block_size`` for ``run[k]`` (KEYTOK-1).
+    A slice store when the ids are consecutive. Cost: O(len(run))."""
+    start = (first_index + 1) * block_size
+    counts = range(start, start + len(run) * block_size, block_size)
+    first = run[0]
+    if run[-1] - first == len(run) - 1 and list(run) == list(range(first, first + len(run))):
+        key_tokens[first:first + len(run)] = counts
+    else:
+        for block, count in zip(run, counts):
+            key_tokens[block] = count

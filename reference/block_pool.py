@@ -48,6 +48,8 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHashWithGroupId | None = None
+    # Prompt tokens the key covers (KEYTOK-1); meaningful only while keyed.
+    key_tokens: int = 0
 
     @property
     def is_null(self) -> bool:
@@ -205,6 +207,7 @@ class BlockPool:
                 continue
             key = make_block_hash_with_group_id(block_hashes[index], group_id)
             block.block_hash = key
+            block.key_tokens = (index + 1) * block_size
             self.cached.setdefault(key, []).append(block)
             if runs and runs[-1][-1] == index - 1:
                 runs[-1].append(index)
@@ -228,6 +231,13 @@ class BlockPool:
                 extra_keys=extra_keys,
                 lookahead_token_ids=lookahead_token_ids,
             ))
+
+    def key_tokens(self, block_id: int) -> int | None:
+        """How many tokens the key of block ``block_id`` covers: ``(i + 1) * b``
+        for a full-block key of position ``i``, the boundary for a Mamba
+        partial key (KEYTOK-1); ``None`` for an unkeyed block."""
+        block = self.blocks[block_id]
+        return None if block.block_hash is None else block.key_tokens
 
     def _evict(self, block: KVCacheBlock) -> None:
         """Drop a block's cache key, if any, with a ``BlockRemoved`` event."""

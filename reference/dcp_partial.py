@@ -210,7 +210,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             return
         block, partial = blocks[column], request.block_hashes[boundary // hash_size - 1]
         if block.block_hash is None:
-            key_block(self.block_pool, block, partial, self.group_id)
+            key_block(self.block_pool, block, partial, self.group_id, boundary)
             return
         if column >= len(block_hashes) or block.block_hash != make_block_hash_with_group_id(
                 block_hashes[column], self.group_id):

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.eagle import mamba_retention_cache_mask
 from pagedkv.reference.mamba_partial import hit_padding, key_block, move_key
+from pagedkv.reference.mamba_publish import finalize_partial_tail, publish_checkpoint, retention_mask
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
@@ -81,6 +81,9 @@ class MambaManager(SingleTypeManager):
         # Requests that published their prompt tail: once per request, so the
         # block a producer keeps writing after its copy is never keyed again.
         self.published_tail: set[str] = set()
+        # A producer's published tail not yet handed to a connector (MTAIL-1):
+        # request -> (block, boundary).
+        self.producer_tail: dict[str, tuple[KVCacheBlock, int]] = {}
         # The unaligned end of the caching call in progress (set by the coordinator).
         self.caching_end = -1
 
@@ -163,16 +166,15 @@ class MambaManager(SingleTypeManager):
             self.checkpoints[request_id] = found
 
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
-        # A checkpoint block holds the state at its checkpoint position; when
-        # that is not the block's own end its full-block key would name the
-        # wrong state, so the block is not published (D-MAMBA-12).
-        mask = mamba_retention_cache_mask(self, request, num_cached, num_full,
-                                          self.cache_hit_alignment_tokens)  # D-MAMBA-35
+        # Sparse retention keeps some states only (MRET-1). A checkpoint block
+        # holds the state at its checkpoint position, never by its full-block
+        # key: ``publish_checkpoint`` keys it afterwards, or not (MCKPT-5).
+        mask = retention_mask(self, request, num_cached, num_full)
         found = self.caching_checkpoint
         if found is None:
             return mask
-        position, column = found
-        if position == (column + 1) * self.block_size or not num_cached <= column < num_full:
+        column = found[1]
+        if not num_cached <= column < num_full:
             return mask
         mask = [True] * (num_full - num_cached) if mask is None else list(mask)
         mask[column - num_cached] = False
@@ -278,6 +280,10 @@ class MambaManager(SingleTypeManager):
             if destination.block_hash is not None:
                 # Filled only by this step's copy: no hit on it this step.
                 self.cached_this_step.add(destination.block_hash)
+            tail = self.producer_tail.pop(request_id, None)
+            if tail is not None and tail[0] is source:
+                # The copy keeps the producer's boundary state: offer it (MOFF-2).
+                self.offers.append((request_id, destination, tail[1]))
         else:
             # The hit reference on ``source`` becomes its retention.
             blocks[column] = destination
@@ -319,13 +325,16 @@ class MambaManager(SingleTypeManager):
             super().cache_blocks(request, block_hashes, request_id, num_tokens)
         finally:
             self.caching_checkpoint = None
+        if self.mode == "align":
+            publish_checkpoint(self, request, request_id)
         after = self.num_cached_blocks[request_id]
         for position in range(before, after):
             block = self.req_to_blocks[request_id][position]
             if not block.is_null and block.block_hash is not None:
                 self.cached_this_step.add(block.block_hash)
                 if self.mode == "align":
-                    self.offers.append((request_id, block, (position + 1) * self.block_size))
+                    # The tokens its key covers: a checkpoint's are its position (MOFF-1).
+                    self.offers.append((request_id, block, block.key_tokens))
         if self.partial_hits:
             self._publish_prompt_tail(request, request_id, num_tokens)
 
@@ -349,8 +358,9 @@ class MambaManager(SingleTypeManager):
         if column >= len(blocks) or blocks[column].is_null or blocks[column].block_hash is not None or key is None:
             return
         source = blocks[column]
-        self.cached_this_step.add(key_block(self.block_pool, source, key, self.group_id))
+        self.cached_this_step.add(key_block(self.block_pool, source, key, self.group_id, num_tokens))
         self.published_tail.add(request_id)
+        self.producer_tail[request_id] = (source, num_tokens)
         self.partial_hit[request_id] = (column, source)
         self.num_cached_blocks[request_id] = min(self.num_cached_blocks[request_id], column)
 
@@ -371,6 +381,11 @@ class MambaManager(SingleTypeManager):
         offers, self.offers = self.offers, []
         return offers
 
+    def finalize_partial_tail(self, request_id: str, num_computed_tokens: int,
+                              num_in_flight_tokens: int) -> tuple[KVCacheBlock, int] | None:
+        """A finishing producer's uncopied tail (MTAIL-1), consumed."""
+        return finalize_partial_tail(self, request_id, num_computed_tokens, num_in_flight_tokens)
+
     def release(self, request_id: str) -> None:
         # Its blocks go back to the pool: an offer not yet taken would name a
         # block another request may be handed next (MOFF-1).
@@ -378,6 +393,7 @@ class MambaManager(SingleTypeManager):
         self.checkpoints.pop(request_id, None)
         self.partial_hit.pop(request_id, None)
         self.published_tail.discard(request_id)
+        self.producer_tail.pop(request_id, None)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)
         super().release(request_id)

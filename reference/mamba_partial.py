@@ -14,11 +14,14 @@ from pagedkv.spec.types import BlockHash, BlockHashWithGroupId, make_block_hash_
 __all__ = ["key_block", "move_key", "hit_padding"]
 
 
-def key_block(pool: BlockPool, block: KVCacheBlock, block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
-    """Give an unkeyed block the partial key ``block_hash`` (no event: D-MAMBA-18)."""
+def key_block(pool: BlockPool, block: KVCacheBlock, block_hash: BlockHash, group_id: int,
+              num_tokens: int) -> BlockHashWithGroupId:
+    """Give an unkeyed block the key ``block_hash`` of the state after
+    ``num_tokens`` tokens (no event: D-MAMBA-18)."""
     assert block.block_hash is None and not block.is_null
     key = make_block_hash_with_group_id(block_hash, group_id)
     block.block_hash = key
+    block.key_tokens = num_tokens
     pool.cached.setdefault(key, []).append(block)
     return key
 
@@ -35,6 +38,7 @@ def move_key(pool: BlockPool, source: KVCacheBlock, destination: KVCacheBlock) -
     holders[holders.index(source)] = destination
     source.block_hash = None
     destination.block_hash = key
+    destination.key_tokens = source.key_tokens
 
 
 def hit_padding(num_tokens: int, block_size: int) -> int:

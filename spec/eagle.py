@@ -1,5 +1,4 @@
-"""EAGLE per KV-cache group and Mamba sparse retention: shared vocabulary
-(spec/coordinators.md section 4.1, spec/mamba.md "Sparse retention").
+"""EAGLE per KV-cache group: shared vocabulary (spec/coordinators.md section 4.1).
 
 Pure functions both implementations call, so the rules are stated once:
 
@@ -10,15 +9,15 @@ Pure functions both implementations call, so the rules are stated once:
 - :func:`eagle_peek_limit`: how far an EAGLE group may look for the block it
   gives back. With several groups the peek may pass the hit cap up to the
   hashed tokens (D-SWA-15); one group keeps the cap.
-- :func:`mamba_retention_mask`: which full Mamba state blocks sparse
-  retention publishes (D-MAMBA-35).
+The Mamba sparse-retention rule (D-MAMBA-35) lives with the other Mamba
+publication rules in :mod:`pagedkv.spec.mamba_checkpoints`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-__all__ = ["eagle_group_mask", "eagle_peek_limit", "mamba_retention_mask", "mamba_kept_boundaries"]
+__all__ = ["eagle_group_mask", "eagle_peek_limit"]
 
 
 def eagle_group_mask(marked: Sequence[bool], sibling_keys: Sequence[Hashable], use_eagle: bool) -> tuple[bool, ...]:
@@ -59,53 +58,3 @@ def eagle_peek_limit(max_length: int, num_hashed_tokens: int, num_groups: int) -
     if num_groups <= 1:
         return max_length
     return max(max_length, num_hashed_tokens)
-
-
-def mamba_kept_boundaries(replay: Sequence[int], shared_prefix_boundary: int) -> tuple[int, ...]:
-    """The positions whose state sparse retention keeps for a Mamba group:
-    the prompt's replay positions and a positive shared-prefix junction
-    (Mamba has no draft layer, so no EAGLE block below the junction).
-
-    pre: all(position >= 0 for position in replay)
-    post: set(replay) <= set(__return__)
-    """
-    if shared_prefix_boundary > 0:
-        return (*replay, shared_prefix_boundary)
-    return tuple(replay)
-
-
-def mamba_retention_mask(start_block: int, end_block: int, block_size: int, alignment: int,
-                         retention_interval: int | None,
-                         boundaries: Sequence[int]) -> list[bool] | None:
-    """Which Mamba state blocks in ``[start_block, end_block)`` sparse
-    retention publishes; ``None``: all of them (D-MAMBA-35).
-
-    Block ``i`` holds the state after ``(i + 1) * block_size`` tokens and a
-    hit needs that one block, so no window and no EAGLE shift. Dense
-    (``None``) keeps all; ``k > 0`` keeps the block ending each ``k``-token
-    segment (all when ``k <= block_size``); ``0`` and ``k > 0`` also keep,
-    for each kept boundary ``B``, the block ending at ``B`` floored to
-    ``alignment``.
-
-    pre: 0 <= start_block <= end_block
-    pre: block_size >= 1 and alignment >= 1
-    pre: retention_interval is None or retention_interval >= 0
-    pre: all(boundary >= 0 for boundary in boundaries)
-    post: __return__ is None or len(__return__) == end_block - start_block
-    post: retention_interval is not None or __return__ is None
-    """
-    if retention_interval is None:
-        return None
-    mask = [False for _ in range(start_block, end_block)]
-    if retention_interval > 0:
-        per_segment = retention_interval // block_size
-        if per_segment <= 1:
-            return None
-        for index in range(start_block, end_block):
-            if (index + 1) % per_segment == 0:
-                mask[index - start_block] = True
-    for boundary in boundaries:
-        state_block = boundary // alignment * alignment // block_size - 1
-        if start_block <= state_block < end_block:
-            mask[state_block - start_block] = True
-    return mask

@@ -16,7 +16,8 @@ from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.mamba_spec import MambaSpec
 
 __all__ = ["checkpoint_position", "checkpoint_column", "checkpoint_exportable",
-           "partial_hash_hits_configured", "FINE_GRAINED_KINDS"]
+           "partial_hash_hits_configured", "FINE_GRAINED_KINDS", "mamba_kept_boundaries",
+           "mamba_retention_mask", "checkpoint_published"]
 
 
 def checkpoint_position(num_tokens: int, alignment: int, drop_eagle_block: bool,
@@ -80,3 +81,76 @@ def partial_hash_hits_configured(kinds: Sequence[str], specs: Sequence[KVCacheSp
     # Groups outside prefix caching (rings) never look up (PFX-1).
     return all(kind in FINE_GRAINED_KINDS or size == hash_block_size or not prefix_cacheable(spec)
                for kind, size, spec in zip(kinds, block_sizes, specs))
+
+
+def mamba_kept_boundaries(num_prompt_tokens: object, shared_prefix_boundary: object, alignment: int,
+                          use_eagle: bool) -> tuple[int, ...]:
+    """Token positions whose state sparse retention keeps in a Mamba group
+    (MRET-1): where a replay of the prompt resumes (an exact resend stops
+    one token short; with EAGLE one alignment unit below the resend's and a
+    longer sibling's aligned ends) and the shared-prefix junction the engine
+    pinned. A state has no window, so no block before or after is added."""
+    kept: list[int] = []
+    if type(num_prompt_tokens) is int and num_prompt_tokens >= 1:
+        if use_eagle:
+            resend = (num_prompt_tokens - 1) // alignment * alignment
+            extension = num_prompt_tokens // alignment * alignment
+            kept.extend(sorted({max(resend - alignment, 0), max(extension - alignment, 0)}))
+        else:
+            kept.append(num_prompt_tokens - 1)
+    if type(shared_prefix_boundary) is int and shared_prefix_boundary > 0:
+        kept.append(shared_prefix_boundary)
+    return tuple(kept)
+
+
+def mamba_retention_mask(start_block: int, end_block: int, block_size: int, alignment: int,
+                         retention_interval: int | None, boundaries: Sequence[int]) -> list[bool] | None:
+    """Which of a Mamba group's blocks ``[start_block, end_block)`` keep their
+    state in the prefix cache (MRET-1); ``None``: all of them.
+
+    Block ``i`` holds the state after ``(i + 1) * block_size`` tokens. Dense
+    retention (``None``) keeps all; ``k > 0`` keeps the blocks ending on a
+    multiple of ``k`` (all when ``k`` spans at most one block); ``0`` none of
+    those. Under sparse retention the block ending just below each boundary,
+    floored to the alignment, is kept as well.
+
+    pre: 0 <= start_block <= end_block and block_size >= 1 and alignment >= 1
+    post: __return__ is None or len(__return__) == end_block - start_block
+    """
+    if retention_interval is None:
+        return None
+    mask = [False] * (end_block - start_block)
+    if retention_interval > 0:
+        per_segment = retention_interval // block_size
+        if per_segment <= 1:
+            return None
+        for index in range(start_block, end_block):
+            if (index + 1) % per_segment == 0:
+                mask[index - start_block] = True
+    for boundary in boundaries:
+        index = boundary // alignment * alignment // block_size - 1
+        if start_block <= index < end_block:
+            mask[index - start_block] = True
+    return mask
+
+
+def checkpoint_published(*, position: int, num_prompt_tokens: object, alignment: int, drop_eagle_block: bool,
+                         num_hash_lookahead_tokens: int, block_size: int, retention_interval: int | None,
+                         shared_prefix_boundary: object, partial_keys: bool) -> bool:
+    """Whether a prefill checkpoint's state at ``position`` enters the prefix
+    cache (MCKPT-5): it is the prompt's own last reusable boundary, or a block
+    end that retention keeps (boundaries aside), or the shared-prefix
+    junction. Otherwise the next step overwrites it: it is transient. A
+    position inside its block needs a partial key, so sub-block hits
+    (``partial_keys``) must be on for it to be of use (D-MAMBA-26)."""
+    if position % block_size and not partial_keys:
+        return False
+    if type(num_prompt_tokens) is int and position == checkpoint_position(
+            num_prompt_tokens, alignment, drop_eagle_block, num_hash_lookahead_tokens):
+        return True
+    if position % block_size == 0:
+        index = position // block_size - 1
+        kept = mamba_retention_mask(index, index + 1, block_size, alignment, retention_interval, ())
+        if kept is None or kept[0]:
+            return True
+    return position == shared_prefix_boundary

@@ -10,11 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pagedkv.reference import rules
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.dcp import partial_hits_configured_under_dcp
-from pagedkv.spec.eagle import mamba_kept_boundaries, mamba_retention_mask
 from pagedkv.spec.errors import InvariantViolation
+from pagedkv.spec.mamba_checkpoints import mamba_kept_boundaries, mamba_retention_mask
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request
@@ -40,9 +39,8 @@ def check_mamba_retention(manager: Any, request: Request, before: ManagerSnapsho
     fine = partial_hits_configured_under_dcp([manager_kind_for(spec) for spec in specs], specs, sizes,
                                              hash_block_size, dcp)
     unit = hash_block_size if fine else alignment
-    replay = rules.replay_boundaries(request.num_prompt_tokens, alignment, bool(options.get("use_eagle")))
     junction = getattr(request, "shared_prefix_boundary", 0)
-    kept = mamba_kept_boundaries(replay, junction)
+    kept = mamba_kept_boundaries(request.num_prompt_tokens, junction, alignment, bool(options.get("use_eagle")))
     after = manager.snapshot().pool.block_hashes
     for group_id, (spec, size) in enumerate(zip(specs, sizes)):
         if not isinstance(spec, MambaSpec):
@@ -53,6 +51,10 @@ def check_mamba_retention(manager: Any, request: Request, before: ManagerSnapsho
                 continue
             if after[block] != make_block_hash_with_group_id(BlockHash(view[index]), group_id):
                 continue
+            checkpoint = getattr(manager.coordinator.managers[group_id], "checkpoints", {}).get(
+                request.request_id)
+            if checkpoint is not None and checkpoint[1] == index:
+                continue  # a checkpoint block is published by MCKPT-5, not by the mask
             mask = mamba_retention_mask(index, index + 1, size, unit, retention, kept)
             if mask is not None and not mask[0]:
                 raise InvariantViolation(

@@ -273,10 +273,21 @@ def mamba_checkpoints(manager: Any) -> list[dict[str, tuple[int, int]]]:
             if hasattr(group, "checkpoints")]
 
 
+def key_token_counts(manager: Any) -> list[int | None]:
+    """KEYTOK-1: the tokens each block's key covers (``None`` unkeyed), for
+    comparison; a keyed block covers at least one token."""
+    pool = manager.block_pool
+    counts: list[int | None] = [pool.key_tokens(block) for block in range(pool.num_blocks)]
+    for block, count in enumerate(counts):
+        if count is not None and count < 1:
+            raise _fail("KEYTOK-1", f"block {block} is keyed but its key covers {count} tokens")
+    return counts
+
+
 def check_mamba_checkpoint(manager: Any, request_id: str) -> None:
     """MCKPT-1 right after an allocation: a recorded checkpoint names a real
-    block at its column; MCKPT-3: a checkpoint inside its block is not
-    published under the block's full-block key."""
+    block at its column; MCKPT-3: the checkpoint block carries no key or
+    the key of its position (KEYTOK-1)."""
     for group in manager.coordinator.managers:
         found = getattr(group, "checkpoints", {}).get(request_id)
         if found is None:
@@ -288,10 +299,10 @@ def check_mamba_checkpoint(manager: Any, request_id: str) -> None:
                         f"{position} reserved column {column} but the block there is null or missing")
         block = blocks[column]
         block_id = block.block_id if hasattr(block, "block_id") else block
-        if position != (column + 1) * group.block_size and \
-                manager.snapshot().pool.block_hashes[block_id] is not None:
+        covered = group.block_pool.key_tokens(block_id)
+        if covered is not None and covered != position:
             raise _fail("MCKPT-3", f"request {request_id!r} group {group.group_id}: block {block_id} "
-                        f"holds the checkpoint at {position} but carries a full-block key")
+                        f"holds the checkpoint at {position} but its key covers {covered} tokens")
 
 
 def check_offers_dropped(manager: Any, request_id: str) -> None:

@@ -168,6 +168,7 @@ class Lockstep(RuleBasedStateMachine):
                 assert manager.usage == first.usage
                 assert manager.block_pool.get_num_free_blocks() == first.block_pool.get_num_free_blocks()
                 assert postconditions.mamba_checkpoints(manager) == postconditions.mamba_checkpoints(first)
+                assert postconditions.key_token_counts(manager) == postconditions.key_token_counts(first)
             manager.check_invariants()
             postconditions.check_position_keys(manager, [pair.requests[index] for pair in known])
 
@@ -358,6 +359,14 @@ class Lockstep(RuleBasedStateMachine):
         """A KV connector drains the Mamba boundary-state offers (MOFF-1):
         the same requests, groups, block ids and token counts everywhere."""
         self.each(lambda i, m: m.take_boundary_state_offloads())
+
+    @precondition(lambda self: self.has_mamba)
+    @rule(rid=request_ids, in_flight=st.sampled_from([0, 0, 1]))
+    def finalize_partial_tail_offloads(self, rid: str, in_flight: int) -> None:
+        """A request finishing: its uncopied Mamba prompt tails, handed over once
+        (MTAIL-1); the same groups, block ids and boundaries everywhere."""
+        num_computed = self.tracked[rid].num_computed
+        self.each(lambda i, m: m.finalize_partial_tail_offloads(rid, num_computed, in_flight))
 
     @precondition(lambda self: self.setup.options["log_stats"])
     @rule()

@@ -52,9 +52,8 @@ class BlockView:
 
     @property
     def block_hash_num_tokens(self) -> int | None:
-        # pagedkv caches whole blocks only and keeps no per-block position;
-        # estimate_cached_tokens counts a request's cached blocks instead.
-        return None
+        """Tokens the block's key covers (KEYTOK-1), or None when not cached."""
+        return self._pool.key_tokens(self.block_id)
 
     @property
     def prev_free_block(self) -> Any:
@@ -241,7 +240,27 @@ class BlockPoolView:
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> (
             list[BlockView] | None):
         ids = self.core.get_cached_block(block_hash, kv_cache_group_ids)
+        if ids is None:
+            ids = self._cached_by_last_hash(bytes(block_hash), kv_cache_group_ids)
         return None if ids is None else self.views(ids)
+
+    def _cached_by_last_hash(self, block_hash: bytes, group_ids: list[int]) -> list[int] | None:
+        """vLLM 0.33 keys a block larger than the hash block by the hash of its
+        last hash block; pagedkv by the concatenation of its hash blocks
+        (D-HASH-5), which ends with that hash. Either names the same prefix,
+        so a miss is looked up again by suffix (D-MAMBA-25). Cost: O(cached keys)."""
+        found: list[int] = []
+        for group_id in group_ids:
+            table = self.core.cached_by_group[group_id]
+            block = table.get(block_hash)
+            if block is None:
+                block = next((holder for key, holder in table.items()
+                              if len(key) > len(block_hash) and len(key) % len(block_hash) == 0
+                              and key.endswith(block_hash)), None)
+            if block is None:
+                return None
+            found.append(block)
+        return found
 
     def get_new_blocks(self, num_blocks: int) -> list[BlockView]:
         return self.views(self.core.get_new_blocks(num_blocks))

@@ -30,15 +30,60 @@ ZeroingBlockIds = list[int]
 __all__ = ["CoordinatorView", "GroupManagerView", "make_coordinator_view"]
 
 
-class _BlocksTable(Mapping[str, list[BlockView]]):
-    """``req_to_blocks``: request id -> the group's blocks (fresh view lists)."""
+class LiveBlocks(Sequence[BlockView]):
+    """One request's blocks in one group, read from pagedkv's table on every
+    access: vLLM hands out its own list, which later allocations grow and
+    edit in place, and callers keep it across steps (D-MAMBA-27). Once the
+    request is freed the blocks it held last stay readable, as a list vLLM
+    popped from its table does."""
+
+    __slots__ = ("_table", "_request_id", "_last", "_pool")
+
+    def __init__(self, table: dict[str, list[int]], request_id: str, pool: BlockPoolView) -> None:
+        self._table = table
+        self._request_id = request_id
+        self._last = list(table[request_id])
+        self._pool = pool
+
+    @property
+    def _ids(self) -> list[int]:
+        ids = self._table.get(self._request_id)
+        if ids is None:
+            return self._last
+        self._last = list(ids)
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self._pool.views(self._ids[index])
+        return self._pool.blocks[self._ids[index]]
+
+    def __iter__(self) -> Iterator[BlockView]:
+        return iter(self._pool.views(self._ids))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple, LiveBlocks)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class _BlocksTable(Mapping[str, LiveBlocks]):
+    """``req_to_blocks``: request id -> the group's blocks (live views)."""
 
     def __init__(self, table: dict[str, list[int]], pool: BlockPoolView) -> None:
         self._table = table
         self._pool = pool
 
-    def __getitem__(self, request_id: str) -> list[BlockView]:
-        return self._pool.views(self._table[request_id])
+    def __getitem__(self, request_id: str) -> LiveBlocks:
+        return LiveBlocks(self._table, request_id, self._pool)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._table)
@@ -111,6 +156,8 @@ class CoordinatorView:
         self.eagle_group_ids: tuple[int, ...] = ()
         self.num_reprefillable_tokens = 0
         self._retention_interval = retention_interval
+        # The scheduler's block (vLLM's retention and replay unit); the adapter sets it.
+        self.scheduler_block_size: int = core.alignment
         # The dense reference group of per-group lookups: the first
         # full-attention group of a hybrid with caching on, else None.
         self.full_attention_group_id: int | None = next(
@@ -140,8 +187,11 @@ class CoordinatorView:
 
     @property
     def _cache_hit_alignment_tokens(self) -> int:
-        """The granularity hits land on: the hash block with sub-block hits, else the alignment."""
-        return self.core.hash_block_size if self.core.partial_hits_enabled else self.core.alignment
+        """Where hits land: the hash block with sub-block hits, else the
+        scheduler's block (vLLM's resolved alignment, MCKPT-4)."""
+        if self.enable_partial_hash_hits:
+            return int(self.core.hash_block_size)
+        return self.scheduler_block_size
 
     @property
     def retention_interval(self) -> int | None:

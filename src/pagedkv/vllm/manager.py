@@ -134,6 +134,7 @@ class KVCacheManager:
         self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
                                                  self.block_pool, retention, self.enable_caching,
                                                  dcp_world_size)
+        self.coordinator.scheduler_block_size = scheduler_block_size
         self._zeroing = ZeroingRecorder(kv_cache_config, self._core.coordinator.block_sizes)
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
@@ -479,8 +480,9 @@ class KVCacheManager:
         return self._core.take_boundary_state_offloads()
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        """Mamba partial-tail offloads: not in pagedkv, so none."""
-        return []
+        """A finishing request's uncopied Mamba prompt tails (the core's, MTAIL-1)."""
+        return self._core.finalize_partial_tail_offloads(
+            request.request_id, request.num_computed_tokens, getattr(request, "num_in_flight_tokens", 0))
 
     def __repr__(self) -> str:
         return f"pagedkv.vllm.KVCacheManager({self._core!r})"

@@ -1,0 +1,80 @@
+"""Which Mamba states enter the prefix cache, and which are handed to a KV
+connector (spec/mamba.md, "Publication": MRET-1, MCKPT-5, MOFF-2, MTAIL-1).
+
+Kept apart from :mod:`pagedkv.reference.mamba` so each rule reads on its own:
+
+- sparse retention thins the full-block states a Mamba group caches
+  (:func:`retention_mask`);
+- a prefill checkpoint block is keyed at its exported position when that
+  state is worth keeping, else it stays unkeyed (:func:`publish_checkpoint`);
+- a producer's published prompt tail is handed to the connector once:
+  as its copy-on-write destination, or, when the request ends before any
+  later token ran, as the block itself (:func:`finalize_partial_tail`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pagedkv.reference.mamba_partial import key_block
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
+from pagedkv.spec.mamba_partial import state_key
+
+if TYPE_CHECKING:
+    from pagedkv.reference.block_pool import KVCacheBlock
+    from pagedkv.reference.mamba import MambaManager
+
+__all__ = ["retention_mask", "publish_checkpoint", "finalize_partial_tail"]
+
+
+def retention_mask(manager: MambaManager, request: HashedRequest, num_cached: int,
+                   num_full: int) -> list[bool] | None:
+    """The full-block states of ``[num_cached, num_full)`` retention keeps (MRET-1)."""
+    boundaries = mamba_kept_boundaries(getattr(request, "num_prompt_tokens", None),
+                                       getattr(request, "shared_prefix_boundary", 0),
+                                       manager.alignment, manager.replay_eagle)
+    return mamba_retention_mask(num_cached, num_full, manager.block_size,
+                                manager.cache_hit_alignment_tokens, manager.retention_interval, boundaries)
+
+
+def publish_checkpoint(manager: MambaManager, request: HashedRequest, request_id: str) -> None:
+    """Key the request's checkpoint block at its position when the state is
+    published (MCKPT-5), replacing any other key it carries; else make sure
+    it carries none (the next step overwrites it)."""
+    found = manager.checkpoints.get(request_id)
+    if found is None:
+        return
+    position, column = found
+    blocks = manager.req_to_blocks[request_id]
+    if column >= len(blocks) or blocks[column].is_null:
+        return
+    block = blocks[column]
+    pool = manager.block_pool
+    published = checkpoint_published(
+        position=position, num_prompt_tokens=getattr(request, "num_prompt_tokens", None),
+        alignment=manager.cache_hit_alignment_tokens, drop_eagle_block=manager.drop_eagle_checkpoint,
+        num_hash_lookahead_tokens=manager.hash_lookahead_tokens(), block_size=manager.block_size,
+        retention_interval=manager.retention_interval,
+        shared_prefix_boundary=getattr(request, "shared_prefix_boundary", 0),
+        partial_keys=manager.partial_hits)
+    if not published:
+        pool.evict_blocks([block.block_id])
+        return
+    if pool.key_tokens(block.block_id) == position:
+        return  # keyed there already (an earlier call this step)
+    key = state_key(request.block_hashes, position, manager.hash_block_size, manager.block_size)
+    if key is None:
+        return  # the hashes do not reach the position yet
+    pool.evict_blocks([block.block_id])
+    manager.cached_this_step.add(key_block(pool, block, key, manager.group_id, position))
+
+
+def finalize_partial_tail(manager: MambaManager, request_id: str, num_computed_tokens: int,
+                          num_in_flight_tokens: int) -> tuple[KVCacheBlock, int] | None:
+    """A finishing producer's published tail block and boundary, when no token
+    past the boundary ran (MTAIL-1); the record is consumed either way."""
+    tail = manager.producer_tail.pop(request_id, None)
+    if tail is None or num_in_flight_tokens != 0 or num_computed_tokens != tail[1]:
+        return None
+    return tail
