@@ -20,7 +20,6 @@ and hands any other back.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,7 +27,6 @@ from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
-from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 from . import validation
@@ -36,14 +34,15 @@ from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator, make_coordinator
 from .hasher import make_block_hasher
-from .pool_invariants import check_request_invariants
+from .manager_reads import ManagerReads
 from .recovery import recover
+from .sub_block_ops import SubBlockOperations
 
 __all__ = ["KVCacheManager"]
 
 
 
-class KVCacheManager:
+class KVCacheManager(ManagerReads, SubBlockOperations):
     """Allocates KV cache blocks to requests, with prefix caching.
 
     Args:
@@ -452,45 +451,9 @@ class KVCacheManager:
             self.prefix_cache_stats.reset = True
         return True
 
-    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
-        """Per group, the leading blocks of the request that every known
-        request holds.
-
-        Cost: O(groups + common blocks).
-
-        Raises:
-            UnknownRequestError: the request holds no allocation.
-        """
-        validation.known(self._coordinator, request_id)
-        return self._coordinator.get_num_common_prefix_blocks(request_id)
-
     def take_events(self) -> list[KVCacheEvent]:
         """Pending events, oldest first; empties the queue. Cost: O(1)."""
         return self._pool.take_events()
-
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """The request's blocks per group (a copy).
-
-        Cost: O(blocks held).
-
-        Raises:
-            UnknownRequestError: the request holds no allocation.
-        """
-        validation.known(self._coordinator, request_id)
-        return KVCacheBlocks(
-            tuple([list(group) for group in self._coordinator.get_blocks(request_id)]),
-            self._pool.block_hashes)
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """The request's block ids per group (fresh lists).
-
-        Cost: O(blocks held).
-
-        Raises:
-            UnknownRequestError: the request holds no allocation.
-        """
-        validation.known(self._coordinator, request_id)
-        return tuple([list(group) for group in self._coordinator.get_blocks(request_id)])
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The stats since the last call (replaced by fresh ones), or None
@@ -501,102 +464,11 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
 
-    def enable_partial_hash_hits(self, dcp_world_size: int = 1) -> None:
-        """Turn on sub-block hits with copy-on-write (spec/mamba.md, MPART-1..4,
-        FPART-1..4); ``dcp_world_size``: the decode context parallelism the
-        group block sizes already reflect (D-MAMBA-20).
-
-        Raises:
-            InvalidConfigError: unsupported configuration (D-MAMBA-15, D-MAMBA-21), requests
-                already known, or a malformed ``dcp_world_size``.
-        Cost: O(groups).
-        """
-        self._coordinator.enable_partial_hash_hits(dcp_world_size)
-
-    def take_kv_cache_block_copies(self, *, hand_over: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
-        """Copy-on-write copies queued since the last call and the retained
-        block ids (each pair's source then destination), released with
-        :meth:`release_copy_retentions` once the copies ran (MPART-3), or
-        with ``hand_over`` freed by the caller through the pool (D-MAMBA-19).
-        Cost: O(groups + copies)."""
-        pairs = self._coordinator.take_block_copies(hand_over=hand_over)
-        return pairs, [block for pair in pairs for block in pair]
-
-    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
-        """Drop one retention reference per block id, in order.
-
-        Raises:
-            InvalidArgumentError: an id not retained by a taken copy (no change).
-        Cost: O(len(block_ids)).
-        """
-        self._coordinator.release_copy_retentions(block_ids)
-
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba ``align`` boundary states cached since the last call, for a KV
-        connector to offload: request id -> ``(group id, block id, tokens)``
-        by group, then oldest first (spec/mamba.md, MOFF-1). Cost: O(groups + offers)."""
-        offloads: dict[str, list[tuple[int, int, int]]] = {}
-        for group in self.coordinator.mamba_managers:
-            for request_id, block, num_tokens in group.take_offers():
-                offloads.setdefault(request_id, []).append((group.group_id, block, num_tokens))
-        return offloads
-
-    def finalize_partial_tail_offloads(self, request_id: str, num_computed_tokens: int,
-                                       num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
-        """A finishing request's Mamba ``align`` prompt tails that no copy
-        preserved, for a KV connector to offload from the block itself:
-        ``(group id, block id, boundary)`` per group, in group order. Given only
-        when ``num_in_flight_tokens == 0`` and ``num_computed_tokens`` is the
-        boundary (no later token overwrote the state); the record is consumed
-        either way, so a second call gives nothing (spec/mamba.md, MTAIL-1). Cost: O(groups).
-
-        Raises:
-            InvalidArgumentError: a count is not an int >= 0 (no change).
-        """
-        if not all(type(count) is int and count >= 0 for count in (num_computed_tokens, num_in_flight_tokens)):
-            raise InvalidArgumentError(
-                f"num_computed_tokens and num_in_flight_tokens must be ints >= 0, got "
-                f"{num_computed_tokens!r} and {num_in_flight_tokens!r}")
-        offloads: list[tuple[int, int, int]] = []
-        for group in self.coordinator.mamba_managers:
-            tail = group.finalize_partial_tail(request_id, num_computed_tokens, num_in_flight_tokens)
-            if tail is not None:
-                offloads.append((group.group_id, tail[0], tail[1]))
-        return offloads
-
     def new_step_starts(self) -> None:
         """Per-step hook (no-op for full attention). Cost: O(groups)."""
         self._coordinator.new_step_starts()
 
     # ------------------------------------------------------- introspection
-
-    def snapshot(self) -> ManagerSnapshot:
-        """Observable state: pool, known requests sorted by id, a copy of the
-        stats. Cost: O(num_blocks + blocks held + cached keys * log)."""
-        coordinator = self._coordinator
-        requests = tuple(
-            RequestSnapshot(
-                request_id=request_id,
-                block_ids=tuple(tuple(group) for group in coordinator.get_blocks(request_id)),
-                num_cached_blocks=coordinator.get_num_cached_blocks(request_id),
-            )
-            for request_id in sorted(coordinator.requests))
-        stats = self.prefix_cache_stats
-        return ManagerSnapshot(
-            pool=self._pool.snapshot(),
-            requests=requests,
-            prefix_cache_stats=None if stats is None else dataclasses.replace(stats),
-        )
-
-    def check_invariants(self) -> None:
-        """Check the pool invariants, then the request invariants
-        (``pool_invariants.py``). Cost: O(num_blocks + blocks held).
-
-        Raises:
-            InvariantViolation: the message starts with the invariant's ID.
-        """
-        self._pool.check_invariants()
-        check_request_invariants(self._pool, self._coordinator, self.snapshot)
 
     def __repr__(self) -> str:
         return (f"KVCacheManager(num_blocks={self._pool.num_blocks}, "
