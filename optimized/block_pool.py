@@ -56,7 +56,7 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
-from .pool_caching import cache_new_run, record_key_tokens
+from .pool_caching import cache_new_run
 from .pool_events import stored_events
 from .pool_recover import recover_pool
 from .pool_view import NULL_BLOCK, PoolView
@@ -435,9 +435,8 @@ class BlockPool(PoolView):
         runs: list[tuple[int, list[BlockHash]]] = []
         if mask is None:  # the rule first, in bulk (pool_caching.py)
             keys = block_hashes[num_cached_blocks:num_full_blocks]
-            run = blocks[num_cached_blocks:num_full_blocks]
-            if cache_new_run(self, run, keys, group_id):
-                record_key_tokens(self._key_tokens, run, num_cached_blocks, block_size)
+            if cache_new_run(self, blocks[num_cached_blocks:num_full_blocks], keys, group_id,
+                             num_cached_blocks, block_size):
                 if self.enable_kv_cache_events:
                     runs.append((num_cached_blocks, list(keys)))
                 num_full_blocks = num_cached_blocks  # done: skip the per-block loop

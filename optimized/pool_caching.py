@@ -18,14 +18,16 @@ from pagedkv.spec.types import BlockHash
 if TYPE_CHECKING:
     from .block_pool import BlockPool
 
-__all__ = ["cache_new_run", "record_key_tokens"]
+__all__ = ["cache_new_run"]
 
 
-def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash], group_id: int) -> bool:
-    """Key every block of ``run`` (``keys[i]`` for ``run[i]``) with bulk
-    operations, for the rule: no null block, none hashed, no key cached
-    or repeated. Otherwise change nothing and return False: the caller
-    goes block by block. Per block this costs a few C steps instead of
+def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash], group_id: int,
+                  first_index: int, block_size: int) -> bool:
+    """Key every block of ``run`` (``keys[i]`` for ``run[i]``, the request's
+    block ``first_index + i``) with bulk operations, for the rule: no null
+    block, none hashed, no key cached or repeated; each key covers
+    ``(first_index + i + 1) * block_size`` tokens (KEYTOK-1). Otherwise
+    change nothing and return False: the caller goes block by block. Per block this costs a few C steps instead of
     an interpreted iteration: a disjointness probe and one
     ``dict.update`` for the map, and slice stores when the ids are
     consecutive (a fresh pool's queue hands them out so).
@@ -49,26 +51,17 @@ def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash]
         for key in keys:  # all were new: dropping them restores the map
             table.pop(key, None)
         return False
-    hashes = pool._hash
+    hashes, key_tokens = pool._hash, pool._key_tokens
+    start = (first_index + 1) * block_size
+    counts = range(start, start + size * block_size, block_size)
     if consecutive:
         hashes[first:first + size] = keys
         gids[first:first + size] = [group_id] * size
+        key_tokens[first:first + size] = counts
     else:
-        for block, key in zip(run, keys):
+        for block, key, count in zip(run, keys, counts):
             hashes[block] = key
             gids[block] = group_id
+            key_tokens[block] = count
     return True
 
-
-def record_key_tokens(key_tokens: list[int], run: Sequence[int], first_index: int, block_size: int) -> None:
-    """Record, for a run :func:`cache_new_run` keyed, the tokens each key
-    covers: ``(first_index + k + 1) * block_size`` for ``run[k]`` (KEYTOK-1).
-    A slice store when the ids are consecutive. Cost: O(len(run))."""
-    start = (first_index + 1) * block_size
-    counts = range(start, start + len(run) * block_size, block_size)
-    first = run[0]
-    if run[-1] - first == len(run) - 1 and list(run) == list(range(first, first + len(run))):
-        key_tokens[first:first + len(run)] = counts
-    else:
-        for block, count in zip(run, counts):
-            key_tokens[block] = count
