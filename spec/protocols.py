@@ -115,6 +115,8 @@ class KVCacheManagerLike(Protocol):
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int = 0,
         full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        num_in_flight_tokens: int = 0,
     ) -> Any: ...
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None: ...
