@@ -111,26 +111,30 @@ class HostTierManager(HostTierSteps):
         return req
 
     def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
-              block_hashes: Sequence[BlockHash] | None,
-              num_external_tokens: int) -> tuple[RequestState | None, AllocationCounts]:
+              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int,
+              num_local_tokens: int | None) -> tuple[RequestState | None, AllocationCounts]:
         """O(hit). Validate an allocation and count what it needs (changes nothing)."""
         req = self.requests.get(request_id)
         if req is None:
             return None, plan_allocation(
                 self.config, request_id, num_tokens, hit, block_hashes, num_external_tokens,
                 held_pages=0, held_hashes=(), has_hot=False, hot_required=False,
-                host_hash_of=self.host.hash_of, host_ref=self.host.ref)
+                host_hash_of=self.host.hash_of, host_ref=self.host.ref,
+                num_local_tokens=num_local_tokens)
         return req, plan_allocation(
             self.config, request_id, num_tokens, hit, block_hashes, num_external_tokens,
             held_pages=len(req.host_row), held_hashes=req.block_hashes, has_hot=bool(req.hot),
-            hot_required=req.hot_required, host_hash_of=self.host.hash_of, host_ref=self.host.ref)
+            hot_required=req.hot_required, host_hash_of=self.host.hash_of, host_ref=self.host.ref,
+            num_local_tokens=num_local_tokens)
 
     def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                       block_hashes: Sequence[BlockHash] | None = None,
-                      num_external_tokens: int = 0) -> tuple[int, int]:
+                      num_external_tokens: int = 0,
+                      num_local_tokens: int | None = None) -> tuple[int, int]:
         """O(hit). Read-only: the (host, device) free blocks ``allocate`` with
         these arguments would take; it succeeds iff both are available."""
-        _, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        _, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens,
+                             num_local_tokens)
         return plan.host_new + plan.free_hits, plan.device_new + plan.hot_n
 
     def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
@@ -148,28 +152,27 @@ class HostTierManager(HostTierSteps):
 
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                  block_hashes: Sequence[BlockHash] | None = None,
-                 num_external_tokens: int = 0) -> HostAllocation | None:
+                 num_external_tokens: int = 0,
+                 num_local_tokens: int | None = None) -> HostAllocation | None:
         """O(new blocks + hit). Validate, count, then commit (nothing changes on None)."""
-        req, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        req, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens,
+                               num_local_tokens)
         hashes, imported, host_only = plan.hashes, plan.imported, plan.host_only
-        host_new, hot_n = plan.host_new, plan.hot_n
+        host_new, hot_n, device_new = plan.host_new, plan.hot_n, plan.device_new
         host = self.host
         if host_new > len(host.free) - plan.free_hits:
             return None  # host exhaustion defers the request
-        device_new = host_new - host_only
         if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
             req = self.requests[request_id] = RequestState()
         req.block_hashes = hashes
-        if hit:
-            first = len(req.host_row)
+        if hit:  # a hit only for a request holding nothing: its pages start at 0
             for b in hit:
                 host.hold(b)
             req.host_row.extend(hit)
-            req.resident_row.extend([0] * len(hit))
-            req.clean.update(range(first, first + len(hit)))
-            req.published = len(hit)
+            req.clean.update(range(plan.clean_hits))
+            req.published = plan.clean_hits
         if hit or imported:
             req.hot_required = True
             req.importing = imported
@@ -184,7 +187,7 @@ class HostTierManager(HostTierSteps):
             req.hot = taken[device_new:]
         if hit and self.copies:
             copies, hash_of, row = self.copies, host.hash_of, req.resident_row
-            for page, host_block in enumerate(hit):
+            for page, host_block in enumerate(hit[:plan.clean_hits]):
                 copy = copies.get(hash_of[host_block])
                 if copy is not None:
                     self.device.hold(copy)

@@ -110,8 +110,8 @@ class HostTierManager(HostTierSteps):
     # -- allocation ----------------------------------------------------------
 
     def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
-              block_hashes: Sequence[BlockHash] | None,
-              num_external_tokens: int) -> tuple[RequestState | None, AllocationCounts]:
+              block_hashes: Sequence[BlockHash] | None, num_external_tokens: int,
+              num_local_tokens: int | None) -> tuple[RequestState | None, AllocationCounts]:
         """Validate an allocation and count what it needs (changes nothing)."""
         req = self.requests.get(request_id)
         return req, plan_allocation(
@@ -120,14 +120,17 @@ class HostTierManager(HostTierSteps):
             held_hashes=req.block_hashes if req is not None else (),
             has_hot=req is not None and bool(req.hot),
             hot_required=req is not None and req.hot_required,
-            host_hash_of=self.host.hash_of, host_ref=self.host.ref)
+            host_hash_of=self.host.hash_of, host_ref=self.host.ref,
+            num_local_tokens=num_local_tokens)
 
     def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                       block_hashes: Sequence[BlockHash] | None = None,
-                      num_external_tokens: int = 0) -> tuple[int, int]:
+                      num_external_tokens: int = 0,
+                      num_local_tokens: int | None = None) -> tuple[int, int]:
         """Read-only: the (host, device) free blocks ``allocate`` with these
         arguments would take; it succeeds iff both are available."""
-        _, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        _, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens,
+                             num_local_tokens)
         return plan.host_new + plan.free_hits, plan.device_new + plan.hot_n
 
     def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
@@ -143,9 +146,11 @@ class HostTierManager(HostTierSteps):
 
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                  block_hashes: Sequence[BlockHash] | None = None,
-                 num_external_tokens: int = 0) -> HostAllocation | None:
+                 num_external_tokens: int = 0,
+                 num_local_tokens: int | None = None) -> HostAllocation | None:
         """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
-        req, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens)
+        req, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens,
+                               num_local_tokens)
         hashes, imported, host_only = plan.hashes, plan.imported, plan.host_only
         host_new, hot_n, device_new = plan.host_new, plan.hot_n, plan.device_new
         if host_new > len(self.host.free) - plan.free_hits:
@@ -157,11 +162,11 @@ class HostTierManager(HostTierSteps):
         req.block_hashes = hashes
         for b in hit:
             self.host.hold(b)
-            req.clean.add(len(req.host_row))
             req.host_row.append(b)
-            req.resident_row.append(0)
+        # Only the computed hit pages are clean; the rest are the import's.
+        req.clean.update(range(plan.clean_hits))
         if hit:
-            req.published = len(hit)
+            req.published = plan.clean_hits
         if hit or imported:
             req.hot_required = True
             req.importing = imported
@@ -171,9 +176,9 @@ class HostTierManager(HostTierSteps):
         req.resident_row.extend([0] * host_only + taken[:device_new])
         if hot_n:
             req.hot = taken[device_new:]
-        # Hit pages adopt surviving device copies, after the new blocks were
-        # taken (admission did not count on them).
-        for page in range(len(hit)):
+        # Clean hit pages adopt surviving device copies, after the new blocks
+        # were taken (admission did not count on them).
+        for page in range(plan.clean_hits):
             copy = self.copies.get(self.host.hash_of[req.host_row[page]])
             if copy is not None:
                 self.device.hold(copy)

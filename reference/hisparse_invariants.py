@@ -85,6 +85,16 @@ def check_host_tier(tier: HostTierManager) -> None:
                 readers.setdefault(b, set()).add((request_id, page))
             else:
                 device_refs[b] += 1
+        # HOST-14: an import's pages are a clean prefix (the computed hit), then
+        # host-only pages, then its last page, which has a device block.
+        import_end = -(-req.importing // tier.config.block_size)
+        if import_end:
+            computed = next((p for p in range(import_end) if p not in req.clean), import_end)
+            if any(p in req.clean for p in range(computed, import_end)) or any(
+                    req.resident_row[p] != 0 for p in range(computed, import_end - 1)) or (
+                    req.resident_row[import_end - 1] == 0):
+                raise tier._fail("HOST-14", f"{request_id}: import of {req.importing} tokens "
+                                 f"over pages {req.resident_row[:import_end]}")
         # HOST-8: reading from host needs the hot region.
         if req.unpinned and not req.hot:
             raise tier._fail("HOST-8", f"{request_id}: unpinned pages without a hot region")

@@ -58,31 +58,33 @@ class AllocationCounts:
     """What one ``allocate`` needs, decided before anything is taken.
 
     ``hashes``: the request's block hashes after the call. ``imported``:
-    tokens an import covers (hit included), 0 without one. ``host_only``:
-    imported pages left host-only (every imported page but the last).
-    ``host_new``: fresh host blocks. ``free_hits``: hit blocks now in the
-    host free queue (holding them shrinks it too). ``hot_n``: hot blocks to
-    take (0 when the request holds its region or needs none).
+    tokens an import covers (the locally computed hit included), 0 without
+    one. ``clean_hits``: leading hit pages that are clean at once (the
+    others are pages the import fills, HOST-14). ``host_only``: leading new
+    pages left without a device block (the hit's and the import's, all but
+    the import's last page). ``host_new``: fresh host blocks. ``device_new``:
+    fresh device blocks of resident pages (the hot region excluded).
+    ``free_hits``: hit blocks now in the host free queue (holding them
+    shrinks it too). ``hot_n``: hot blocks to take (0 when the request holds
+    its region or needs none).
     """
 
     hashes: list[BlockHash]
     imported: int
+    clean_hits: int
     host_only: int
     host_new: int
+    device_new: int
     free_hits: int
     hot_n: int
-
-    @property
-    def device_new(self) -> int:
-        """Fresh device blocks of resident pages (the hot region excluded)."""
-        return self.host_new - self.host_only
 
 
 def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: Sequence[int],
                     block_hashes: Sequence[BlockHash] | None, num_external_tokens: int, *,
                     held_pages: int, held_hashes: Sequence[BlockHash], has_hot: bool,
                     hot_required: bool, host_hash_of: Mapping[int, BlockHash],
-                    host_ref: Sequence[int]) -> AllocationCounts:
+                    host_ref: Sequence[int],
+                    num_local_tokens: int | None = None) -> AllocationCounts:
     """Validate an ``allocate`` and count what it needs (spec/host_tier.md, allocate).
 
     ``held_pages``/``held_hashes``/``has_hot``/``hot_required`` describe the
@@ -95,7 +97,9 @@ def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: 
         InvalidArgumentError: a hit for a request already holding blocks, a hit
             longer than the pages, not the cached blocks of the leading hashes
             or repeating a block; an import for a request holding blocks or
-            covering more than ``num_tokens``.
+            covering more than ``num_tokens``; ``num_local_tokens`` (default:
+            the whole hit) not whole pages of the hit, or short of the hit
+            while the hit reaches past the import's pages.
     """
     check_token_count("num_tokens", num_tokens, cfg.max_model_len)
     hashes = list(block_hashes) if block_hashes is not None else list(held_hashes)
@@ -115,19 +119,32 @@ def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: 
         if len(set(hit)) != len(hit):
             raise InvalidArgumentError("hit repeats a block")
     check_token_count("num_external_tokens", num_external_tokens)
-    imported = len(hit) * cfg.block_size + num_external_tokens if num_external_tokens else 0
+    local = len(hit) * cfg.block_size if num_local_tokens is None else check_token_count(
+        "num_local_tokens", num_local_tokens)
+    clean_hits = local // cfg.block_size
+    if local % cfg.block_size or clean_hits > len(hit):
+        raise InvalidArgumentError(
+            f"num_local_tokens {local} must be whole pages of the {len(hit)}-block hit")
+    imported = local + num_external_tokens if num_external_tokens else 0
     if num_external_tokens and (held_pages or imported > num_tokens):
         raise InvalidArgumentError(
             f"num_external_tokens {num_external_tokens}: an import needs a request holding "
             f"nothing and hit + external tokens <= num_tokens {num_tokens}")
+    import_end = -(-imported // cfg.block_size)  # pages the import writes, hit included
+    if clean_hits < len(hit) and len(hit) > import_end:
+        raise InvalidArgumentError(
+            f"hit has {len(hit)} blocks, past the {clean_hits} computed pages and the "
+            f"{import_end} pages the import covers (num_external_tokens {num_external_tokens})")
     # An import leaves its pages host-only except the last (the engine replays
-    # into it); later pages are resident as usual.
-    host_only = max(-(-imported // cfg.block_size) - 1 - len(hit), 0)
+    # into it); hit pages past the computed ones are the import's (HOST-14).
+    host_only = import_end - 1 if imported else len(hit)
     host_new = max(pages - held_pages - len(hit), 0)
+    device_new = max(pages - held_pages - host_only, 0)
     free_hits = sum(1 for b in hit if host_ref[b] == 0)
     wants_hot = bool(hit) or imported > 0 or hot_required
     hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
-    return AllocationCounts(hashes, imported, host_only, host_new, free_hits, hot_n)
+    return AllocationCounts(hashes, imported, clean_hits, host_only, host_new, device_new,
+                            free_hits, hot_n)
 
 
 def full_sequence_need(cfg: HostTierConfig, full_sequence_tokens: int, *, held_pages: int,

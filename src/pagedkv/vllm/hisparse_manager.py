@@ -86,7 +86,6 @@ class _CoordinatorView:
         owner = self._owner
         tier = owner._tier
         groups = list(new_computed_blocks)
-        hit = [int(b.block_id) for b in groups[owner._kinds.index("source")]]
         device = owner._inner.coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens, [groups[i] for i in owner._device_ids], num_encoder_tokens,
             total_computed_tokens, num_local_computed_tokens, num_tokens_main_model,
@@ -94,15 +93,37 @@ class _CoordinatorView:
         # Tokens a connector loads: only a request the tier does not hold imports.
         external = 0 if request_id in tier.requests else max(
             total_computed_tokens - num_local_computed_tokens, 0)
+        hit = owner._retained_hit(groups, num_local_computed_tokens, external)
         if apply_admission_cap and request_id in tier.requests:
             host, tier_device = tier.full_sequence_blocks(request_id, num_tokens)
         else:
             hashes = [tier.host.hash_of.get(b) for b in hit]
             host, tier_device = tier.blocks_needed(
-                request_id, num_tokens, hit, [h for h in hashes if h is not None], external)
+                request_id, num_tokens, hit, [h for h in hashes if h is not None], external,
+                num_local_computed_tokens if hit else None)
         if host > tier.num_free_host_blocks():
             return int(owner.kv_cache_config.num_blocks) + 1
         return int(device) + tier_device
+
+    def find_longest_cache_hit_per_group(
+            self, block_hashes: Any,
+            max_cache_hit_length: int) -> tuple[tuple[list[Any], ...], tuple[int, ...]]:
+        """Each group's own hit, as a connector bounds its loads: the host
+        cache's for the source group, the device groups' own, none for the
+        resident and hot groups (their pages are the source group's)."""
+        owner = self._owner
+        hits, lengths = owner._inner.coordinator.find_longest_cache_hit_per_group(
+            block_hashes, max_cache_hit_length)
+        host = owner._host_hit(block_hashes, max_cache_hit_length)
+        device = iter(zip(hits, lengths, strict=True))
+        blocks: list[list[Any]] = []
+        per_group: list[int] = []
+        for kind in owner._kinds:
+            group_blocks, length = next(device) if kind == "device" else (
+                (host, len(host) * owner._tier.config.block_size) if kind == "source" else ([], 0))
+            blocks.append(list(group_blocks))
+            per_group.append(int(length))
+        return tuple(blocks), tuple(per_group)
 
 
 def _regroup(event: Any, device_ids: list[int]) -> Any:
@@ -201,14 +222,17 @@ class HiSparseKVCacheManager:
                     self.max_model_len)
         hit: list[int] = []
         device_hit = None
+        external = num_external_computed_tokens
+        local = request.num_computed_tokens + num_new_computed_tokens
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
             groups = new_computed_blocks.blocks
-            hit = [int(b.block_id) for b in groups[self._kinds.index("source")]]
+            hit = self._retained_hit(groups, local, external)
             device_hit = self._inner.create_kv_cache_blocks(
                 [list(groups[i]) for i in self._device_ids])
         hashes = list(request.block_hashes)
-        external = num_external_computed_tokens
-        host_need, device_need = self._tier.blocks_needed(request_id, total, hit, hashes, external)
+        local_tokens = local if hit else None
+        host_need, device_need = self._tier.blocks_needed(request_id, total, hit, hashes, external,
+                                                          local_tokens)
         if host_need > self._tier.num_free_host_blocks():
             return None
         device = self._inner.allocate_slots(
@@ -218,7 +242,7 @@ class HiSparseKVCacheManager:
         if device is None:
             return None
         self._tier.device_blocks_taken([b.block_id for group in device.blocks for b in group])
-        allocation = self._tier.allocate(request_id, total, hit, hashes, external)
+        allocation = self._tier.allocate(request_id, total, hit, hashes, external, local_tokens)
         assert allocation is not None, "checked above: both pools had room"
         # Host-only pages (a hit's, an import's) are null in the table the engine gets.
         # (adopted copies are residency, not table, entries: vLLM's split).
@@ -242,14 +266,30 @@ class HiSparseKVCacheManager:
         limit = request.num_tokens - 1
         if max_cache_hit_length is not None:
             limit = min(limit, max_cache_hit_length)
+        host = self._host_hit(request.block_hashes, limit)
         size = self._tier.config.block_size
-        host = self._tier.lookup(list(request.block_hashes))[:limit // size]
         num_hit = min(num_device, len(host) * size) if self._device_ids else len(host) * size
-        if num_hit == 0:
+        if not host:
             return self.empty_kv_cache_blocks, 0, 0
+        # The host hit is kept whole, past the hit every group holds (vLLM's
+        # retained longer hit): a connector load of the device groups' part
+        # can complete it, and allocate_slots keeps only what is reused.
         device = self._inner.truncate_computed_blocks(device, num_hit)
-        return self._blocks(device.blocks, [self._host.blocks[b] for b in host[:num_hit // size]],
-                            [], []), num_hit, 0
+        return self._blocks(device.blocks, host, [], []), num_hit, 0
+
+    def _host_hit(self, block_hashes: Any, max_length: int) -> list[Any]:
+        """The host cache's hit on these hashes, whole pages up to ``max_length`` tokens."""
+        size = self._tier.config.block_size
+        return [self._host.blocks[b]
+                for b in self._tier.lookup(list(block_hashes))[:max(max_length, 0) // size]]
+
+    def _retained_hit(self, groups: Any, num_local_tokens: int, num_external_tokens: int,
+                      ) -> list[int]:
+        """The host hit an allocation takes: the pages the local hit and the
+        connector's load cover (vLLM cuts its retained hit there)."""
+        size = self._tier.config.block_size
+        reused = -(-(num_local_tokens + num_external_tokens) // size)
+        return [int(b.block_id) for b in groups[self._kinds.index("source")][:reused]]
 
     def pop_blocks_for_free(self, request: Any) -> list[Any]:
         """Forget the request, keeping referenced what a step still in flight

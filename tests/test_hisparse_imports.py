@@ -1,0 +1,75 @@
+"""Scenarios of the host tier's imports and host-block holds (spec/host_tier.md,
+HOST-14 and later), run on both implementations with concrete block ids."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from pagedkv.spec.errors import InvalidArgumentError
+from tests.test_hisparse import Tier, _check, _hashes, make
+
+__all__ = ["make"]  # the fixture, shared with tests/test_hisparse.py
+
+B = 4
+
+
+def _published_and_freed(tier: Tier, num_pages: int) -> list[int]:
+    """Request "a" computes ``num_pages`` pages, writes them back, is freed;
+    returns its host row (every page published, each with a device copy)."""
+    hashes = _hashes(num_pages)
+    assert tier.allocate("a", num_pages * B, block_hashes=hashes) is not None
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("a", num_pages * B)])
+    host_row = list(tier.residency("a").host_row)
+    tier.free("a")
+    return host_row
+
+
+def test_an_import_can_complete_a_host_hit_longer_than_the_computed_prefix(
+        make: Callable[..., Tier]) -> None:
+    """HOST-14: the host holds pages 0..2 but the engine counts only 0..1 as
+    computed (the device groups lost page 2); a connector loads tokens 8..12.
+    Page 2 keeps its host block from the hit, is not clean until the import
+    lands, gets a device block for the replayed token, and is restored."""
+    tier = make()
+    host_row = _published_and_freed(tier, 4)
+    assert host_row == [1, 2, 3, 4]
+    hashes = _hashes(4)
+    hit = tier.lookup(hashes)[:3]
+    # Host: one new page and the three hit blocks, free since a left; device:
+    # pages 2 and 3 and the hot region (copies are never counted on).
+    assert tier.blocks_needed("b", 13, hit, hashes, 4, 8) == (4, 4)
+    allocation = tier.allocate("b", 13, hit, hashes, num_external_tokens=4, num_local_tokens=8)
+    assert allocation is not None
+    row = tier.residency("b")
+    assert row.host_row == (1, 2, 3, 5)
+    # Pages 0, 1 adopt a's copies; page 2 (the import's last) and 3 get fresh blocks.
+    assert row.resident_row == (1, 2, 5, 6) and row.hot == (7, 8)
+    assert row.clean == frozenset({0, 1}) and row.published == 2 and row.importing == 12
+    with pytest.raises(InvalidArgumentError):
+        tier.plan_restore("b", 2)  # the import has not landed: page 2 is not clean
+    assert tier.plan_writebacks("b", 13) == []
+    _check(tier)
+    restore = tier.finish_import("b")
+    assert restore is not None
+    assert (restore.page, restore.host_block, restore.device_block) == (2, 3, 5)
+    assert tier.residency("b").clean == frozenset({0, 1, 2})
+    assert tier.residency("b").published == 3
+    _check(tier)
+
+
+def test_a_hit_past_the_computed_prefix_needs_an_import_covering_it(
+        make: Callable[..., Tier]) -> None:
+    tier = make()
+    _published_and_freed(tier, 4)
+    hashes = _hashes(4)
+    hit = tier.lookup(hashes)[:3]
+    before = tier.snapshot()
+    with pytest.raises(InvalidArgumentError, match="past the 2 computed pages"):
+        tier.allocate("b", 13, hit, hashes, num_local_tokens=8)  # no import
+    with pytest.raises(InvalidArgumentError, match="past the 1 computed pages"):
+        tier.allocate("b", 13, hit, hashes, num_external_tokens=4, num_local_tokens=4)
+    with pytest.raises(InvalidArgumentError, match="whole pages"):
+        tier.allocate("b", 13, hit, hashes, num_external_tokens=4, num_local_tokens=6)
+    assert tier.snapshot() == before
