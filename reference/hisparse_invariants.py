@@ -90,8 +90,9 @@ def check_host_tier(tier: HostTierManager) -> None:
         import_end = -(-req.importing // tier.config.block_size)
         if import_end:
             computed = next((p for p in range(import_end) if p not in req.clean), import_end)
-            if any(p in req.clean for p in range(computed, import_end)) or any(
-                    req.resident_row[p] != 0 for p in range(computed, import_end - 1)) or (
+            late = range(computed, import_end)
+            if computed == import_end or any(p in req.clean for p in late) or any(
+                    req.resident_row[p] != 0 for p in late[:-1]) or (
                     req.resident_row[import_end - 1] == 0):
                 raise tier._fail("HOST-14", f"{request_id}: import of {req.importing} tokens "
                                  f"over pages {req.resident_row[:import_end]}")

@@ -73,3 +73,21 @@ def test_a_hit_past_the_computed_prefix_needs_an_import_covering_it(
     with pytest.raises(InvalidArgumentError, match="whole pages"):
         tier.allocate("b", 13, hit, hashes, num_external_tokens=4, num_local_tokens=6)
     assert tier.snapshot() == before
+
+
+def test_the_checker_names_a_broken_import() -> None:
+    """HOST-14 by ID: the import's last page counted clean before it landed."""
+    from pagedkv.reference.hisparse import HostTierManager
+    from pagedkv.spec.errors import InvariantViolation
+    from pagedkv.spec.hisparse import HostTierConfig
+
+    tier = HostTierManager(HostTierConfig(block_size=B, host_num_blocks=16, device_num_blocks=16,
+                                          hot_blocks_per_request=2, max_model_len=64))
+    _published_and_freed(tier, 4)
+    hashes = _hashes(4)
+    tier.allocate("b", 13, tier.lookup(hashes)[:3], hashes, num_external_tokens=4,
+                  num_local_tokens=8)
+    tier.check_invariants()
+    tier.requests["b"].clean.add(2)
+    with pytest.raises(InvariantViolation, match="^HOST-14: "):
+        tier.check_invariants()
