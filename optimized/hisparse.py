@@ -74,6 +74,7 @@ class HostTierManager(HostTierSteps):
         self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
         self.next_fence_id = 0
         self.shared: set[int] = set()  # device blocks other groups took (D-HOST-18)
+        self.host_taken: set[int] = set()  # host blocks callers took (D-HOST-23)
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
         """O(hit length): host blocks of the longest cached prefix."""
@@ -483,4 +484,5 @@ class HostTierManager(HostTierSteps):
             tuple(sorted(self.copies.items())),
             tuple(tuple(req.held) for req in self.detached), tuple(self.outbox),
             tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())),
-            tuple(self.fences[f] for f in sorted(self.fences)), tuple(sorted(self.shared)))
+            tuple(self.fences[f] for f in sorted(self.fences)), tuple(sorted(self.shared)),
+            tuple(sorted(self.host_taken)))

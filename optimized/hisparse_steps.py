@@ -1,7 +1,8 @@
 """The per-step and release operations of the optimized host tier (spec/host_tier.md):
 ``advance``, ``take_transfers``, ``report_transfers`` (D-HOST-12/13),
 ``pop_for_free`` / ``release_fence`` (D-HOST-16), ``evict_host_blocks``
-(D-HOST-17) and ``take_shared`` / ``free_shared`` (D-HOST-18). A mixin of
+(D-HOST-17), ``take_shared`` / ``free_shared`` (D-HOST-18), ``take_host`` /
+``free_host`` and ``capacity_needed`` (D-HOST-23). A mixin of
 ``HostTierManager``: the state it reads and the core operations it calls are
 named by the ``_Tier`` protocol."""
 
@@ -13,7 +14,13 @@ from typing import Protocol
 from pagedkv.optimized.hisparse_state import RequestState, TierPool
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hisparse import FenceHold, HostTierConfig, PageTransfer
-from pagedkv.spec.hisparse_rules import tally_worker_counts, writeback_tokens
+from pagedkv.spec.hisparse_rules import (
+    check_block_count,
+    check_held_blocks,
+    count_allocation,
+    tally_worker_counts,
+    writeback_tokens,
+)
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierSteps"]
@@ -32,8 +39,10 @@ class _Tier(Protocol):
     fences: dict[int, FenceHold]
     next_fence_id: int
     shared: set[int]
+    host_taken: set[int]
 
     def _get(self, request_id: str) -> RequestState: ...
+    def _take_host(self, n: int) -> list[int]: ...
     def _drop_copy(self, block_hash: BlockHash) -> None: ...
     def _take_device(self, n: int) -> list[int]: ...
     def plan_writebacks(self, request_id: str, num_computed_tokens: int,
@@ -130,9 +139,7 @@ class HostTierSteps:
         Raises:
             InvalidArgumentError: ``num_blocks`` is not an int >= 0.
         """
-        if type(num_blocks) is not int or num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
-        if num_blocks > len(self.device.free):
+        if check_block_count(num_blocks) > len(self.device.free):
             return None
         blocks = self._take_device(num_blocks)
         self.shared.update(blocks)
@@ -142,10 +149,46 @@ class HostTierSteps:
         """Another device group releases blocks ``take_shared`` gave it, in
         the given order. A block it does not hold, or one named twice:
         InvalidArgumentError, nothing changes."""
-        ids = list(block_ids)
-        if len(set(ids)) != len(ids) or any(b not in self.shared for b in ids):
-            raise InvalidArgumentError(
-                f"block_ids {ids!r} name a block no other group holds, or repeat one")
-        for b in ids:
+        for b in check_held_blocks(block_ids, self.shared, "another group"):
             self.shared.discard(b)
             self.device.release(b)
+
+    def take_host(self: _Tier, num_blocks: int) -> tuple[int, ...] | None:
+        """``num_blocks`` host blocks for a caller outside any request (vLLM's
+        host pool ``get_new_blocks``), from the front of the host free queue;
+        a cached one loses its hash and its device copy, as for the tier's own
+        allocations (D-HOST-23). ``None`` when fewer are free (nothing changes).
+
+        Raises:
+            InvalidArgumentError: ``num_blocks`` is not an int >= 0.
+        """
+        if check_block_count(num_blocks) > len(self.host.free):
+            return None
+        blocks = self._take_host(num_blocks)
+        self.host_taken.update(blocks)
+        return tuple(blocks)
+
+    def free_host(self: _Tier, block_ids: Sequence[int]) -> None:
+        """A caller gives back host blocks ``take_host`` gave it, in the given
+        order (each to the back of the host free queue). A block it does not
+        hold, or one named twice: InvalidArgumentError, nothing changes."""
+        for b in check_held_blocks(block_ids, self.host_taken, "a caller"):
+            self.host_taken.discard(b)
+            self.host.release(b)
+
+    def capacity_needed(self: _Tier, request_id: str, num_tokens: int, hit: Sequence[int] = (),
+                        num_external_tokens: int = 0,
+                        num_local_tokens: int | None = None) -> tuple[int, int]:
+        """Read-only: the (host, device) free blocks an allocation of this
+        shape would take, the hit taken as given (it may name blocks the host
+        cache does not hold) and computed tokens ending inside a hit block
+        counting one host block for its copy (D-HOST-23). Same refusals as
+        ``count_allocation``; the hit's cache entries are not checked."""
+        req = self.requests.get(request_id)
+        counts = count_allocation(
+            self.config, request_id, num_tokens, hit, num_external_tokens,
+            held_pages=len(req.host_row) if req is not None else 0,
+            has_hot=req is not None and bool(req.hot),
+            hot_required=req is not None and req.hot_required, host_ref=self.host.ref,
+            num_local_tokens=num_local_tokens)
+        return counts.host_new + counts.free_hits + counts.cow, counts.device_new + counts.hot_n

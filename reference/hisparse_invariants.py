@@ -43,6 +43,7 @@ def check_host_tier(tier: HostTierManager) -> None:
     for held in tier.detached:
         host_refs.update(held.held)
     device_refs.update(tier.shared)  # D-HOST-18: other device groups' blocks
+    host_refs.update(tier.host_taken)  # D-HOST-23: blocks callers took
     for hold in tier.fences.values():  # D-HOST-16: blocks kept for an in-flight step
         host_refs.update(hold.host_blocks)
         device_refs.update(hold.resident_blocks + hold.hot_blocks)

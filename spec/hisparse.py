@@ -330,6 +330,8 @@ class HostTierSnapshot:
     """Blocks held for steps still in flight (``pop_for_free``), by fence id."""
     shared: tuple[int, ...] = ()
     """Device blocks other device groups hold (``take_shared``), ascending."""
+    host_taken: tuple[int, ...] = ()
+    """Host blocks callers outside any request hold (``take_host``), ascending."""
 
 
 def host_pool_num_blocks(host_budget_bytes: int, host_block_bytes: int, block_size: int,

@@ -13,6 +13,7 @@ themselves are checked against their definitions in tests/test_hisparse_rules.py
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 
 from pagedkv.spec.errors import (
@@ -26,7 +27,10 @@ from pagedkv.spec.types import BlockHash
 __all__ = [
     "AllocationCounts",
     "check_token_count",
+    "check_block_count",
+    "check_held_blocks",
     "check_transfer_ids",
+    "count_allocation",
     "full_sequence_need",
     "import_pages",
     "plan_allocation",
@@ -66,7 +70,8 @@ class AllocationCounts:
     fresh device blocks of resident pages (the hot region excluded).
     ``free_hits``: hit blocks now in the host free queue (holding them
     shrinks it too). ``hot_n``: hot blocks to take (0 when the request holds
-    its region or needs none).
+    its region or needs none). ``cow``: 1 when the computed tokens end inside
+    a hit block (only a capacity query counts that; ``allocate`` refuses it).
     """
 
     hashes: list[BlockHash]
@@ -77,6 +82,7 @@ class AllocationCounts:
     device_new: int
     free_hits: int
     hot_n: int
+    cow: int = 0
 
 
 def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: Sequence[int],
@@ -94,15 +100,44 @@ def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: 
 
     Raises:
         InvalidTokenCountError, ExceedsMaxModelLenError: a bad token count.
-        InvalidArgumentError: a hit for a request already holding blocks, a hit
-            longer than the pages, not the cached blocks of the leading hashes
-            or repeating a block; an import for a request holding blocks or
-            covering more than ``num_tokens``; ``num_local_tokens`` (default:
-            the whole hit) not whole pages of the hit, or short of the hit
-            while the hit reaches past the import's pages.
+        InvalidArgumentError: as ``count_allocation``; besides, a hit that is
+            not the cached blocks of the leading hashes or repeats a block, and
+            ``num_local_tokens`` that is not whole pages.
+    """
+    hashes = list(block_hashes) if block_hashes is not None else list(held_hashes)
+    counts = count_allocation(cfg, request_id, num_tokens, hit, num_external_tokens,
+                              held_pages=held_pages, has_hot=has_hot, hot_required=hot_required,
+                              host_ref=host_ref, num_local_tokens=num_local_tokens)
+    for i, b in enumerate(hit):
+        if i >= len(hashes) or host_hash_of.get(b) != hashes[i]:
+            raise InvalidArgumentError(
+                f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
+    if len(set(hit)) != len(hit):
+        raise InvalidArgumentError("hit repeats a block")
+    if counts.cow:
+        raise InvalidArgumentError(
+            f"num_local_tokens {num_local_tokens} must be whole pages of the hit")
+    return dataclasses.replace(counts, hashes=hashes)
+
+
+def count_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: Sequence[int],
+                     num_external_tokens: int, *, held_pages: int, has_hot: bool,
+                     hot_required: bool, host_ref: Sequence[int],
+                     num_local_tokens: int | None = None) -> AllocationCounts:
+    """Count what an allocation of this shape needs, taking the hit as given
+    (``capacity_needed``: a capacity query may name host blocks the cache does
+    not hold, and computed tokens ending inside a hit block, which is copied
+    before it is written: ``cow``). ``hashes`` is left empty.
+
+    Raises:
+        InvalidTokenCountError, ExceedsMaxModelLenError: a bad token count.
+        InvalidArgumentError: a hit for a request already holding blocks, a
+            hit longer than the pages or naming a block outside the host pool;
+            an import for a request holding blocks or covering more than
+            ``num_tokens``; ``num_local_tokens`` (default: the whole hit) past
+            the hit, or short of it while the hit reaches past the import.
     """
     check_token_count("num_tokens", num_tokens, cfg.max_model_len)
-    hashes = list(block_hashes) if block_hashes is not None else list(held_hashes)
     pages = -(-num_tokens // cfg.block_size)
     if hit:
         if held_pages:
@@ -112,26 +147,22 @@ def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: 
             raise InvalidArgumentError(
                 f"hit has {len(hit)} blocks, more than the {pages} pages of num_tokens")
         for i, b in enumerate(hit):
-            if not (0 < b < cfg.host_num_blocks) or i >= len(hashes) or (
-                    host_hash_of.get(b) != hashes[i]):
-                raise InvalidArgumentError(
-                    f"hit[{i}] = {b!r} is not the host block cached under block_hashes[{i}]")
-        if len(set(hit)) != len(hit):
-            raise InvalidArgumentError("hit repeats a block")
+            if type(b) is not int or not 0 < b < cfg.host_num_blocks:
+                raise InvalidArgumentError(f"hit[{i}] = {b!r} is not a host block")
     check_token_count("num_external_tokens", num_external_tokens)
     local = len(hit) * cfg.block_size if num_local_tokens is None else check_token_count(
         "num_local_tokens", num_local_tokens)
-    clean_hits = local // cfg.block_size
-    if local % cfg.block_size or clean_hits > len(hit):
+    clean_hits, partial = divmod(local, cfg.block_size)
+    if local > len(hit) * cfg.block_size:
         raise InvalidArgumentError(
-            f"num_local_tokens {local} must be whole pages of the {len(hit)}-block hit")
+            f"num_local_tokens {local} reaches past the {len(hit)}-block hit")
     imported = local + num_external_tokens if num_external_tokens else 0
     if num_external_tokens and (held_pages or imported > num_tokens):
         raise InvalidArgumentError(
             f"num_external_tokens {num_external_tokens}: an import needs a request holding "
             f"nothing and hit + external tokens <= num_tokens {num_tokens}")
     import_end = -(-imported // cfg.block_size)  # pages the import writes, hit included
-    if clean_hits < len(hit) and len(hit) > import_end:
+    if len(hit) > max(-(-local // cfg.block_size), import_end):
         raise InvalidArgumentError(
             f"hit has {len(hit)} blocks, past the {clean_hits} computed pages and the "
             f"{import_end} pages the import covers (num_external_tokens {num_external_tokens})")
@@ -143,8 +174,8 @@ def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: 
     free_hits = sum(1 for b in hit if host_ref[b] == 0)
     wants_hot = bool(hit) or imported > 0 or hot_required
     hot_n = cfg.hot_blocks_per_request if wants_hot and not has_hot else 0
-    return AllocationCounts(hashes, imported, clean_hits, host_only, host_new, device_new,
-                            free_hits, hot_n)
+    return AllocationCounts([], imported, clean_hits, host_only, host_new, device_new,
+                            free_hits, hot_n, int(bool(hit) and partial > 0))
 
 
 def full_sequence_need(cfg: HostTierConfig, full_sequence_tokens: int, *, held_pages: int,
@@ -269,3 +300,20 @@ def tally_worker_counts(counts: Mapping[int, tuple[int, int]], in_flight: Collec
     for transfer_id in finished:
         del new[transfer_id]
     return new, finished
+
+
+def check_block_count(num_blocks: object) -> int:
+    """``num_blocks`` of ``take_shared``/``take_host``: an int >= 0 (InvalidArgumentError)."""
+    if type(num_blocks) is not int or num_blocks < 0:
+        raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+    return num_blocks
+
+
+def check_held_blocks(block_ids: Sequence[int], held: Collection[int], holder: str) -> list[int]:
+    """The ids a caller gives back (``free_shared``/``free_host``): each one
+    ``held`` by that caller, none twice (InvalidArgumentError otherwise)."""
+    ids = list(block_ids)
+    if len(set(ids)) != len(ids) or any(b not in held for b in ids):
+        raise InvalidArgumentError(
+            f"block_ids {ids!r} name a block {holder} does not hold, or repeat one")
+    return ids

@@ -91,3 +91,48 @@ def test_the_checker_names_a_broken_import() -> None:
     tier.requests["b"].clean.add(2)
     with pytest.raises(InvariantViolation, match="^HOST-14: "):
         tier.check_invariants()
+
+
+def test_callers_outside_any_request_take_and_give_back_host_blocks(
+        make: Callable[..., Tier]) -> None:
+    """D-HOST-23: take_host hands out the front of the host free queue, evicting
+    a cached block's hash and its device copy; free_host gives blocks back."""
+    tier = make(host=6)
+    assert _published_and_freed(tier, 2) == [1, 2]
+    assert tier.snapshot().host_free == (3, 4, 5, 2, 1)  # a's row went back tail first
+    assert tier.take_host(4) == (3, 4, 5, 2)
+    assert tier.lookup(_hashes(2)) == (1,)  # block 2 lost page 1's hash...
+    assert len(tier.snapshot().copies) == 1  # ...and its device copy
+    assert tier.snapshot().host_taken == (2, 3, 4, 5)
+    before = tier.snapshot()
+    assert tier.take_host(2) is None  # one block left: nothing changes
+    with pytest.raises(InvalidArgumentError, match="num_blocks"):
+        tier.take_host(-1)
+    with pytest.raises(InvalidArgumentError, match="does not hold"):
+        tier.free_host([5, 1])  # block 1 was never taken
+    assert tier.snapshot() == before
+    tier.free_host([5, 3])
+    assert tier.snapshot().host_free == (1, 5, 3) and tier.snapshot().host_taken == (2, 4)
+    with pytest.raises(InvalidArgumentError, match="does not hold"):
+        tier.free_host([5])
+    assert not tier.reset_host_cache()  # a taken block is a held host block
+    _check(tier)
+
+
+def test_a_capacity_query_counts_uncached_hits_and_a_partial_page(
+        make: Callable[..., Tier]) -> None:
+    """D-HOST-23: capacity_needed takes the hit as given (allocate would refuse
+    a block the cache does not hold, D-HOST-8), counts a free hit block, and
+    one host block for copying a hit page the computed tokens end inside."""
+    tier = make()
+    (b,) = tier.take_host(1) or ()
+    with pytest.raises(InvalidArgumentError, match="not the host block cached"):
+        tier.blocks_needed("w", 8, [b], _hashes(2), 4, 4)
+    # Import of tokens 4..8 after one computed page: host page 1, device page 1 + hot.
+    assert tier.capacity_needed("w", 8, [b], 4, 4) == (1, 3)
+    assert tier.capacity_needed("w", 8, [b], 5, 3) == (2, 3)  # page 0 copied first
+    tier.free_host([b])
+    assert tier.capacity_needed("w", 8, [b], 4, 4) == (2, 3)  # the hit is free again
+    assert tier.capacity_needed("w", 8, [b]) == (2, 3)  # no import: page 1 + hot
+    assert "w" not in tier.requests
+    _check(tier)

@@ -72,6 +72,10 @@ class HostTierMachine(RuleBasedStateMachine):
         before = self.ref.snapshot()
         need = self._both("blocks_needed", "blocks_needed", *args)
         assert self.ref.snapshot() == before, "blocks_needed changed the state"
+        if need[0] == "ok":
+            # A capacity query counts a valid hit exactly as blocks_needed does.
+            capacity = self._both("capacity_needed", "capacity_needed", *args[:3], *args[4:])
+            assert capacity == need, (capacity, need)
         free = (self.ref.num_free_host_blocks(), self.ref.num_free_device_blocks())
         result = self._both(what, "allocate", *args)
         if need[0] == "ok":
@@ -234,6 +238,25 @@ class HostTierMachine(RuleBasedStateMachine):
         held = sorted(self.ref.shared) + [0, 99]
         ids = data.draw(st.lists(st.sampled_from(held), max_size=3))
         self._both("free_shared", "free_shared", ids)
+
+    @rule(num_blocks=st.integers(0, 4))
+    def take_host(self, num_blocks: int) -> None:
+        self._both("take_host", "take_host", num_blocks)
+
+    @rule(data=st.data())
+    def free_host(self, data: st.DataObject) -> None:
+        held = sorted(self.ref.host_taken) + [0, 99]
+        self._both("free_host", "free_host", data.draw(st.lists(st.sampled_from(held), max_size=3)))
+
+    @rule(request_id=st.sampled_from(REQUEST_IDS), num_tokens=st.integers(0, 34),
+          hit=st.lists(st.integers(1, 13), max_size=3), external=st.integers(0, 12),
+          local=st.one_of(st.none(), st.integers(0, 14)))
+    def capacity(self, request_id: str, num_tokens: int, hit: list[int], external: int,
+                 local: int | None) -> None:
+        before = self.ref.snapshot()
+        self._both("capacity_needed", "capacity_needed", request_id, num_tokens,
+                   [b for b in hit if b < self.ref.config.host_num_blocks], external, local)
+        assert self.ref.snapshot() == before, "capacity_needed changed the state"
 
     @rule()
     def reset(self) -> None:

@@ -96,11 +96,9 @@ class _CoordinatorView:
         hit = owner._retained_hit(groups, num_local_computed_tokens, external)
         if apply_admission_cap and request_id in tier.requests:
             host, tier_device = tier.full_sequence_blocks(request_id, num_tokens)
-        else:
-            hashes = [tier.host.hash_of.get(b) for b in hit]
-            host, tier_device = tier.blocks_needed(
-                request_id, num_tokens, hit, [h for h in hashes if h is not None], external,
-                num_local_computed_tokens if hit else None)
+        else:  # a capacity query: the hit is counted as given (D-HOST-23)
+            host, tier_device = tier.capacity_needed(
+                request_id, num_tokens, hit, external, num_local_computed_tokens if hit else None)
         if host > tier.num_free_host_blocks():
             return int(owner.kv_cache_config.num_blocks) + 1
         return int(device) + tier_device

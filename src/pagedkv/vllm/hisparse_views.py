@@ -109,6 +109,17 @@ class HostPoolView:
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self._tier.evict_host_blocks(sorted(block_ids))
 
+    def get_new_blocks(self, num_blocks: int) -> list[HostBlockView]:
+        """Host blocks for a caller outside any request (``take_host``, D-HOST-23)."""
+        taken = self._tier.take_host(num_blocks)
+        if taken is None:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the host pool")
+        return [self.blocks[b] for b in taken]
+
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
+        """Give back blocks ``get_new_blocks`` handed out (``free_host``)."""
+        self._tier.free_host([int(block.block_id) for block in ordered_blocks])
+
 
 class _Rows(Mapping[str, list[Any]]):
     """``req_to_blocks`` of one HiSparse group: request id -> block views."""
@@ -152,6 +163,27 @@ class HiSparseGroupView:
             self.req_to_blocks = _Rows(
                 lambda: {r: q.hot for r, q in tier.requests.items() if q.hot}, device.blocks)
         self._device = device
+
+    # -- source --------------------------------------------------------------
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Any,
+        total_computed_tokens: int, num_local_computed_tokens: int,
+        num_tokens_main_model: int, apply_admission_cap: bool = False, prefill_end: int = 0,
+    ) -> int:
+        """The source group's answer: 0 when the host pool can back the
+        allocation (its blocks never count against the device pool), else
+        vLLM's sentinel, one more than the device pool holds. Counted by the
+        tier's ``capacity_needed`` (D-HOST-23); only the source group answers."""
+        if self.kind != "source":
+            raise NotImplementedError(f"the {self.kind} group's count is the tier's")
+        hit = [int(block.block_id) for block in new_computed_blocks]
+        held = request_id in self._tier.requests
+        external = 0 if held else max(total_computed_tokens - num_local_computed_tokens, 0)
+        host, _ = self._tier.capacity_needed(request_id, num_tokens, hit, external,
+                                             num_local_computed_tokens if hit else None)
+        if host <= self._tier.num_free_host_blocks():
+            return 0
+        return int(self._device.num_gpu_blocks) + 1
 
     # -- resident ------------------------------------------------------------
     def get_residency_row(self, request_id: str, start: int = 0) -> list[Any]:
