@@ -118,3 +118,47 @@ def test_device_group_events_carry_vllms_group_ids() -> None:
     assert manager.allocate_slots(_request("r", 2 * B), 2 * B) is not None
     stored = [event for event in manager.take_events() if hasattr(event, "token_ids")]
     assert stored and {event.group_idx for event in stored} == {1}  # the indexer is group 1
+
+
+def test_a_whole_sequence_admission_needs_a_host_block_for_every_page() -> None:
+    """vLLM's full-ISL gate counts the source group's whole sequence: a first
+    chunk that fits the host pool is still refused when the prompt does not."""
+    manager = _manager(enable_caching=False, host_blocks=4)  # 3 usable host blocks
+    request = _request("r", 4 * B)
+    before = manager.get_block_ids("r")
+    assert manager.allocate_slots(request, B, full_sequence_must_fit=True) is None
+    assert manager.get_block_ids("r") == before
+    assert manager.allocate_slots(request, B) is not None  # the chunk alone fits
+
+
+def test_the_host_hit_outlives_the_device_groups_and_bounds_a_connector() -> None:
+    """D-HOST-22: the host group keeps its own, longer hit; the per-group
+    lookup a connector bounds its load with answers it for the source group."""
+    manager = _manager(enable_caching=True)
+    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+    coordinator = get_hisparse_coordinator(manager)
+    original = _request("a", 4 * B)
+    assert manager.allocate_slots(original, 4 * B) is not None
+    coordinator.advance_scheduled([("a", 4 * B)])
+    counts = {t.transfer_id: 1 for t in coordinator.build_offload_command().page_transfers}
+    coordinator.update_spills(counts, counts)
+    indexer = manager.get_block_ids("a")[1]
+    manager.free(original)
+    manager.block_pool.evict_blocks({indexer[1]})  # the device groups lose page 1
+    resumed = _request("b", 4 * B)
+    blocks, lengths = manager.coordinator.find_longest_cache_hit_per_group(
+        resumed.block_hashes, 4 * B - 1)
+    assert lengths == (3 * B, B, 0, 0)
+    assert [len(group) for group in blocks] == [3, 1, 0, 0]
+    computed, num_local, _ = manager.get_computed_blocks(resumed)
+    assert num_local == B and [len(group) for group in computed.blocks] == [3, 1, 0, 0]
+    # A load of the indexer's pages 1..2 completes the prefix from the host hit.
+    assert manager.allocate_slots(resumed, 1, num_new_computed_tokens=B,
+                                  new_computed_blocks=computed,
+                                  num_external_computed_tokens=2 * B) is not None
+    host = manager.get_block_ids("b")[0]
+    assert host[:3] == [b.block_id for b in computed.blocks[0]]
+    coordinator.finish_host_import("b", failed=False)
+    [restore] = coordinator.build_offload_command().page_transfers
+    assert restore.restore and restore.host_block_id == host[2]

@@ -231,8 +231,12 @@ class HiSparseKVCacheManager:
         local_tokens = local if hit else None
         host_need, device_need = self._tier.blocks_needed(request_id, total, hit, hashes, external,
                                                           local_tokens)
-        if host_need > self._tier.num_free_host_blocks():
+        free_host = self._tier.num_free_host_blocks()
+        if host_need > free_host:
             return None
+        if kwargs.get("full_sequence_must_fit") and self._tier_full_sequence_host(
+                request, hit, external, local_tokens) > free_host:
+            return None  # every page of the whole sequence needs a host block (D-HOST-11)
         device = self._inner.allocate_slots(
             request, num_new_tokens, num_new_computed_tokens, device_hit, num_lookahead_tokens,
             external, delay_cache_blocks, num_encoder_tokens,
@@ -274,6 +278,17 @@ class HiSparseKVCacheManager:
         # can complete it, and allocate_slots keeps only what is reused.
         device = self._inner.truncate_computed_blocks(device, num_hit)
         return self._blocks(device.blocks, host, [], []), num_hit, 0
+
+    def _tier_full_sequence_host(self, request: Any, hit: list[int], external: int,
+                                 local_tokens: int | None) -> int:
+        """Free host blocks the request's whole sequence still needs: an
+        admission gate (``full_sequence_must_fit``) checks it besides the
+        chunk's, as vLLM's source group counts the full sequence."""
+        tokens = min(request.num_tokens, self.max_model_len)
+        if request.request_id in self._tier.requests:
+            return self._tier.full_sequence_blocks(request.request_id, tokens)[0]
+        return self._tier.capacity_needed(request.request_id, tokens, hit, external,
+                                          local_tokens)[0]
 
     def _host_hit(self, block_hashes: Any, max_length: int) -> list[Any]:
         """The host cache's hit on these hashes, whole pages up to ``max_length`` tokens."""
