@@ -162,3 +162,21 @@ def test_the_host_hit_outlives_the_device_groups_and_bounds_a_connector() -> Non
     coordinator.finish_host_import("b", failed=False)
     [restore] = coordinator.build_offload_command().page_transfers
     assert restore.restore and restore.host_block_id == host[2]
+
+
+def test_per_group_answers_use_vllms_group_ids() -> None:
+    """Engine-facing calls that return one entry per group answer for all four
+    groups in vLLM's order, not the device adapter's one group."""
+    manager = _manager(enable_caching=False)
+    request = _request("r", 3 * B)
+    assert manager.allocate_slots(request, 3 * B) is not None
+    ids = manager.get_block_ids("r")
+    assert manager.get_block_ids_for_computed_tokens("r", B + 1) == (
+        ids[0][:2], ids[1][:2], ids[2], ids[3])
+    assert manager.get_num_common_prefix_blocks("r") == [0, 0, 0, 0]
+    blocks = manager.create_kv_cache_blocks(ids)
+    assert tuple([b.block_id for b in group] for group in blocks.blocks) == ids
+    host_pool = manager.hisparse_coordinator.get_host_block_pool()
+    assert blocks.blocks[0][0] is host_pool.blocks[ids[0][0]]
+    computed = manager.get_computed_blocks_for_connector(_request("s", 3 * B))
+    assert computed[1:] == (0, 0, False) and len(computed[0].blocks) == 4

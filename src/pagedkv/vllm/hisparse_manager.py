@@ -344,6 +344,34 @@ class HiSparseKVCacheManager:
                             [views[b] for b in self._table.get(request_id, [])],
                             [views[b] for b in req.hot])
 
+    def create_kv_cache_blocks(self, blocks: Any) -> Any:
+        """vLLM's ``KVCacheBlocks`` for per-group lists (vLLM's group order) of
+        block ids or block objects: the source group's ids name host blocks."""
+        if not any(blocks):
+            return self.empty_kv_cache_blocks
+        pools = {"source": self._host.blocks}
+        device = self._inner.block_pool.blocks
+        return _compat.KVCacheBlocks(tuple(
+            [pools.get(kind, device)[b] if type(b) is int else b for b in group]
+            for kind, group in zip(self._kinds, blocks, strict=True)))
+
+    def get_computed_blocks_for_connector(
+            self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
+        """A HiSparse config has no Mamba group: the common hit, never divergent."""
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_kv_cache_groups  # as the device adapter: cascade attention is gone
+
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int) -> tuple[list[int], ...]:
+        """Each group's ids cut to the computed tokens; the resident and hot
+        groups (not attention specs in vLLM) are left whole."""
+        device = iter(self._inner.get_block_ids_for_computed_tokens(request_id, num_computed_tokens))
+        pages = -(-num_computed_tokens // self._tier.config.block_size)
+        return tuple(next(device) if kind == "device" else ids[:pages] if kind == "source" else ids
+                     for kind, ids in zip(self._kinds, self.get_block_ids(request_id), strict=True))
+
     def get_block_ids(self, request_id: str, *args: Any, **kwargs: Any) -> tuple[list[int], ...]:
         return tuple([block.block_id for block in group]
                      for group in self.get_blocks(request_id).blocks)
