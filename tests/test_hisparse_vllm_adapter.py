@@ -180,3 +180,21 @@ def test_per_group_answers_use_vllms_group_ids() -> None:
     assert blocks.blocks[0][0] is host_pool.blocks[ids[0][0]]
     computed = manager.get_computed_blocks_for_connector(_request("s", 3 * B))
     assert computed[1:] == (0, 0, False) and len(computed[0].blocks) == 4
+
+
+def test_a_deferred_free_may_be_given_back_in_parts() -> None:
+    """The fence hold goes back to the tier once all of its blocks were
+    named, whether in one ``free_blocks`` call or several (D-HOST-25)."""
+    manager = _manager(enable_caching=False)
+    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+    host_pool = get_hisparse_coordinator(manager).get_host_block_pool()
+    host_free, device_free = host_pool.get_num_free_blocks(), manager.block_pool.get_num_free_blocks()
+    request = _request("r", 2 * B)
+    assert manager.allocate_slots(request, 2 * B, delay_cache_blocks=True) is not None
+    blocks = manager.pop_blocks_for_free(request)
+    manager.block_pool.free_blocks(blocks[:1])
+    assert host_pool.get_num_free_blocks() < host_free  # the rest of the hold is still out
+    manager.block_pool.free_blocks(blocks[1:])
+    assert host_pool.get_num_free_blocks() == host_free
+    assert manager.block_pool.get_num_free_blocks() == device_free

@@ -38,19 +38,27 @@ class _NotifyingPool:
     def __init__(self, view: Any, tier: HostTierManager) -> None:
         self._view = view
         self._tier = tier
-        # Outstanding fence holds: fence id -> the views handed out for it.
+        # Outstanding fence holds: fence id -> the views handed out for it,
+        # and the ids of those a partial free already named.
         self.fences: dict[int, list[Any]] = {}
+        self._freed: dict[int, set[int]] = {}
 
     def free_blocks(self, ordered_blocks: Any) -> None:
-        """Release blocks: a fence hold whose every block is named goes back to
-        the tier as one (``release_fence``); the rest are the main pool's."""
+        """Release blocks: a fence hold goes back to the tier as one
+        (``release_fence``) once every one of its blocks has been named, in
+        this call or earlier ones (a caller may free a hold in parts; its
+        blocks stay held until the last part); the rest are the main pool's."""
         blocks = list(ordered_blocks)
         named = {id(block) for block in blocks}
         for fence_id, held in list(self.fences.items()):
-            if held and all(id(block) in named for block in held):
+            mine = {id(block) for block in held} & named
+            if not mine:
+                continue
+            named -= mine
+            self._freed.setdefault(fence_id, set()).update(mine)
+            if len(self._freed[fence_id]) == len({id(block) for block in held}):
                 self._tier.release_fence(fence_id)
-                del self.fences[fence_id]
-                named -= {id(block) for block in held}
+                del self.fences[fence_id], self._freed[fence_id]
         self._view.free_blocks([b for b in blocks if id(b) in named])
 
     def __getattr__(self, name: str) -> Any:
