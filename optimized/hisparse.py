@@ -25,6 +25,7 @@ from pagedkv.spec.hisparse import (
     ACTIVE_TAIL_PAGES,
     FenceHold,
     HostAllocation,
+    HostCacheEvent,
     HostTierConfig,
     HostTierSnapshot,
     PageTransfer,
@@ -40,6 +41,7 @@ from pagedkv.spec.hisparse_rules import (
     plan_allocation,
     residency_update,
     row_mirrors,
+    stored_events,
     wants_hot_region,
     writeback_window,
 )
@@ -75,6 +77,7 @@ class HostTierManager(HostTierSteps):
         self.next_fence_id = 0
         self.shared: set[int] = set()  # device blocks other groups took (D-HOST-18)
         self.host_taken: set[int] = set()  # host blocks callers took (D-HOST-23)
+        self.events: list[HostCacheEvent] = []  # host cache changes, when recorded (D-HOST-26)
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
         """O(hit length): host blocks of the longest cached prefix."""
@@ -166,7 +169,7 @@ class HostTierManager(HostTierSteps):
         if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
-            req = self.requests[request_id] = RequestState()
+            req = self.requests[request_id] = RequestState(request_id)
         req.block_hashes = hashes
         if hit:  # a hit only for a request holding nothing: its pages start at 0
             for b in hit:
@@ -217,6 +220,8 @@ class HostTierManager(HostTierSteps):
 
     def _take_host(self, n: int) -> list[int]:
         blocks = self.host.take(n)
+        if self.host.evicted and self.config.record_events:
+            self.events.append(HostCacheEvent("removed", tuple(self.host.evicted)))
         for block_hash in self.host.evicted:
             self._drop_copy(block_hash)  # a copy of a page no hit can find
         return blocks
@@ -361,13 +366,18 @@ class HostTierManager(HostTierSteps):
             return
         limit = min(len(req.block_hashes), len(req.host_row))
         cached, hash_of = self.host.cached, self.host.hash_of
+        stored: list[tuple[int, int]] = []
         while req.published < limit and req.published in req.clean:
             b, block_hash = req.host_row[req.published], req.block_hashes[req.published]
             if block_hash not in cached and b not in hash_of:
                 cached[block_hash] = b
                 hash_of[b] = block_hash
+                stored.append((req.published, b))
             self._record_copy(req, req.published)
             req.published += 1
+        if stored and self.config.record_events:
+            self.events.extend(stored_events(req.request_id, self.requests.get(
+                req.request_id) is not req, req.block_hashes, stored))
 
     def _unpin_clean(self, request_id: str, req: RequestState) -> None:
         tail = len(req.resident_row) - ACTIVE_TAIL_PAGES

@@ -67,11 +67,12 @@ class TierPool:
 
 
 class RequestState:
-    __slots__ = ("host_row", "resident_row", "hot", "hot_required", "clean", "pending",
+    __slots__ = ("request_id", "host_row", "resident_row", "hot", "hot_required", "clean", "pending",
                  "unpinned", "pinned_clean", "published", "block_hashes", "importing",
                  "synced", "stale", "held")
 
-    def __init__(self) -> None:
+    def __init__(self, request_id: str = "") -> None:
+        self.request_id = request_id
         self.host_row: list[int] = []
         self.resident_row: list[int] = []
         self.hot: list[int] = []

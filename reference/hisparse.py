@@ -24,6 +24,7 @@ from pagedkv.spec.hisparse import (
     ACTIVE_TAIL_PAGES,
     FenceHold,
     HostAllocation,
+    HostCacheEvent,
     HostTierConfig,
     HostTierSnapshot,
     PageTransfer,
@@ -39,6 +40,7 @@ from pagedkv.spec.hisparse_rules import (
     plan_allocation,
     residency_update,
     row_mirrors,
+    stored_events,
     wants_hot_region,
     writeback_window,
 )
@@ -73,6 +75,7 @@ class HostTierManager(HostTierSteps):
         self.next_fence_id = 0
         self.shared: set[int] = set()  # device blocks other groups took (D-HOST-18)
         self.host_taken: set[int] = set()  # host blocks callers took (D-HOST-23)
+        self.events: list[HostCacheEvent] = []  # host cache changes, when recorded (D-HOST-26)
 
     # -- queries -------------------------------------------------------------
 
@@ -159,7 +162,7 @@ class HostTierManager(HostTierSteps):
         if device_new + hot_n > len(self.device.free):
             return None
         if req is None:
-            req = self.requests[request_id] = RequestState()
+            req = self.requests[request_id] = RequestState(request_id)
         req.block_hashes = hashes
         for b in hit:
             self.host.hold(b)
@@ -211,6 +214,8 @@ class HostTierManager(HostTierSteps):
 
     def _take_host(self, n: int) -> list[int]:
         blocks = self.host.take(n)
+        if self.host.evicted and self.config.record_events:
+            self.events.append(HostCacheEvent("removed", tuple(self.host.evicted)))
         for block_hash in self.host.evicted:
             self._drop_copy(block_hash)  # a copy of a page no hit can find
         return blocks
@@ -337,11 +342,18 @@ class HostTierManager(HostTierSteps):
     def _publish(self, req: RequestState) -> None:
         if not self.config.enable_caching:
             return
+        stored: list[tuple[int, int]] = []
         while (req.published < min(len(req.block_hashes), len(req.host_row))
                and req.published in req.clean):
-            self.host.publish(req.host_row[req.published], req.block_hashes[req.published])
+            b, block_hash = req.host_row[req.published], req.block_hashes[req.published]
+            if block_hash not in self.host.cached and b not in self.host.hash_of:
+                stored.append((req.published, b))
+            self.host.publish(b, block_hash)
             self._record_copy(req, req.published)
             req.published += 1
+        if stored and self.config.record_events:
+            self.events.extend(stored_events(req.request_id, self.requests.get(
+                req.request_id) is not req, req.block_hashes, stored))
 
     def _unpin_clean(self, request_id: str, req: RequestState) -> None:
         for page in reversed(range(len(req.resident_row))):

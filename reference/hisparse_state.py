@@ -59,6 +59,7 @@ class TierPool:
 
 @dataclass(eq=False)
 class RequestState:
+    request_id: str = ""
     host_row: list[int] = field(default_factory=list)
     resident_row: list[int] = field(default_factory=list)
     hot: list[int] = field(default_factory=list)

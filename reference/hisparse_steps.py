@@ -2,7 +2,7 @@
 ``advance``, ``take_transfers``, ``report_transfers`` (D-HOST-12/13),
 ``pop_for_free`` / ``release_fence`` (D-HOST-16), ``evict_host_blocks``
 (D-HOST-17), ``take_shared`` / ``free_shared`` (D-HOST-18), ``take_host`` /
-``free_host`` and ``capacity_needed`` (D-HOST-23). A mixin of
+``free_host`` and ``capacity_needed`` (D-HOST-23), ``take_host_events`` (D-HOST-26). A mixin of
 ``HostTierManager``: the state it reads and the core operations it calls are
 named by the ``_Tier`` protocol."""
 
@@ -13,7 +13,7 @@ from typing import Protocol
 
 from pagedkv.reference.hisparse_state import RequestState, TierPool
 from pagedkv.spec.errors import InvalidArgumentError
-from pagedkv.spec.hisparse import FenceHold, HostTierConfig, PageTransfer
+from pagedkv.spec.hisparse import FenceHold, HostCacheEvent, HostTierConfig, PageTransfer
 from pagedkv.spec.hisparse_rules import (
     check_block_count,
     check_held_blocks,
@@ -40,6 +40,7 @@ class _Tier(Protocol):
     next_fence_id: int
     shared: set[int]
     host_taken: set[int]
+    events: list[HostCacheEvent]
 
     def _get(self, request_id: str) -> RequestState: ...
     def _take_host(self, n: int) -> list[int]: ...
@@ -126,7 +127,15 @@ class HostTierSteps:
             del self.host.cached[block_hash]
             self._drop_copy(block_hash)
             dropped.append(block_hash)
+        if dropped and self.config.record_events:
+            self.events.append(HostCacheEvent("removed", tuple(dropped)))
         return dropped
+
+    def take_host_events(self: _Tier) -> list[HostCacheEvent]:
+        """The host cache's changes since the last call, in order (empty unless
+        ``HostTierConfig.record_events``, D-HOST-26)."""
+        events, self.events = self.events, []
+        return events
 
     def take_shared(self: _Tier, num_blocks: int) -> tuple[int, ...] | None:
         """``num_blocks`` device blocks for another device group sharing the

@@ -18,6 +18,7 @@ from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.errors import InsufficientMemoryError, InvalidConfigError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.setting import ModelSetting
+from pagedkv.spec.types import BlockHash
 
 __all__ = [
     "ACTIVE_TAIL_PAGES",
@@ -26,6 +27,7 @@ __all__ = [
     "HiSparseResidentSpec",
     "FenceHold",
     "HostAllocation",
+    "HostCacheEvent",
     "HostTierSnapshot",
     "RequestResidency",
     "ResidencyUpdate",
@@ -148,6 +150,8 @@ class HostTierConfig:
     admission_window: int | None = None
     num_reprefillable_tokens: int = 0
     max_spill_pages: int | None = None
+    record_events: bool = False
+    """Record the host cache's changes for ``take_host_events`` (D-HOST-26)."""
 
     def __post_init__(self) -> None:
         if type(self.num_reprefillable_tokens) is not int or self.num_reprefillable_tokens < 0:
@@ -160,6 +164,9 @@ class HostTierConfig:
         for name in ("block_size", "host_num_blocks", "device_num_blocks",
                      "hot_blocks_per_request", "max_model_len"):
             _positive(self, name, getattr(self, name))
+        if type(self.record_events) is not bool:
+            raise InvalidConfigError(
+                f"HostTierConfig.record_events must be a bool, got {self.record_events!r}")
         if type(self.enable_caching) is not bool:
             raise InvalidConfigError(
                 f"HostTierConfig.enable_caching must be a bool, got {self.enable_caching!r}")
@@ -308,6 +315,26 @@ class ResidencyUpdate:
 
     pages: tuple[int, ...]
     block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HostCacheEvent:
+    """A change of the host cache (``take_host_events``, D-HOST-26).
+
+    ``stored``: ``block_hashes`` entered the cache on ``host_blocks``, pages
+    ``first_page``.. of ``request_id`` (``detached``: a finished request's
+    late publication), after the page whose hash is ``parent_hash``.
+    ``removed``: ``block_hashes`` left it (evicted on reuse or by
+    ``evict_host_blocks``); the other fields are empty.
+    """
+
+    kind: Literal["stored", "removed"]
+    block_hashes: tuple[BlockHash, ...]
+    host_blocks: tuple[int, ...] = ()
+    request_id: str = ""
+    first_page: int = 0
+    parent_hash: BlockHash | None = None
+    detached: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvalidTokenCountError,
 )
-from pagedkv.spec.hisparse import HostTierConfig, ResidencyUpdate, RowMirror
+from pagedkv.spec.hisparse import HostCacheEvent, HostTierConfig, ResidencyUpdate, RowMirror
 from pagedkv.spec.types import BlockHash
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "import_pages",
     "plan_allocation",
     "residency_update",
+    "stored_events",
     "row_mirrors",
     "tally_worker_counts",
     "writeback_tokens",
@@ -317,3 +318,22 @@ def check_held_blocks(block_ids: Sequence[int], held: Collection[int], holder: s
         raise InvalidArgumentError(
             f"block_ids {ids!r} name a block {holder} does not hold, or repeat one")
     return ids
+
+
+def stored_events(request_id: str, detached: bool, block_hashes: Sequence[BlockHash],
+                  stored: Sequence[tuple[int, int]]) -> list[HostCacheEvent]:
+    """The ``stored`` events of one publication: ``stored`` lists the (page,
+    host block) pairs whose hash entered the cache, ascending; one event per
+    run of consecutive pages, its parent the hash of the page before the run."""
+    events: list[HostCacheEvent] = []
+    start = 0
+    for i in range(1, len(stored) + 1):
+        if i < len(stored) and stored[i][0] == stored[i - 1][0] + 1:
+            continue
+        run = stored[start:i]
+        first = run[0][0]
+        events.append(HostCacheEvent(
+            "stored", tuple(block_hashes[page] for page, _ in run), tuple(b for _, b in run),
+            request_id, first, block_hashes[first - 1] if first else None, detached))
+        start = i
+    return events

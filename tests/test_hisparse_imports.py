@@ -136,3 +136,49 @@ def test_a_capacity_query_counts_uncached_hits_and_a_partial_page(
     assert tier.capacity_needed("w", 8, [b]) == (2, 3)  # no import: page 1 + hot
     assert "w" not in tier.requests
     _check(tier)
+
+
+def test_host_cache_changes_are_recorded_as_events(make: Callable[..., Tier]) -> None:
+    """D-HOST-26: a publication is one ``stored`` event per run of pages that
+    entered the host cache; an eviction, on reuse or named, a ``removed`` one."""
+    from pagedkv.spec.hisparse import HostCacheEvent
+
+    tier = make(host=6, record_events=True)
+    hashes = _hashes(3)
+    tier.allocate("a", 12, block_hashes=hashes)
+    transfers = tier.plan_writebacks("a", 12)
+    tier.complete([transfers[1].transfer_id])
+    assert tier.take_host_events() == []  # page 0 is not durable: nothing published
+    tier.complete([transfers[0].transfer_id, transfers[2].transfer_id])
+    assert tier.take_host_events() == [
+        HostCacheEvent("stored", tuple(hashes), (1, 2, 3), "a", 0, None, False)]
+    tier.free("a")
+    tier.allocate("b", 12, block_hashes=_hashes(3, 7))  # 4, 5, then 3 (freed tail first)
+    assert tier.take_host_events() == [HostCacheEvent("removed", (hashes[2],))]
+    assert tier.evict_host_blocks([1, 4]) == [hashes[0]]
+    assert tier.take_host_events() == [HostCacheEvent("removed", (hashes[0],))]
+    tier.complete([t.transfer_id for t in tier.plan_writebacks("b", 8)])
+    tier.free("b", finished=True)
+    assert tier.take_host_events() == [
+        HostCacheEvent("stored", tuple(_hashes(2, 7)), (4, 5), "b", 0, None, False)]
+    assert make(host=6).take_host_events() == []  # not recorded unless asked
+    _check(tier)
+
+
+def test_a_late_publication_is_a_detached_event_after_its_parent(
+        make: Callable[..., Tier]) -> None:
+    from pagedkv.spec.hisparse import HostCacheEvent
+
+    tier = make(record_events=True)
+    hashes = _hashes(3, 5)
+    tier.allocate("c", 12, block_hashes=hashes)
+    first, *rest = tier.plan_writebacks("c", 12)
+    tier.complete([first.transfer_id])
+    assert tier.take_host_events() == [
+        HostCacheEvent("stored", (hashes[0],), (1,), "c", 0, None, False)]
+    tier.free("c", finished=True)  # pages 1, 2 still being written back
+    tier.allocate("c", 4, block_hashes=_hashes(1, 6))  # the id is reused meanwhile
+    tier.complete([t.transfer_id for t in rest])
+    assert tier.take_host_events() == [
+        HostCacheEvent("stored", tuple(hashes[1:]), (2, 3), "c", 1, hashes[0], True)]
+    _check(tier)

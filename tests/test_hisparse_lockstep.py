@@ -49,14 +49,15 @@ class HostTierMachine(RuleBasedStateMachine):
 
     @initialize(host=st.integers(3, 14), device=st.integers(3, 14), hot=st.integers(1, 3),
                 caching=st.booleans(), window=st.one_of(st.none(), st.integers(1, 6)),
-                reprefill=st.integers(0, 5), spill=st.one_of(st.none(), st.integers(1, 3)))
+                reprefill=st.integers(0, 5), spill=st.one_of(st.none(), st.integers(1, 3)),
+                events=st.booleans())
     def setup(self, host: int, device: int, hot: int, caching: bool, window: int | None,
-              reprefill: int, spill: int | None) -> None:
+              reprefill: int, spill: int | None, events: bool) -> None:
         config = HostTierConfig(block_size=BLOCK_SIZE, host_num_blocks=host,
                                 device_num_blocks=device, hot_blocks_per_request=hot,
                                 max_model_len=32, enable_caching=caching,
                                 admission_window=window, num_reprefillable_tokens=reprefill,
-                                max_spill_pages=spill)
+                                max_spill_pages=spill, record_events=events)
         self.ref = ReferenceTier(config)
         self.opt = OptimizedTier(config)
         self.prompt: dict[str, int] = {}
@@ -257,6 +258,10 @@ class HostTierMachine(RuleBasedStateMachine):
         self._both("capacity_needed", "capacity_needed", request_id, num_tokens,
                    [b for b in hit if b < self.ref.config.host_num_blocks], external, local)
         assert self.ref.snapshot() == before, "capacity_needed changed the state"
+
+    @rule()
+    def take_host_events(self) -> None:
+        self._both("take_host_events", "take_host_events")
 
     @rule()
     def reset(self) -> None:

@@ -198,3 +198,25 @@ def test_a_deferred_free_may_be_given_back_in_parts() -> None:
     manager.block_pool.free_blocks(blocks[1:])
     assert host_pool.get_num_free_blocks() == host_free
     assert manager.block_pool.get_num_free_blocks() == device_free
+
+
+def test_host_publications_and_evictions_are_cpu_events_of_the_source_group() -> None:
+    """D-HOST-26: the host cache's changes reach vLLM's event stream with
+    medium CPU and the source group's id, tokens from the publishing request."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+    from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
+
+    manager = _manager(enable_caching=True, enable_kv_cache_events=True)
+    coordinator = get_hisparse_coordinator(manager)
+    request = _request("r", 2 * B + 3)
+    assert manager.allocate_slots(request, 2 * B + 3) is not None
+    coordinator.advance_scheduled([("r", 2 * B + 3)])
+    counts = {t.transfer_id: 1 for t in coordinator.build_offload_command().page_transfers}
+    coordinator.update_spills(counts, counts)
+    host = [e for e in manager.take_events() if isinstance(e, BlockStored) and e.medium == "CPU"]
+    assert len(host) == 1 and host[0].group_idx == 0 and host[0].parent_block_hash is None
+    assert host[0].token_ids == list(range(2 * B)) and len(host[0].block_hashes) == 2
+    coordinator.get_host_block_pool().evict_blocks({manager.get_block_ids("r")[0][1]})
+    [removed] = manager.take_events()
+    assert isinstance(removed, BlockRemoved) and (removed.medium, removed.group_idx) == ("CPU", 0)
+    assert removed.block_hashes == host[0].block_hashes[1:]

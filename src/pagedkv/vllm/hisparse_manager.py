@@ -25,6 +25,7 @@ from .hisparse_views import (
     HiSparseGroupView,
     HostPoolView,
     SharedDevicePool,
+    host_events,
     make_hisparse_coordinator,
 )
 
@@ -173,6 +174,12 @@ class HiSparseKVCacheManager:
                                      num_prefill_lookahead=num_prefill_lookahead, **kwargs)
         _, config = translate_hisparse_config(kv_cache_config, max_model_len, enable_caching,
                                               max_in_flight_tokens, num_prefill_lookahead)
+        # Host-medium events need the publishing requests' tokens: kept while
+        # the tier may still publish for them (a finished one: its late pages).
+        self._events = bool(kwargs.get("enable_kv_cache_events")) and enable_caching
+        config = dataclasses.replace(config, record_events=self._events)
+        self._requests: dict[str, Any] = {}
+        self._detached_requests: dict[str, Any] = {}
         self._tier = HostTierManager(config, SharedDevicePool(self._inner._core.block_pool))
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
@@ -254,6 +261,8 @@ class HiSparseKVCacheManager:
         self._tier.device_blocks_taken([b.block_id for group in device.blocks for b in group])
         allocation = self._tier.allocate(request_id, total, hit, hashes, external, local_tokens)
         assert allocation is not None, "checked above: both pools had room"
+        if self._events:
+            self._requests[request_id] = request
         # Host-only pages (a hit's, an import's) are null in the table the engine gets.
         # (adopted copies are residency, not table, entries: vLLM's split).
         row = self._tier.requests[request_id].resident_row
@@ -323,6 +332,7 @@ class HiSparseKVCacheManager:
         if request_id not in self._tier.requests:
             return list(device)
         hold = self._tier.pop_for_free(request_id, finished=bool(request.is_finished()))
+        self._forget_request(request_id)
         views = self._inner.block_pool.blocks
         held = [self._host.blocks[b] for b in hold.host_blocks] + [
             views[b] for b in hold.resident_blocks + hold.hot_blocks]
@@ -332,8 +342,25 @@ class HiSparseKVCacheManager:
     def take_events(self) -> list[Any]:
         """The device groups' events, their group ids made vLLM's (the device
         groups' adapter numbers only its own groups)."""
-        events: list[Any] = self._inner.take_events()
-        return [_regroup(event, self._device_ids) for event in events]
+        events: list[Any] = [_regroup(event, self._device_ids) for event in self._inner.take_events()]
+        if not self._events:
+            return events
+        source = self._kinds.index("source")
+        events.extend(host_events(
+            self._tier.take_host_events(), lambda e: (
+                self._detached_requests if e.detached else self._requests).get(e.request_id),
+            source, self.kv_cache_config.kv_cache_groups[source].kv_cache_spec))
+        detached = {req.request_id for req in self._tier.detached}
+        for request_id in [r for r in self._detached_requests if r not in detached]:
+            del self._detached_requests[request_id]  # its late publication happened
+        return events
+
+    def _forget_request(self, request_id: str) -> None:
+        """The tier freed the request: keep its vLLM request only while a late
+        publication of it may still produce an event."""
+        request = self._requests.pop(request_id, None)
+        if request is not None and any(r.request_id == request_id for r in self._tier.detached):
+            self._detached_requests[request_id] = request
 
     def reset_prefix_cache(self) -> bool:
         """Both caches or neither: refused while a host block is held, then
@@ -388,5 +415,6 @@ class HiSparseKVCacheManager:
         request_id = request.request_id
         if request_id in self._tier.requests:
             self._tier.free(request_id, finished=bool(request.is_finished()))
+            self._forget_request(request_id)
         self._table.pop(request_id, None)
         self._inner.free(request)

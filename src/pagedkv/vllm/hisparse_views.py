@@ -17,11 +17,13 @@ from typing import Any
 from pagedkv.optimized.block_pool import BlockPool
 from pagedkv.optimized.hisparse import HostTierManager
 from pagedkv.optimized.hisparse_state import TierPool
+from pagedkv.spec.hisparse import HostCacheEvent
 
 from . import _compat
 from .blocks import BlockPoolView
 
-__all__ = ["HostBlockView", "HostPoolView", "SharedDevicePool", "make_hisparse_coordinator"]
+__all__ = ["HostBlockView", "HostPoolView", "SharedDevicePool", "host_events",
+           "make_hisparse_coordinator"]
 
 
 class _FreeBlocks:
@@ -351,3 +353,36 @@ def make_hisparse_coordinator(*args: Any) -> HiSparseCoordinatorView:
                                    _compat.hisparse_classes().get("HiSparseCoordinator"))
     view: HiSparseCoordinatorView = view_class(*args)
     return view
+
+
+def host_events(events: Iterable[HostCacheEvent], request_of: Any, group_idx: int,
+                spec: Any) -> list[Any]:
+    """vLLM's ``BlockStored`` / ``BlockRemoved`` events, medium CPU, for the
+    tier's host cache changes (D-HOST-26). ``request_of(event)`` is the vLLM
+    request that published a ``stored`` event (its tokens and LoRA), or None."""
+    medium = getattr(_compat._kv_events, "MEDIUM_CPU", "CPU")
+    size = int(spec.block_size)
+    out: list[Any] = []
+    for event in events:
+        if event.kind == "removed":
+            out.extend(_compat.BlockRemoved(block_hashes=[_compat.external_block_hash(h)],
+                                            medium=medium, group_idx=group_idx)
+                       for h in event.block_hashes)
+            continue
+        request = request_of(event)
+        lora = None if request is None else request.lora_request
+        tokens = [] if request is None else list(request.all_token_ids[
+            event.first_page * size:(event.first_page + len(event.block_hashes)) * size])
+        stored = _compat.BlockStored(
+            block_hashes=[_compat.external_block_hash(h) for h in event.block_hashes],
+            parent_block_hash=None if event.parent_hash is None
+            else _compat.external_block_hash(event.parent_hash),
+            token_ids=tokens, block_size=size,
+            lora_id=None if lora is None else int(lora.adapter_id),
+            medium=medium, lora_name=None if lora is None else str(lora.name),
+            group_idx=group_idx,
+            **_compat.block_stored_hash_inputs(None, None, len(event.block_hashes)))
+        stored.kv_cache_spec_kind = _compat.kv_cache_spec_kind(spec)
+        stored.kv_cache_spec_sliding_window = _compat.kv_cache_spec_sliding_window(spec)
+        out.append(stored)
+    return out
