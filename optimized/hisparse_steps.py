@@ -136,7 +136,8 @@ class HostTierSteps:
     def take_host_events(self: _Tier) -> list[HostCacheEvent]:
         """The host cache's changes since the last call, in order (empty unless
         ``HostTierConfig.record_events``, D-HOST-26)."""
-        events, self.events = self.events, []
+        events = list(self.events)
+        self.events.clear()
         return events
 
     def take_shared(self: _Tier, num_blocks: int) -> tuple[int, ...] | None:

@@ -203,10 +203,10 @@ def test_a_deferred_free_may_be_given_back_in_parts() -> None:
 def test_host_publications_and_evictions_are_cpu_events_of_the_source_group() -> None:
     """D-HOST-26: the host cache's changes reach vLLM's event stream with
     medium CPU and the source group's id, tokens from the publishing request."""
+    manager = _manager(enable_caching=True, enable_kv_cache_events=True)
     from vllm.distributed.kv_events import BlockRemoved, BlockStored
     from vllm.v1.hisparse.coordinator import get_hisparse_coordinator
 
-    manager = _manager(enable_caching=True, enable_kv_cache_events=True)
     coordinator = get_hisparse_coordinator(manager)
     request = _request("r", 2 * B + 3)
     assert manager.allocate_slots(request, 2 * B + 3) is not None

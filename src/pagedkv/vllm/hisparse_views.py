@@ -360,7 +360,7 @@ def host_events(events: Iterable[HostCacheEvent], request_of: Any, group_idx: in
     """vLLM's ``BlockStored`` / ``BlockRemoved`` events, medium CPU, for the
     tier's host cache changes (D-HOST-26). ``request_of(event)`` is the vLLM
     request that published a ``stored`` event (its tokens and LoRA), or None."""
-    medium = getattr(_compat._kv_events, "MEDIUM_CPU", "CPU")
+    medium = "CPU"  # vLLM's MEDIUM_CPU
     size = int(spec.block_size)
     out: list[Any] = []
     for event in events:
