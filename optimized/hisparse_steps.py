@@ -17,7 +17,9 @@ from pagedkv.spec.hisparse import FenceHold, HostCacheEvent, HostTierConfig, Pag
 from pagedkv.spec.hisparse_rules import (
     check_block_count,
     check_held_blocks,
+    check_host_block_ids,
     count_allocation,
+    fence_hold,
     tally_worker_counts,
     writeback_tokens,
 )
@@ -88,12 +90,11 @@ class HostTierSteps:
         the host row, the device blocks of pages that are not clean and the
         hot region (D-HOST-16). ``release_fence`` drops them later."""
         req = self._get(request_id)
-        resident = tuple(b for page, b in enumerate(req.resident_row) if b != 0 and (
-            page not in req.clean or page in req.pending))
-        hold = FenceHold(self.next_fence_id, tuple(req.host_row), resident, tuple(req.hot))
+        hold = fence_hold(self.next_fence_id, req.host_row, req.resident_row, req.clean,
+                          req.pending, req.hot)
         for b in hold.host_blocks:
             self.host.hold(b)
-        for b in resident + hold.hot_blocks:
+        for b in hold.resident_blocks + hold.hot_blocks:
             self.device.hold(b)
         self.next_fence_id += 1
         self.fences[hold.fence_id] = hold
@@ -116,13 +117,8 @@ class HostTierSteps:
         """Drop the host cache entry of each named block that has one (held
         or free); its device copy goes too. Returns the hashes dropped, in
         order. A block id outside the host pool: InvalidArgumentError, nothing changes."""
-        ids = list(block_ids)
-        for b in ids:
-            if type(b) is not int or not 0 < b < self.config.host_num_blocks:
-                raise InvalidArgumentError(
-                    f"block_ids: {b!r} is not a host block in [1, {self.config.host_num_blocks})")
         dropped: list[BlockHash] = []
-        for b in ids:
+        for b in check_host_block_ids(block_ids, self.config.host_num_blocks):
             block_hash = self.host.hash_of.pop(b, None)
             if block_hash is None:
                 continue

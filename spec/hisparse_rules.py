@@ -12,8 +12,8 @@ themselves are checked against their definitions in tests/test_hisparse_rules.py
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
 import dataclasses
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pagedkv.spec.errors import (
@@ -21,7 +21,13 @@ from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvalidTokenCountError,
 )
-from pagedkv.spec.hisparse import HostCacheEvent, HostTierConfig, ResidencyUpdate, RowMirror
+from pagedkv.spec.hisparse import (
+    FenceHold,
+    HostCacheEvent,
+    HostTierConfig,
+    ResidencyUpdate,
+    RowMirror,
+)
 from pagedkv.spec.types import BlockHash
 
 __all__ = [
@@ -29,6 +35,8 @@ __all__ = [
     "check_token_count",
     "check_block_count",
     "check_held_blocks",
+    "check_host_block_ids",
+    "fence_hold",
     "check_transfer_ids",
     "count_allocation",
     "full_sequence_need",
@@ -337,3 +345,23 @@ def stored_events(request_id: str, detached: bool, block_hashes: Sequence[BlockH
             request_id, first, block_hashes[first - 1] if first else None, detached))
         start = i
     return events
+
+
+def check_host_block_ids(block_ids: Iterable[int], host_num_blocks: int) -> list[int]:
+    """The ids ``evict_host_blocks`` names: each a host block in ``[1,
+    host_num_blocks)`` (InvalidArgumentError otherwise)."""
+    ids = list(block_ids)
+    for b in ids:
+        if type(b) is not int or not 0 < b < host_num_blocks:
+            raise InvalidArgumentError(f"block_ids: {b!r} is not a host block in [1, {host_num_blocks})")
+    return ids
+
+
+def fence_hold(fence_id: int, host_row: Sequence[int], resident_row: Sequence[int],
+               clean: Collection[int], pending: Collection[int], hot: Sequence[int]) -> FenceHold:
+    """What ``pop_for_free`` keeps for a step still in flight (D-HOST-16): the
+    host row, the device blocks of pages that are not clean or have a
+    transfer pending, and the hot region."""
+    resident = tuple(b for page, b in enumerate(resident_row) if b != 0 and (
+        page not in clean or page in pending))
+    return FenceHold(fence_id, tuple(host_row), resident, tuple(hot))
