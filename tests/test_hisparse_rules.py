@@ -7,7 +7,7 @@ a mistake in them; these tests state each rule a second, plainer way.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pagedkv.spec.errors import (
@@ -18,9 +18,12 @@ from pagedkv.spec.errors import (
 from pagedkv.spec.hisparse import HostTierConfig, ResidencyUpdate, RowMirror
 from pagedkv.spec.hisparse_rules import (
     check_token_count,
+    count_allocation,
+    fence_hold,
     plan_allocation,
     residency_update,
     row_mirrors,
+    stored_events,
     tally_worker_counts,
     wants_hot_region,
     writeback_tokens,
@@ -135,3 +138,49 @@ def test_plan_allocation_refusals() -> None:
         plan_allocation(CFG, "r", 4, (), hashes, 5, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(InvalidTokenCountError):
         check_token_count("n", 1.5)
+
+
+@example(num_tokens=8, hit=1, local=3, external=0)
+@example(num_tokens=13, hit=3, local=8, external=4)
+@given(num_tokens=st.integers(1, 32), hit=st.integers(0, 4), local=st.integers(0, 16),
+       external=st.integers(0, 16))
+def test_an_import_layout_by_pages(num_tokens: int, hit: int, local: int, external: int) -> None:
+    """count_allocation's page layout, stated page by page: the computed hit
+    pages (whole), then the import's pages host-only but its last, then
+    resident pages; a partial computed page costs one host block (HOST-14,
+    D-HOST-22/23)."""
+    kwargs = dict(held_pages=0, has_hot=False, hot_required=False, host_ref=[1] * 10)
+    blocks = list(range(1, hit + 1))
+    try:
+        counts = count_allocation(CFG, "r", num_tokens, blocks, external,
+                                  num_local_tokens=local, **kwargs)  # type: ignore[arg-type]
+    except InvalidArgumentError:
+        covered = max(-(-local // B), -(-(local + external) // B) if external else 0)
+        assert hit > -(-num_tokens // B) or local > hit * B or hit > covered or (
+            external and local + external > num_tokens)
+        return
+    pages = -(-num_tokens // B)
+    imported = local + external if external else 0
+    # A partial computed page is host-only (copied on host before it is written)
+    # unless an import covers it.
+    computed = local // B if imported else -(-local // B)
+    layout = ["hit" if p < computed else "import" if p < -(-imported // B) - 1 else "resident"
+              for p in range(pages)]
+    assert counts.host_only == layout.count("hit") + layout.count("import")
+    assert counts.device_new == layout.count("resident")
+    assert counts.host_new == pages - hit and counts.cow == int(hit > 0 and local % B > 0)
+    assert counts.clean_hits == local // B
+
+
+def test_stored_events_split_into_runs() -> None:
+    hashes = [BlockHash(bytes([i])) for i in range(6)]
+    events = stored_events("r", False, hashes, [(1, 11), (2, 12), (4, 14)])
+    assert [(e.first_page, e.block_hashes, e.host_blocks, e.parent_hash) for e in events] == [
+        (1, (hashes[1], hashes[2]), (11, 12), hashes[0]), (4, (hashes[4],), (14,), hashes[3])]
+    assert stored_events("r", True, hashes, []) == []
+
+
+def test_a_fence_holds_what_a_step_may_write() -> None:
+    hold = fence_hold(3, [7, 8, 9], [4, 0, 6], clean={0, 1, 2}, pending={2}, hot=[1, 2])
+    assert (hold.fence_id, hold.host_blocks, hold.resident_blocks, hold.hot_blocks) == (
+        3, (7, 8, 9), (6,), (1, 2))
