@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Literal
 
 from pagedkv.optimized.hisparse_state import RequestState, TierPool
-from pagedkv.optimized.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     UnknownRequestError,
@@ -45,6 +44,7 @@ from pagedkv.spec.hisparse_rules import (
     wants_hot_region,
     writeback_window,
 )
+from pagedkv.spec.hisparse_steps import HostTierSteps
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierManager"]

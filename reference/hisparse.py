@@ -4,7 +4,7 @@ Semantic model: two block pools (host and device), each a list of ref
 counts, a free list (front = next to hand out) and a hash map; per request a
 host row, a resident row (0 = host-only page), a hot region and page sets.
 Every operation is a direct transcription of spec/host_tier.md; nothing is
-fast on purpose. ``check_invariants`` checks HOST-1..HOST-13 by ID.
+fast on purpose. ``check_invariants`` checks HOST-1..HOST-14 by ID.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Literal
 
 from pagedkv.reference.hisparse_state import RequestState, TierPool
-from pagedkv.reference.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvariantViolation,
@@ -44,6 +43,7 @@ from pagedkv.spec.hisparse_rules import (
     wants_hot_region,
     writeback_window,
 )
+from pagedkv.spec.hisparse_steps import HostTierSteps
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierManager"]
@@ -477,7 +477,7 @@ class HostTierManager(HostTierSteps):
             tuple(sorted(self.host_taken)))
 
     def check_invariants(self) -> None:
-        """HOST-1..HOST-13, by ID (raises InvariantViolation with a state dump)."""
+        """HOST-1..HOST-14, by ID (raises InvariantViolation with a state dump)."""
         from pagedkv.reference.hisparse_invariants import check_host_tier
 
         check_host_tier(self)

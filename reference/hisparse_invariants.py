@@ -1,4 +1,4 @@
-"""HOST-1..HOST-13 of spec/host_tier.md, checked over the reference host tier."""
+"""HOST-1..HOST-14 of spec/host_tier.md, checked over the reference host tier."""
 
 from __future__ import annotations
 

@@ -45,6 +45,10 @@ class TierPool:
             if self.ref[b] == 0:
                 self.free.append(b)
 
+    def release_batch(self, blocks: list[int]) -> None:
+        """Release blocks in order (the name the shared step mixin calls)."""
+        self.release(blocks)
+
     def unpin(self, b: int) -> None:
         """Release a block its holder keeps reading: to the back of the free
         queue (the last to be reused). This pool queues every release there."""

@@ -1,17 +1,24 @@
-"""The per-step and release operations of the optimized host tier (spec/host_tier.md):
+"""The per-step and release operations of the host tier (spec/host_tier.md),
+shared by ``pagedkv.reference.hisparse`` and ``pagedkv.optimized.hisparse``:
 ``advance``, ``take_transfers``, ``report_transfers`` (D-HOST-12/13),
 ``pop_for_free`` / ``release_fence`` (D-HOST-16), ``evict_host_blocks``
 (D-HOST-17), ``take_shared`` / ``free_shared`` (D-HOST-18), ``take_host`` /
-``free_host`` and ``capacity_needed`` (D-HOST-23), ``take_host_events`` (D-HOST-26). A mixin of
-``HostTierManager``: the state it reads and the core operations it calls are
-named by the ``_Tier`` protocol."""
+``free_host`` and ``capacity_needed`` (D-HOST-23), ``take_host_events`` (D-HOST-26).
+
+A mixin of both ``HostTierManager`` classes. The two implementations had
+carried it as two textually equal modules (only their pools' release call
+differed), so the lockstep machine never compared two versions of it; one
+copy over a state protocol loses no checking and cannot drift (D-HOST-27).
+What it reads and calls is named by ``_Tier``; a pool is anything with
+``hold``, ``release_batch``, a sized free queue, ref counts and hash maps.
+The scenarios of tests/test_hisparse*.py pin its behaviour on both tiers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence, Sized
+from typing import Any, Protocol
 
-from pagedkv.optimized.hisparse_state import RequestState, TierPool
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hisparse import FenceHold, HostCacheEvent, HostTierConfig, PageTransfer
 from pagedkv.spec.hisparse_rules import (
@@ -28,13 +35,30 @@ from pagedkv.spec.types import BlockHash
 __all__ = ["HostTierSteps"]
 
 
+class _Pool(Protocol):
+    @property
+    def free(self) -> Sized: ...
+    @property
+    def ref(self) -> Sequence[int]: ...
+    @property
+    def hash_of(self) -> MutableMapping[int, BlockHash]: ...
+    @property
+    def cached(self) -> MutableMapping[BlockHash, int]: ...
+    def hold(self, b: int) -> None: ...
+    def release_batch(self, blocks: list[int]) -> None: ...
+
+
+class _Request(Protocol):
+    host_row: list[int]
+    resident_row: list[int]
+    hot: list[int]
+    hot_required: bool
+    clean: set[int]
+    pending: dict[int, int]
+
+
 class _Tier(Protocol):
     config: HostTierConfig
-    host: TierPool
-    device: TierPool
-    requests: dict[str, RequestState]
-    transfers: dict[int, tuple[PageTransfer, RequestState]]
-    copies: dict[BlockHash, int]
     outbox: list[int]
     spill_budget: int
     worker_counts: dict[int, tuple[int, int]]
@@ -44,7 +68,15 @@ class _Tier(Protocol):
     host_taken: set[int]
     events: list[HostCacheEvent]
 
-    def _get(self, request_id: str) -> RequestState: ...
+    @property
+    def host(self) -> _Pool: ...
+    @property
+    def device(self) -> _Pool: ...
+    @property
+    def requests(self) -> Mapping[str, _Request]: ...
+    @property
+    def transfers(self) -> Mapping[int, tuple[PageTransfer, Any]]: ...
+    def _get(self, request_id: str) -> _Request: ...
     def _take_host(self, n: int) -> list[int]: ...
     def _drop_copy(self, block_hash: BlockHash) -> None: ...
     def _take_device(self, n: int) -> list[int]: ...
@@ -109,9 +141,9 @@ class HostTierSteps:
             raise InvalidArgumentError(f"fence_id {fence_id!r} names no outstanding fence")
         for blocks in (hold.resident_blocks, hold.hot_blocks):
             for b in reversed(blocks):
-                self.device.release(b)
+                self.device.release_batch([b])
         for b in reversed(hold.host_blocks):
-            self.host.release(b)
+            self.host.release_batch([b])
 
     def evict_host_blocks(self: _Tier, block_ids: Iterable[int]) -> list[BlockHash]:
         """Drop the host cache entry of each named block that has one (held
@@ -157,7 +189,7 @@ class HostTierSteps:
         InvalidArgumentError, nothing changes."""
         for b in check_held_blocks(block_ids, self.shared, "another group"):
             self.shared.discard(b)
-            self.device.release(b)
+            self.device.release_batch([b])
 
     def take_host(self: _Tier, num_blocks: int) -> tuple[int, ...] | None:
         """``num_blocks`` host blocks for a caller outside any request (vLLM's
@@ -180,7 +212,7 @@ class HostTierSteps:
         hold, or one named twice: InvalidArgumentError, nothing changes."""
         for b in check_held_blocks(block_ids, self.host_taken, "a caller"):
             self.host_taken.discard(b)
-            self.host.release(b)
+            self.host.release_batch([b])
 
     def capacity_needed(self: _Tier, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                         num_external_tokens: int = 0,
