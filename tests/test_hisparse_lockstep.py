@@ -127,6 +127,39 @@ class HostTierMachine(RuleBasedStateMachine):
             self.prompt[request_id] = prompt
             self.tokens[request_id] = num_tokens
 
+    @precondition(lambda self: sum(r not in self.ref.requests for r in REQUEST_IDS) >= 2)
+    @rule(data=st.data(), prompt=st.integers(0, 3), pages=st.integers(1, 6),
+          extra=st.integers(0, 12), external=st.integers(1, 16), free_donor=st.booleans())
+    def resume_import(self, data: st.DataObject, prompt: int, pages: int, extra: int,
+                      external: int, free_donor: bool) -> None:
+        """A donor publishes a prompt (written back, maybe freed: its clean
+        pages stay copies); a taker resumes it counting fewer hit pages as
+        computed than the host holds, and a load covers the rest (HOST-14):
+        the hit pages past the computed ones must not adopt copies."""
+        idle = [r for r in REQUEST_IDS if r not in self.ref.requests]
+        donor, taker = data.draw(st.permutations(idle))[:2]
+        hashes = _hashes(prompt, pages)
+        result = self._allocate("allocate (donor)", donor, pages * BLOCK_SIZE, (), hashes)
+        if result[0] != "ok" or result[1] is None:
+            return
+        planned = self._both("plan_writebacks", "plan_writebacks", donor, pages * BLOCK_SIZE)
+        self._both("complete", "complete", [t.transfer_id for t in planned[1]])
+        if free_donor:
+            self._both("free", "free", donor, True)
+        else:
+            self.prompt[donor], self.tokens[donor] = prompt, pages * BLOCK_SIZE
+        hit = self.ref.lookup(_hashes(prompt, 8))
+        if not hit:
+            return
+        local = data.draw(st.integers(0, len(hit) - 1)) * BLOCK_SIZE
+        num_tokens = min(max(len(hit) * BLOCK_SIZE, local + external) + extra, 32)
+        external = max(min(external, num_tokens - local), 1)
+        hit = hit[: min(num_tokens // BLOCK_SIZE, -(-(local + external) // BLOCK_SIZE))]
+        result = self._allocate("allocate (resume import)", taker, num_tokens, hit,
+                                _hashes(prompt, num_tokens // BLOCK_SIZE), external, local)
+        if result[0] == "ok" and result[1] is not None:
+            self.prompt[taker], self.tokens[taker] = prompt, num_tokens
+
     @precondition(lambda self: any(r.importing for r in self.ref.requests.values()))
     @rule(data=st.data(), failed=st.booleans())
     def finish_import(self, data: st.DataObject, failed: bool) -> None:
