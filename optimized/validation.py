@@ -17,12 +17,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
+from pagedkv.spec.connector_hits import connector_completes_state
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
 from pagedkv.spec.mamba_partial import hit_fits
 from pagedkv.spec.request import RequestView
 from pagedkv.spec.types import BlockHash
 
 from .blocks import KVCacheBlocks
+from .mamba import MambaManager
 from .single_type import FullAttentionManager
 
 if TYPE_CHECKING:
@@ -136,8 +138,13 @@ def allocate_args(
             # A group outside prefix caching takes no hit block, at any length (PFX-1).
             fits = held == 0 and (not cacheable[group_id] or num_new_computed_tokens % block_size == 0)
         else:
-            fits = hit_fits(num_new_computed_tokens, held, block_size, coordinator.hash_block_size,
-                            getattr(coordinator.managers[group_id], "partial_hits", False))
+            manager = coordinator.managers[group_id]
+            sub_block = getattr(manager, "partial_hits", False)
+            fits = hit_fits(num_new_computed_tokens, held, block_size, coordinator.hash_block_size, sub_block)
+            # A Mamba group may hit shallower when a connector loads the state (D-API-46).
+            fits = fits or (isinstance(manager, MambaManager) and connector_completes_state(
+                num_new_computed_tokens, held, block_size, coordinator.hash_block_size, sub_block,
+                num_external_computed_tokens))
         if not fits:
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 from pagedkv.reference.block_pool import KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
+from pagedkv.spec.connector_hits import connector_completes_state
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
 from pagedkv.spec.mamba_partial import hit_fits
 from pagedkv.spec.request import RequestView
@@ -99,8 +101,13 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
         if isinstance(manager, CrossAttentionManager) or not cacheable:
             fits = len(group_hits) == 0 and (not cacheable or num_new_computed_tokens % manager.block_size == 0)
         else:
+            sub_block = getattr(manager, "partial_hits", False)
             fits = hit_fits(num_new_computed_tokens, len(group_hits), manager.block_size,
-                            coordinator.hash_block_size, getattr(manager, "partial_hits", False))
+                            coordinator.hash_block_size, sub_block)
+            # A Mamba group may hit shallower when a connector loads the state (D-API-46).
+            fits = fits or (isinstance(manager, MambaManager) and connector_completes_state(
+                num_new_computed_tokens, len(group_hits), manager.block_size, coordinator.hash_block_size,
+                sub_block, num_external_computed_tokens))
         if not fits:
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "

@@ -49,6 +49,7 @@ from pagedkv.spec import PagedKVError
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.request import Request
 from tests import eagle_checks, postconditions
+from tests.connector_hit import deeper_full_attention_hit
 from tests.implementations import IMPLEMENTATIONS
 from tests.strategies import (
     BAD_TOKEN_COUNTS,
@@ -250,17 +251,24 @@ class Lockstep(RuleBasedStateMachine):
         if boundary and data.draw(st.booleans(), label="pin shared_prefix_boundary"):
             for request in pair.requests:
                 request.shared_prefix_boundary = boundary
-        remaining = pair.num_tokens - hit_tokens
+        blocks = [hit[0] for hit in hits]
         external = 0
-        if data.draw(st.booleans(), label="external tokens"):
-            external = data.draw(st.integers(0, max(0, remaining - 1)), label="num_external_computed_tokens")
+        deeper = deeper_full_attention_hit(self.setup.config, self.each, pair.requests) if self.has_mamba else None
+        if deeper is not None and deeper[1] + 1 < pair.num_tokens and data.draw(st.booleans(), label="connector"):
+            # The connector loads past a lagging Mamba hit, at least one token (D-API-46).
+            blocks, hit_tokens = deeper
+            external = data.draw(st.integers(1, pair.num_tokens - hit_tokens - 1), label="num_external_computed_tokens")
+        elif data.draw(st.booleans(), label="external tokens"):
+            external = data.draw(st.integers(0, max(0, pair.num_tokens - hit_tokens - 1)),
+                                 label="num_external_computed_tokens")
+        remaining = pair.num_tokens - hit_tokens
         # Adopting a hit or external tokens may bring no new token (D-API-12).
         chunk = data.draw(st.integers(0 if hit_tokens + external else 1, remaining - external),
                           label="num_new_tokens")
         reserved = data.draw(RESERVED_BLOCKS, label="reserved_blocks")
         encoder_tokens = self.setup.encoder_tokens
         out = self.each(lambda i, m: m.allocate_slots(
-            pair.requests[i], chunk, hit_tokens, hits[i][0], num_lookahead_tokens=lookahead,
+            pair.requests[i], chunk, hit_tokens, blocks[i], num_lookahead_tokens=lookahead,
             num_external_computed_tokens=external, delay_cache_blocks=delay,
             num_encoder_tokens=encoder_tokens, full_sequence_must_fit=whole,
             reserved_blocks=reserved))

@@ -12,6 +12,7 @@ import pytest
 
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.errors import InvalidArgumentError, InvalidTokenCountError
+from pagedkv.spec.mamba_spec import MambaSpec
 
 
 def manager_of(impl: ModuleType) -> Any:
@@ -63,3 +64,38 @@ def test_an_unknown_request_with_computed_tokens_is_refused(impl: ModuleType) ->
     with pytest.raises(InvalidArgumentError, match="D-API-21"):
         manager.allocate_slots(request, 1)
     assert manager.snapshot() == before
+
+
+def test_computed_tokens_without_their_blocks_are_refused(impl: ModuleType) -> None:
+    """D-API-47: vLLM's ``test_boundary_states_offered_past_prompt_for_resumed_prefill``
+    re-admits a resumed request with ``num_new_computed_tokens = 8`` but no
+    ``new_computed_blocks``: vLLM gives it fresh blocks and treats tokens 0..7
+    as computed in them though nothing wrote them. pagedkv refuses, nothing
+    changes; handed its hit, the request gets the blocks and the past-prompt
+    boundary offer vLLM's test asks for (block 6, boundary 16)."""
+    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(8, 1, 1, "float32")),
+              KVCacheGroupSpec(("mamba",), MambaSpec(8, shapes=((1,),), dtypes=("float32",),
+                                                     mamba_cache_mode="align")))
+    manager = impl.KVCacheManager(KVCacheConfig(200, (), groups), 8192, hash_block_size=8)
+    request = manager.make_request("0", [0] * 8)
+    manager.new_step_starts()
+    assert manager.allocate_slots(request, 8) is not None
+    assert manager.take_boundary_state_offloads() == {"0": [(1, 2, 8)]}
+    for position in range(8, 16):  # decode past the prompt, to the next boundary
+        manager.new_step_starts()
+        request.num_computed_tokens = position
+        request.append_output_token_ids([1])
+        assert manager.allocate_slots(request, 1) is not None
+    assert manager.take_boundary_state_offloads() == {"0": [(1, 4, 16)]}
+    manager.free(request)
+    manager.new_step_starts()
+    request.num_computed_tokens = 0
+    hit, num_hit = manager.get_computed_blocks(request)
+    assert (hit.get_block_ids(), num_hit) == (([1], [2]), 8)
+    before = manager.snapshot()
+    with pytest.raises(InvalidArgumentError, match="does not match the 0 computed blocks of group 0"):
+        manager.allocate_slots(request, 8, 8)
+    assert manager.snapshot() == before
+    assert manager.allocate_slots(request, 8, 8, hit) is not None
+    assert manager.get_block_ids("0") == ([1, 5], [2, 6])
+    assert manager.take_boundary_state_offloads() == {"0": [(1, 6, 16)]}
