@@ -23,17 +23,17 @@ N = 0
 B = 16
 
 
-def manager_of(impl: ModuleType) -> Any:
+def manager_of(impl: ModuleType, num_blocks: int = 200) -> Any:
     groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(B, 1, 8, "float16")),
               KVCacheGroupSpec(("mamba",), MambaSpec(B, shapes=((2,),), dtypes=("float16",),
                                                      mamba_cache_mode="align")))
-    return impl.KVCacheManager(KVCacheConfig(200, (), groups), 8192, hash_block_size=B)
+    return impl.KVCacheManager(KVCacheConfig(num_blocks, (), groups), 8192, hash_block_size=B)
 
 
-def diverged(impl: ModuleType) -> tuple[Any, Any]:
+def diverged(impl: ModuleType, num_blocks: int = 200) -> tuple[Any, Any]:
     """The manager after the fill, its Mamba states past the first evicted,
     and the replay request."""
-    manager = manager_of(impl)
+    manager = manager_of(impl, num_blocks)
     fill = manager.make_request("fill", [0] * 4 * B)
     for _ in range(4):
         manager.new_step_starts()
@@ -88,3 +88,24 @@ def test_full_attention_may_not_hit_shallower(impl: ModuleType) -> None:
         manager.allocate_slots(replay, B, 2 * B, short, 0, B)
     assert manager.snapshot() == before
     assert hit.get_block_ids()[0] == [1, 3, 5, 7]
+
+
+def test_too_few_free_blocks_answer_none(impl: ModuleType) -> None:
+    """The demand counts the Mamba group's loaded state block: with 7 free
+    blocks (the replay takes 4 cached full-attention blocks and 4 fresh ones)
+    the call answers ``None`` and changes nothing. vLLM 0.33 leaves that
+    block out of its count and raises ``ValueError: Cannot get 1 free blocks
+    from the pool`` halfway through the allocation."""
+    manager, replay = diverged(impl, num_blocks=10)
+    hog = manager.make_request("hog", [1] * B)
+    assert manager.allocate_slots(hog, B) is not None
+    assert manager.get_block_ids("hog") == ([9], [2])
+    assert manager.block_pool.get_num_free_blocks() == 7
+    # The hog took the never-used block 9 and evicted the Mamba state 2:
+    # the Mamba group now hits nothing, full attention still 4 blocks.
+    hit, lengths = manager.get_computed_blocks_per_group(replay)
+    assert (hit.get_block_ids(), lengths) == (([1, 3, 5, 7], []), (4 * B, 0))
+    before = manager.snapshot()
+    assert manager.allocate_slots(replay, B, 4 * B, hit, 0, B) is None
+    assert manager.snapshot() == before
+    manager.check_invariants()
