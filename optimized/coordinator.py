@@ -421,16 +421,16 @@ class KVCacheCoordinator:
         """The request's cached-block count per group. Cost: O(groups)."""
         return tuple(manager.num_cached_blocks[request_id] for manager in self.managers)
 
-    def enable_partial_hash_hits(self, dcp_world_size: int = 1) -> None:
-        """Turn sub-block hits on before any request is known (MPART-1..4,
-        FPART-1..4; ``dcp_partial.switch_on_sub_block_hits``).
+    def enable_partial_hash_hits(self, dcp_world_size: int = 1, *, shared_prefix_checkpoint: bool = False) -> None:
+        """Turn sub-block hits on before any request is known (MPART-1..6,
+        FPART-1..5; ``dcp_partial.switch_on_sub_block_hits``).
 
         Raises:
-            InvalidConfigError: unsupported configuration (D-MAMBA-15,
-                D-MAMBA-21), requests already known, bad ``dcp_world_size``.
+            InvalidConfigError: unsupported configuration (D-MAMBA-15, D-MAMBA-21,
+                D-MAMBA-40), requests already known, bad ``dcp_world_size``.
         Cost: O(groups).
         """
-        switch_on_sub_block_hits(self, dcp_world_size)
+        switch_on_sub_block_hits(self, dcp_world_size, shared_prefix_checkpoint)
 
     def take_block_copies(self, *, hand_over: bool = False) -> list[tuple[int, int]]:
         """Every Mamba group's queued copy-on-write pairs, groups in id order
@@ -499,11 +499,13 @@ class HybridCoordinator(KVCacheCoordinator):
         # With sub-block hits every group reads the hash-block hashes (MPART-1).
         views = self.views(block_hashes, max_cache_hit_length)
         # A group outside prefix caching serves every length with no block (PFX-1).
-        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.hit_unit,
-                                    self.peek_limit(block_hashes, max_cache_hit_length))
+        peek = self.peek_limit(block_hashes, max_cache_hit_length)
+        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.hit_unit, peek)
         if length == 0:
             return tuple([] for _ in managers), 0
-        return tuple([manager.hit_blocks(views.at(manager.block_size), length, max_cache_hit_length) if c else []
+        hashed = len(block_hashes) * self.hash_block_size
+        return tuple([manager.hit_blocks(views.at(manager.block_size), length,
+                                         manager.lookup_limit(max_cache_hit_length, peek, hashed)) if c else []
                       for manager, c in zip(managers, cacheable)]), length
 
 

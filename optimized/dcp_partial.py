@@ -1,6 +1,6 @@
 """Sub-block hits in full-attention groups whose block spans several hash
 blocks -- what decode context parallelism's widened blocks need
-(spec/mamba.md, "DCP and full-attention sub-block hits", FPART-1..4).
+(spec/mamba.md, "DCP and full-attention sub-block hits", FPART-1..5).
 
 The coordinator swaps :class:`FullAttentionSubBlockManager` in for a
 full-attention group larger than the hash block when sub-block hits are
@@ -20,9 +20,15 @@ from pagedkv.spec.dcp import (
     prompt_tail_boundary,
     tail_boundaries,
 )
+from pagedkv.spec.eagle import sub_block_eagle_limit
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
+from pagedkv.spec.mamba_partial import (
+    check_supported,
+    partial_hits_supported,
+    shared_prefix_checkpoint_supported,
+    state_keys_in_block,
+)
 from pagedkv.spec.types import BlockHash
 
 from .block_pool import BlockPool
@@ -139,10 +145,17 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         return (entry is not None and pool._gid[block] == self.group_id and pool._hash[block] == entry[1]
                 and entry[0] in state_keys_in_block(fine, index, self.hash_block_size, self.block_size))
 
+    def lookup_limit(self, max_length: int, peek: int, num_hashed_tokens: int) -> int:
+        """One hash block past the cap for EAGLE (FPART-5), else the cap. Cost: O(1)."""
+        if self.use_eagle:
+            return sub_block_eagle_limit(max_length, num_hashed_tokens, self.hash_block_size)
+        return max_length
+
     def longest_hit(self, view: Sequence[BlockHash], bound: int, max_length: int) -> int:
         """The cached full blocks from the start (within ``max_length`` and
-        the hashes), then the best boundary inside the next block; clipped
-        to ``bound`` (hits are downward closed, so the clip is a hit).
+        the hashes), then the best boundary inside the next block; with
+        EAGLE one hash block less (FPART-5); clipped to ``bound`` (hits are
+        downward closed, so the clip is a hit).
         Cost: O(blocks of the cached prefix + hash blocks per block)."""
         size, hash_size = self.block_size, self.hash_block_size
         limit = min(max_length, len(view) * hash_size)
@@ -155,6 +168,8 @@ class FullAttentionSubBlockManager(FullAttentionManager):
             if self._partial_lookup(view[boundary // hash_size - 1]) is not None:
                 found = boundary
                 break
+        if self.use_eagle and found:
+            found -= hash_size  # given back to the drafter
         return min(found, bound)
 
     def hit_blocks(self, view: Sequence[BlockHash], length: int, max_length: int | None = None) -> list[int]:
@@ -240,7 +255,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         if type(prompt) is not int:
             return
         hash_size = self.hash_block_size
-        boundary = prompt_tail_boundary(prompt, len(request.block_hashes), hash_size)
+        boundary = prompt_tail_boundary(prompt, len(request.block_hashes), hash_size, self.use_eagle)
         if boundary <= 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         column = boundary // self.block_size
@@ -271,9 +286,10 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         super().release(request_id)
 
 
-def switch_on_sub_block_hits(coordinator: KVCacheCoordinator, dcp_world_size: int) -> None:
+def switch_on_sub_block_hits(coordinator: KVCacheCoordinator, dcp_world_size: int,
+                             shared_prefix_checkpoint: bool = False) -> None:
     """``KVCacheCoordinator.enable_partial_hash_hits``: check the
-    configuration (D-MAMBA-15, D-MAMBA-20, D-MAMBA-21), then give every
+    configuration (D-MAMBA-15, D-MAMBA-20, D-MAMBA-21, D-MAMBA-40), then give every
     Mamba group hash-block alignment and every full-attention group larger
     than the hash block the sub-block manager. Cost: O(groups).
 
@@ -290,6 +306,10 @@ def switch_on_sub_block_hits(coordinator: KVCacheCoordinator, dcp_world_size: in
     check_supported(partial_hits_supported(
         kinds, specs, coordinator.block_sizes, hash_size, enable_caching=coordinator.enable_caching,
         use_eagle=coordinator._use_eagle, configured=configured))
+    if shared_prefix_checkpoint:
+        check_supported(shared_prefix_checkpoint_supported(
+            partial_hits_on=True, eagle_groups=coordinator._use_eagle,
+            num_reprefillable_tokens=coordinator.num_reprefillable_tokens))
     if coordinator.requests:
         raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
     coordinator.partial_hits_enabled = coordinator.partial_hash_hits = True
@@ -303,6 +323,8 @@ def switch_on_sub_block_hits(coordinator: KVCacheCoordinator, dcp_world_size: in
         if isinstance(manager, MambaManager):
             manager.cache_hit_alignment_tokens = hash_size
             manager.partial_hits = manager.block_size != hash_size
+            manager.sub_block_hits = manager.mode == "align"
+            manager.shared_prefix_checkpoint = shared_prefix_checkpoint
         elif type(manager) is FullAttentionManager and manager.block_size != hash_size:
             managers[index] = FullAttentionSubBlockManager.replacing(manager, hash_size)
     coordinator.managers = tuple(managers)

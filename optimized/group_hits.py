@@ -35,15 +35,16 @@ def per_group_hits(managers: Sequence[SingleTypeManager], views: HashViews, max_
     (default ``max_length``, D-SWA-15). Pure. Cost: one ``longest_hit`` per
     group plus the hit blocks."""
     peek = max_length if peek_limit is None else peek_limit
+    hashed = len(views.block_hashes) * views.hash_block_size
     cap = max_length // alignment * alignment
     blocks: list[list[int]] = []
     lengths: list[int] = []
     for manager in managers:
         length = 0
+        limit = manager.lookup_limit(max_length, peek, hashed)
         if cap > 0 and not manager.always_empty_hit:
-            length = manager.longest_hit(views.at(manager.block_size), cap,
-                                         peek if manager.use_eagle else max_length)
-        blocks.append(manager.hit_blocks(views.at(manager.block_size), length, max_length) if length else [])
+            length = manager.longest_hit(views.at(manager.block_size), cap, limit)
+        blocks.append(manager.hit_blocks(views.at(manager.block_size), length, limit) if length else [])
         lengths.append(length)
     return tuple(blocks), tuple(lengths)
 
@@ -57,6 +58,7 @@ def uncached_shared_prefix(managers: Sequence[SingleTypeManager], views: HashVie
     cap = max_length // alignment * alignment
     if cap <= hit_length or leading.always_empty_hit:
         return 0
+    peek = max_length if peek_limit is None else peek_limit
     found = leading.longest_hit(views.at(leading.block_size), cap,
-                                peek_limit if peek_limit is not None and leading.use_eagle else max_length)
+                                leading.lookup_limit(max_length, peek, len(views.block_hashes) * views.hash_block_size))
     return found - hit_length if found > hit_length else 0

@@ -96,6 +96,7 @@ def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
     if length <= 0:
         return 0
     peek = max_length if peek_limit is None else peek_limit
+    hashed = len(views.block_hashes) * views.hash_block_size
     window_groups: list[SingleTypeManager] = []
     for manager in managers:
         if manager.always_empty_hit:
@@ -103,7 +104,7 @@ def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
         if isinstance(manager, FullAttentionManager):
             # Final after one call: a lower bound only clips it.
             length = manager.longest_hit(views.at(manager.block_size), length,
-                                           peek if manager.use_eagle else max_length)
+                                         manager.lookup_limit(max_length, peek, hashed))
             if length == 0:
                 return 0
         else:
@@ -114,7 +115,7 @@ def longest_common_hit(managers: Sequence[SingleTypeManager], views: HashViews,
     while confirmed < count:
         manager = window_groups[index]
         found = manager.longest_hit(views.at(manager.block_size), length,
-                                    peek if manager.use_eagle else max_length)
+                                    manager.lookup_limit(max_length, peek, hashed))
         if found < length:
             if found == 0:
                 return 0

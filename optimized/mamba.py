@@ -33,8 +33,8 @@ from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
-from .mamba_partial import key_block, move_key
-from .mamba_publish import finalize_partial_tail, publish_checkpoint, retention_mask
+from .mamba_partial import move_key
+from .mamba_publish import finalize_partial_tail, publish_checkpoint, publish_resume_state, retention_mask
 from .single_type import SingleTypeManager
 
 __all__ = ["MambaManager"]
@@ -47,7 +47,8 @@ class MambaManager(SingleTypeManager):
                  "given_state", "checkpoints", "has_checkpoints", "cache_hit_alignment_tokens",
                  "hash_block_size", "drop_eagle_checkpoint",
                  "caching_checkpoint", "offers", "partial_hits", "partial_hit", "copies",
-                 "published_tail", "caching_end", "replay_alignment", "producer_tail")
+                 "published_tail", "caching_end", "replay_alignment", "producer_tail", "sub_block_hits",
+                 "shared_prefix_checkpoint")
 
     uses_eagle_rule = False
 
@@ -86,8 +87,12 @@ class MambaManager(SingleTypeManager):
         self.partial_hits = False
         self.partial_hit: dict[str, tuple[int, int]] = {}
         self.copies: list[tuple[int, int]] = []
-        # Requests that published their prompt tail (once each, MPART-4).
-        self.published_tail: set[str] = set()
+        # (request, boundary) pairs published inside a block (once each, MPART-4, MPART-6).
+        self.published_tail: set[tuple[str, int]] = set()
+        # Sub-block hits on for the model: resume states are published
+        # (MPART-4..6), the observed junction too with ``shared_prefix_checkpoint``.
+        self.sub_block_hits = False
+        self.shared_prefix_checkpoint = False
         # A producer's published tail not yet handed over (MTAIL-1): request -> (block, boundary).
         self.producer_tail: dict[str, tuple[int, int]] = {}
         # The unaligned end of the caching call in progress (set by the coordinator).
@@ -368,36 +373,8 @@ class MambaManager(SingleTypeManager):
                 added(block_hash)
                 if offer is not None:
                     offer((request_id, block, key_tokens[block]))  # a checkpoint's: its position
-        if self.partial_hits:
-            self._publish_prompt_tail(request, request_id, num_tokens)
-
-    def _publish_prompt_tail(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
-        """Key the running state block under the partial key of the prompt's
-        last reusable hash boundary when caching ends there inside a block
-        (MPART-4; unkeyed blocks only, no prefill checkpoint: D-MAMBA-16).
-        Cost: O(1) plus the key's bytes."""
-        prompt = getattr(request, "num_prompt_tokens", None)
-        hash_size, size = self.hash_block_size, self.block_size
-        if (type(prompt) is not int or request_id in self.checkpoints or request_id in self.published_tail
-                or num_tokens != self.caching_end or num_tokens <= 0
-                or num_tokens % hash_size or num_tokens % size == 0
-                or num_tokens != checkpoint_position(prompt, hash_size, self.drop_eagle_checkpoint,
-                                                     self.hash_lookahead_tokens())):
-            return
-        column = -(-num_tokens // size) - 1
-        blocks = self.req_to_blocks[request_id]
-        if column >= len(blocks) or not blocks[column] or self.block_pool._gid[blocks[column]] >= 0:
-            return
-        key = state_key(request.block_hashes, num_tokens, hash_size, size)
-        if key is None:
-            return
-        key_block(self.block_pool, blocks[column], key, self.group_id, num_tokens)
-        self.published_tail.add(request_id)
-        self.producer_tail[request_id] = (blocks[column], num_tokens)
-        self.cached_this_step.add(key)
-        self.partial_hit[request_id] = (column, blocks[column])
-        if self.num_cached_blocks[request_id] > column:
-            self.num_cached_blocks[request_id] = column
+        if self.sub_block_hits:
+            publish_resume_state(self, request, request_id, num_tokens)
 
     def take_offers(self) -> list[tuple[str, int, int]]:
         """The boundary states offered since the last call, oldest first. Cost: O(1)."""
@@ -417,7 +394,8 @@ class MambaManager(SingleTypeManager):
         self.checkpoints.pop(request_id, None)
         if self.partial_hit:
             self.partial_hit.pop(request_id, None)
-        self.published_tail.discard(request_id)
+        if self.published_tail:
+            self.published_tail = {entry for entry in self.published_tail if entry[0] != request_id}
         if self.producer_tail:
             self.producer_tail.pop(request_id, None)
         self.given_state.discard(request_id)

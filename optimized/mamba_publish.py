@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
-from pagedkv.spec.mamba_partial import state_key
+from pagedkv.spec.mamba_partial import resume_position, state_key
 
 from .mamba_partial import key_block
 
 if TYPE_CHECKING:
     from .mamba import MambaManager
 
-__all__ = ["retention_mask", "publish_checkpoint", "finalize_partial_tail"]
+__all__ = ["retention_mask", "publish_checkpoint", "finalize_partial_tail", "publish_resume_state"]
 
 
 def retention_mask(manager: MambaManager, request: HashedRequest, num_cached: int,
@@ -74,3 +74,43 @@ def finalize_partial_tail(manager: MambaManager, request_id: str, num_computed_t
     if tail is None or num_in_flight_tokens != 0 or num_computed_tokens != tail[1]:
         return None
     return tail
+
+
+def publish_resume_state(manager: MambaManager, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+    """Key the state where a sibling resumes when a caching call ends there
+    (MPART-4..6; the reference's rule of this name). Cost: O(1) plus the key's bytes."""
+    prompt = getattr(request, "num_prompt_tokens", None)
+    if (type(prompt) is not int or num_tokens != manager.caching_end or request_id in manager.checkpoints
+            or not resume_position(num_tokens, num_prompt_tokens=prompt, hash_block_size=manager.hash_block_size,
+                                   drop_eagle_block=manager.drop_eagle_checkpoint,
+                                   num_hash_lookahead_tokens=manager.hash_lookahead_tokens(),
+                                   shared_prefix_checkpoint=manager.shared_prefix_checkpoint,
+                                   shared_prefix_boundary=getattr(request, "shared_prefix_boundary", 0),
+                                   num_computed_tokens=getattr(request, "num_computed_tokens", 0))):
+        return
+    size = manager.block_size
+    column = -(-num_tokens // size) - 1
+    blocks = manager.req_to_blocks[request_id]
+    if column >= len(blocks) or not blocks[column]:
+        return
+    key = state_key(request.block_hashes, num_tokens, manager.hash_block_size, size)
+    if key is None:
+        return
+    block, pool = blocks[column], manager.block_pool
+    if num_tokens % size == 0:
+        # A block end (MPART-5): the running state moves on next step, no copy.
+        if pool.key_tokens(block) == num_tokens:
+            return
+        pool.evict_blocks((block,))
+        key_block(pool, block, key, manager.group_id, num_tokens)
+        manager.cached_this_step.add(key)
+        return
+    if pool._gid[block] >= 0 or (request_id, num_tokens) in manager.published_tail:
+        return
+    key_block(pool, block, key, manager.group_id, num_tokens)
+    manager.published_tail.add((request_id, num_tokens))
+    manager.producer_tail[request_id] = (block, num_tokens)
+    manager.cached_this_step.add(key)
+    manager.partial_hit[request_id] = (column, block)
+    if manager.num_cached_blocks[request_id] > column:
+        manager.num_cached_blocks[request_id] = column

@@ -144,6 +144,12 @@ class SingleTypeManager:
             length = (index - shift) * block_size // alignment * alignment
         return 0
 
+    def lookup_limit(self, max_length: int, peek: int, num_hashed_tokens: int) -> int:
+        """The ``max_length`` this group's ``longest_hit`` and ``hit_blocks``
+        read in a search capped at ``max_length``: the coordinator's EAGLE
+        peek for an EAGLE group (D-SWA-15), else the cap. Cost: O(1)."""
+        return peek if self.use_eagle else max_length
+
     def hit_blocks(self, view: Sequence[BlockHash], length: int, max_length: int | None = None) -> list[int]:
         """The blocks a hit of ``length`` tokens (found within ``max_length``)
         hands to the request (its span found cached by :meth:`longest_hit`).

@@ -33,7 +33,12 @@ from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
-from pagedkv.spec.mamba_partial import check_supported, partial_hits_supported, state_keys_in_block
+from pagedkv.spec.mamba_partial import (
+    check_supported,
+    partial_hits_supported,
+    shared_prefix_checkpoint_supported,
+    state_keys_in_block,
+)
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 
@@ -142,6 +147,7 @@ class KVCacheCoordinator:
         fine = self.partial_hits_enabled  # sub-block hits: hash-block steps (MPART-1)
         step = self.hash_block_size if fine else self.alignment
         peek = self.peek_limit(block_hashes, max_length)
+        hashed = len(block_hashes) * self.hash_block_size
         for manager, cacheable in zip(self.managers, self.cacheable):
             if not cacheable:  # hits nothing (PFX-1)
                 blocks.append([])
@@ -150,9 +156,10 @@ class KVCacheCoordinator:
             view = (list(block_hashes) if fine and isinstance(manager, SUB_BLOCK_MANAGERS)
                     else self.view(manager, block_hashes))
             length = max_length // step * step if self.enable_caching else 0
-            while length > 0 and not manager.can_hit(view, length, peek if manager.use_eagle else max_length):
+            limit = manager.lookup_limit(max_length, peek, hashed)
+            while length > 0 and not manager.can_hit(view, length, limit):
                 length -= step
-            blocks.append(manager.hit_blocks(view, length, max_length) if length else [])
+            blocks.append(manager.hit_blocks(view, length, limit) if length else [])
             lengths.append(length)
         return tuple(blocks), tuple(lengths)
 
@@ -316,15 +323,17 @@ class KVCacheCoordinator:
         """Common prefix blocks per group."""
         return [manager.get_num_common_prefix_blocks(request_id) for manager in self.managers]
 
-    def enable_partial_hash_hits(self, dcp_world_size: int = 1) -> None:
-        """Turn sub-block hits on (spec/mamba.md, MPART-1..4, FPART-1..4),
+    def enable_partial_hash_hits(self, dcp_world_size: int = 1, *, shared_prefix_checkpoint: bool = False) -> None:
+        """Turn sub-block hits on (spec/mamba.md, MPART-1..6, FPART-1..5),
         before any request is known; ``dcp_world_size`` is the decode context
         parallelism the block sizes already reflect (D-MAMBA-20). A
         full-attention group larger than the hash block gets the sub-block
-        manager.
+        manager. ``shared_prefix_checkpoint``: Mamba groups also publish the
+        state at a request's observed junction (MPART-6, D-MAMBA-40).
 
         Raises:
-            InvalidConfigError: the configuration does not support them (D-MAMBA-15, D-MAMBA-21).
+            InvalidConfigError: the configuration does not support them (D-MAMBA-15, D-MAMBA-21,
+                D-MAMBA-40).
             InvalidConfigError: also when requests are already known, or a malformed ``dcp_world_size``.
         """
         kinds = [manager_kind_for(spec) for spec in self._specs]
@@ -333,6 +342,10 @@ class KVCacheCoordinator:
         check_supported(partial_hits_supported(
             kinds, self._specs, self.block_sizes, self.hash_block_size, enable_caching=self.enable_caching,
             use_eagle=self._use_eagle, configured=configured))
+        if shared_prefix_checkpoint:
+            check_supported(shared_prefix_checkpoint_supported(
+                partial_hits_on=True, eagle_groups=self._use_eagle,
+                num_reprefillable_tokens=self.num_reprefillable_tokens))
         if self.known:
             raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
         self.partial_hits_enabled = self.partial_hash_hits = True
@@ -340,6 +353,8 @@ class KVCacheCoordinator:
             if isinstance(manager, MambaManager):
                 manager.cache_hit_alignment_tokens = self.hash_block_size
                 manager.partial_hits = manager.block_size != self.hash_block_size
+                manager.sub_block_hits = True
+                manager.shared_prefix_checkpoint = shared_prefix_checkpoint
             elif type(manager) is FullAttentionManager and manager.block_size != self.hash_block_size:
                 self.managers[index] = FullAttentionSubBlockManager.replacing(manager, self.hash_block_size)
 
@@ -391,14 +406,16 @@ class HybridCoordinator(KVCacheCoordinator):
                  for manager, cacheable in zip(self.managers, self.cacheable)]
         length = max_length // step * step
         peek = self.peek_limit(block_hashes, max_length)
+        hashed = len(block_hashes) * self.hash_block_size
+        limits = [manager.lookup_limit(max_length, peek, hashed) for manager in self.managers]
         # A group outside prefix caching serves every length with no block (PFX-1).
-        while length > 0 and not all(not cacheable or manager.can_hit(
-                                         view, length, peek if manager.use_eagle else max_length)
-                                     for manager, view, cacheable
-                                     in zip(self.managers, views, self.cacheable)):
+        while length > 0 and not all(not cacheable or manager.can_hit(view, length, limit)
+                                     for manager, view, cacheable, limit
+                                     in zip(self.managers, views, self.cacheable, limits)):
             length -= step
-        return tuple(manager.hit_blocks(view, length, max_length) if cacheable else []
-                     for manager, view, cacheable in zip(self.managers, views, self.cacheable)), length
+        return tuple(manager.hit_blocks(view, length, limit) if cacheable else []
+                     for manager, view, cacheable, limit
+                     in zip(self.managers, views, self.cacheable, limits)), length
 
 
 class NoPrefixCacheCoordinator(KVCacheCoordinator):

@@ -1,6 +1,6 @@
 """Sub-block hits in full-attention groups whose block spans several hash
 blocks -- what decode context parallelism's widened blocks need
-(spec/mamba.md, "DCP and full-attention sub-block hits", FPART-1..4).
+(spec/mamba.md, "DCP and full-attention sub-block hits", FPART-1..5).
 
 The coordinator swaps this manager in for a full-attention group larger
 than the hash block when sub-block hits are switched on (no request is
@@ -16,6 +16,7 @@ from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.mamba_partial import key_block
 from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.dcp import prompt_tail_boundary, tail_boundaries
+from pagedkv.spec.eagle import sub_block_eagle_limit
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.mamba_partial import state_keys_in_block
@@ -112,7 +113,22 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         return (entry is not None and block.block_hash == entry[1]
                 and entry[0] in state_keys_in_block(fine_hashes, index, self.hash_block_size, self.block_size))
 
+    def lookup_limit(self, max_length: int, peek: int, num_hashed_tokens: int) -> int:
+        # EAGLE matches one hash block past the cap and gives it back (FPART-5).
+        if self.use_eagle:
+            return sub_block_eagle_limit(max_length, num_hashed_tokens, self.hash_block_size)
+        return max_length
+
     def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
+        """FPART-1; with EAGLE (FPART-5) the hit one hash block longer must be
+        served within ``max_length`` (then given back: the kept tail block
+        still holds the shorter prefix, its KV being append-only)."""
+        if self.use_eagle:
+            longer = length + self.hash_block_size
+            return longer <= max_length and self._can_hit_plain(block_hashes, longer, max_length)
+        return self._can_hit_plain(block_hashes, length, max_length)
+
+    def _can_hit_plain(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
         coarse = _coarse(block_hashes, self.hash_block_size, self.block_size)
         full = length // self.block_size
         if full > len(coarse) or any(self._lookup(coarse[index]) is None for index in range(full)):
@@ -201,7 +217,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         if type(prompt) is not int:
             return
         hash_size = self.hash_block_size
-        boundary = prompt_tail_boundary(prompt, len(request.block_hashes), hash_size)
+        boundary = prompt_tail_boundary(prompt, len(request.block_hashes), hash_size, self.use_eagle)
         if boundary <= 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         blocks = self.req_to_blocks[request_id]

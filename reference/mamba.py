@@ -24,8 +24,13 @@ from collections.abc import Sequence
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.mamba_partial import hit_padding, key_block, move_key
-from pagedkv.reference.mamba_publish import finalize_partial_tail, publish_checkpoint, retention_mask
+from pagedkv.reference.mamba_partial import hit_padding, move_key
+from pagedkv.reference.mamba_publish import (
+    finalize_partial_tail,
+    publish_checkpoint,
+    publish_resume_state,
+    retention_mask,
+)
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
@@ -78,9 +83,15 @@ class MambaManager(SingleTypeManager):
         self.partial_hits = False
         self.partial_hit: dict[str, tuple[int, KVCacheBlock]] = {}
         self.copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
-        # Requests that published their prompt tail: once per request, so the
-        # block a producer keeps writing after its copy is never keyed again.
-        self.published_tail: set[str] = set()
+        # (request, boundary) pairs a request published inside a block: once
+        # each, so the block a producer keeps writing after its copy is never
+        # keyed again (MPART-4, MPART-6).
+        self.published_tail: set[tuple[str, int]] = set()
+        # Sub-block hits are on for the model (every Mamba group, whatever its
+        # block): resume states are published (MPART-4..6); with
+        # ``shared_prefix_checkpoint`` the observed junction too (D-MAMBA-40).
+        self.sub_block_hits = False
+        self.shared_prefix_checkpoint = False
         # A producer's published tail not yet handed to a connector (MTAIL-1):
         # request -> (block, boundary).
         self.producer_tail: dict[str, tuple[KVCacheBlock, int]] = {}
@@ -335,34 +346,8 @@ class MambaManager(SingleTypeManager):
                 if self.mode == "align":
                     # The tokens its key covers: a checkpoint's are its position (MOFF-1).
                     self.offers.append((request_id, block, block.key_tokens))
-        if self.partial_hits:
-            self._publish_prompt_tail(request, request_id, num_tokens)
-
-    def _publish_prompt_tail(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
-        """Key the running state block under the partial key of the prompt's
-        last reusable hash boundary when this step's caching ends exactly
-        there inside a block (MPART-4): a sibling prompt can resume there.
-        Only an unkeyed block and a request without a prefill checkpoint
-        (D-MAMBA-16); the request must copy it before writing on."""
-        prompt = getattr(request, "num_prompt_tokens", None)
-        hash_size, size = self.hash_block_size, self.block_size
-        if (type(prompt) is not int or request_id in self.checkpoints or request_id in self.published_tail
-                or num_tokens != self.caching_end or num_tokens <= 0
-                or num_tokens % hash_size or num_tokens % size == 0
-                or num_tokens != checkpoint_position(prompt, hash_size, self.drop_eagle_checkpoint,
-                                                     self.hash_lookahead_tokens())):
-            return
-        column = rules.cdiv(num_tokens, size) - 1
-        blocks = self.req_to_blocks[request_id]
-        key = state_key(request.block_hashes, num_tokens, hash_size, size)
-        if column >= len(blocks) or blocks[column].is_null or blocks[column].block_hash is not None or key is None:
-            return
-        source = blocks[column]
-        self.cached_this_step.add(key_block(self.block_pool, source, key, self.group_id, num_tokens))
-        self.published_tail.add(request_id)
-        self.producer_tail[request_id] = (source, num_tokens)
-        self.partial_hit[request_id] = (column, source)
-        self.num_cached_blocks[request_id] = min(self.num_cached_blocks[request_id], column)
+        if self.sub_block_hits and self.mode == "align":
+            publish_resume_state(self, request, request_id, num_tokens)
 
     def admit(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
               num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
@@ -392,7 +377,7 @@ class MambaManager(SingleTypeManager):
         self.offers = [offer for offer in self.offers if offer[0] != request_id]
         self.checkpoints.pop(request_id, None)
         self.partial_hit.pop(request_id, None)
-        self.published_tail.discard(request_id)
+        self.published_tail = {entry for entry in self.published_tail if entry[0] != request_id}
         self.producer_tail.pop(request_id, None)
         self.given_state.discard(request_id)
         self.last_state_block.pop(request_id, None)

@@ -9,23 +9,27 @@ Kept apart from :mod:`pagedkv.reference.mamba` so each rule reads on its own:
   state is worth keeping, else it stays unkeyed (:func:`publish_checkpoint`);
 - a producer's published prompt tail is handed to the connector once:
   as its copy-on-write destination, or, when the request ends before any
-  later token ran, as the block itself (:func:`finalize_partial_tail`).
+  later token ran, as the block itself (:func:`finalize_partial_tail`);
+- with sub-block hits, the state where a sibling resumes -- the prompt's
+  last reusable boundary or an observed shared-prefix junction -- is keyed
+  when a caching call ends there (:func:`publish_resume_state`, MPART-4..6).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pagedkv.reference import rules
 from pagedkv.reference.mamba_partial import key_block
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
-from pagedkv.spec.mamba_partial import state_key
+from pagedkv.spec.mamba_partial import resume_position, state_key
 
 if TYPE_CHECKING:
     from pagedkv.reference.block_pool import KVCacheBlock
     from pagedkv.reference.mamba import MambaManager
 
-__all__ = ["retention_mask", "publish_checkpoint", "finalize_partial_tail"]
+__all__ = ["retention_mask", "publish_checkpoint", "finalize_partial_tail", "publish_resume_state"]
 
 
 def retention_mask(manager: MambaManager, request: HashedRequest, num_cached: int,
@@ -78,3 +82,45 @@ def finalize_partial_tail(manager: MambaManager, request_id: str, num_computed_t
     if tail is None or num_in_flight_tokens != 0 or num_computed_tokens != tail[1]:
         return None
     return tail
+
+
+def publish_resume_state(manager: MambaManager, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+    """Key the state a caching call ending at ``num_tokens`` leaves, when a
+    sibling resumes there (``resume_position``) and the request has no
+    prefill checkpoint (D-MAMBA-16).
+
+    Inside a block (MPART-4, MPART-6): an unkeyed block takes the partial
+    key, once per request and boundary; the request must copy it before
+    writing on. At a block end (MPART-5): the block takes the state's key
+    unless it carries it already (a shorter key gives way, with its event);
+    the running state moves to a new block next step, so no copy.
+    """
+    prompt = getattr(request, "num_prompt_tokens", None)
+    if (type(prompt) is not int or request_id in manager.checkpoints or num_tokens != manager.caching_end
+            or not resume_position(num_tokens, num_prompt_tokens=prompt, hash_block_size=manager.hash_block_size,
+                                   drop_eagle_block=manager.drop_eagle_checkpoint,
+                                   num_hash_lookahead_tokens=manager.hash_lookahead_tokens(),
+                                   shared_prefix_checkpoint=manager.shared_prefix_checkpoint,
+                                   shared_prefix_boundary=getattr(request, "shared_prefix_boundary", 0),
+                                   num_computed_tokens=getattr(request, "num_computed_tokens", 0))):
+        return
+    size = manager.block_size
+    column = rules.cdiv(num_tokens, size) - 1
+    blocks = manager.req_to_blocks[request_id]
+    key = state_key(request.block_hashes, num_tokens, manager.hash_block_size, size)
+    if column >= len(blocks) or blocks[column].is_null or key is None:
+        return
+    block, pool = blocks[column], manager.block_pool
+    if num_tokens % size == 0:
+        if pool.key_tokens(block.block_id) == num_tokens:
+            return
+        pool.evict_blocks([block.block_id])
+        manager.cached_this_step.add(key_block(pool, block, key, manager.group_id, num_tokens))
+        return
+    if (request_id, num_tokens) in manager.published_tail or block.block_hash is not None:
+        return
+    manager.cached_this_step.add(key_block(pool, block, key, manager.group_id, num_tokens))
+    manager.published_tail.add((request_id, num_tokens))
+    manager.producer_tail[request_id] = (block, num_tokens)
+    manager.partial_hit[request_id] = (column, block)
+    manager.num_cached_blocks[request_id] = min(manager.num_cached_blocks[request_id], column)

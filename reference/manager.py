@@ -360,16 +360,18 @@ class KVCacheManager:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
-    def enable_partial_hash_hits(self, dcp_world_size: int = 1) -> None:
-        """Turn on sub-block hits with copy-on-write (spec/mamba.md, MPART-1..4,
-        FPART-1..4); ``dcp_world_size``: the decode context parallelism the
-        group block sizes already reflect (D-MAMBA-20).
+    def enable_partial_hash_hits(self, dcp_world_size: int = 1, *, shared_prefix_checkpoint: bool = False) -> None:
+        """Turn on sub-block hits with copy-on-write (spec/mamba.md, MPART-1..6,
+        FPART-1..5); ``dcp_world_size``: the decode context parallelism the
+        group block sizes already reflect (D-MAMBA-20); ``shared_prefix_checkpoint``:
+        Mamba groups also publish the state at a request's observed junction,
+        where an EAGLE sibling resumes (MPART-6, D-MAMBA-40).
 
         Raises:
-            InvalidConfigError: unsupported configuration (D-MAMBA-15, D-MAMBA-21), requests
-                already known, or a malformed ``dcp_world_size``.
+            InvalidConfigError: unsupported configuration (D-MAMBA-15, D-MAMBA-21, D-MAMBA-40),
+                requests already known, or a malformed ``dcp_world_size``.
         """
-        self.coordinator.enable_partial_hash_hits(dcp_world_size)
+        self.coordinator.enable_partial_hash_hits(dcp_world_size, shared_prefix_checkpoint=shared_prefix_checkpoint)
 
     def take_kv_cache_block_copies(self, *, hand_over: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
         """Copy-on-write copies queued since the last call, as ``(source id,

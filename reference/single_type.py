@@ -88,6 +88,12 @@ class SingleTypeManager:
             return False
         return all(self._lookup(block_hashes[index]) is not None for index in range(first, end))
 
+    def lookup_limit(self, max_length: int, peek: int, num_hashed_tokens: int) -> int:
+        """The ``max_length`` this group's ``can_hit`` and ``hit_blocks`` read
+        in a search capped at ``max_length``: the coordinator's EAGLE peek
+        for an EAGLE group (D-SWA-15), else the cap."""
+        return peek if self.use_eagle else max_length
+
     def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int,
                    max_length: int | None = None) -> list[KVCacheBlock]:
         """The blocks a hit of ``length`` tokens (found within ``max_length``) hands to the request."""

@@ -64,12 +64,22 @@ def partial_hits_configured_under_dcp(kinds: Sequence[str], specs: Sequence[KVCa
                for kind, size in zip(kinds, block_sizes))
 
 
-def prompt_tail_boundary(num_prompt_tokens: int, num_block_hashes: int, hash_block_size: int) -> int:
+def prompt_tail_boundary(num_prompt_tokens: int, num_block_hashes: int, hash_block_size: int,
+                         use_eagle: bool = False) -> int:
     """The prompt boundary a full-attention group publishes inside a block
     (FPART-2): the last hash boundary a resend of the prompt can hit, which
     leaves at least one prompt token to compute, and no further than the
-    request's hashes reach; 0 when there is none."""
-    return min((num_prompt_tokens - 1) // hash_block_size, num_block_hashes) * hash_block_size
+    request's hashes reach; 0 when there is none. An EAGLE group matches
+    one hash block past its hit before giving it back (FPART-5), so its
+    boundary may reach the whole prompt (D-MAMBA-39).
+
+    pre: num_prompt_tokens >= 0 and num_block_hashes >= 0 and hash_block_size > 0
+    post: __return__ % hash_block_size == 0
+    post: __return__ <= num_block_hashes * hash_block_size
+    post: __return__ <= num_prompt_tokens - (0 if use_eagle else 1) or __return__ == 0
+    """
+    reach = num_prompt_tokens if use_eagle else num_prompt_tokens - 1
+    return max(0, min(reach // hash_block_size, num_block_hashes)) * hash_block_size
 
 
 def tail_boundaries(length: int, max_length: int, num_hashed_tokens: int, hash_block_size: int,

@@ -9,6 +9,9 @@ Pure functions both implementations call, so the rules are stated once:
 - :func:`eagle_peek_limit`: how far an EAGLE group may look for the block it
   gives back. With several groups the peek may pass the hit cap up to the
   hashed tokens (D-SWA-15); one group keeps the cap.
+- :func:`sub_block_eagle_limit`: how far an EAGLE full-attention group that
+  hits inside its own blocks looks before giving one hash block back
+  (FPART-5, D-MAMBA-38).
 The Mamba sparse-retention rule (D-MAMBA-35) lives with the other Mamba
 publication rules in :mod:`pagedkv.spec.mamba_checkpoints`.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-__all__ = ["eagle_group_mask", "eagle_peek_limit"]
+__all__ = ["eagle_group_mask", "eagle_peek_limit", "sub_block_eagle_limit"]
 
 
 def eagle_group_mask(marked: Sequence[bool], sibling_keys: Sequence[Hashable], use_eagle: bool) -> tuple[bool, ...]:
@@ -58,3 +61,18 @@ def eagle_peek_limit(max_length: int, num_hashed_tokens: int, num_groups: int) -
     if num_groups <= 1:
         return max_length
     return max(max_length, num_hashed_tokens)
+
+
+def sub_block_eagle_limit(max_length: int, num_hashed_tokens: int, hash_block_size: int) -> int:
+    """How far an EAGLE full-attention group with sub-block hits (a block
+    larger than the hash block, FPART-5) may match before it gives back one
+    hash block: one hash block past the hit cap, never past the hashed
+    tokens -- vLLM 0.33's lookup bound for such a group. Which tail block a
+    hit inside a block uses depends on this bound (FPART-1), so it is the
+    exact bound, not the wider D-SWA-15 peek.
+
+    pre: max_length >= 0 and num_hashed_tokens >= 0 and hash_block_size > 0
+    post: __return__ <= num_hashed_tokens
+    post: __return__ <= max_length + hash_block_size
+    """
+    return min(max_length + hash_block_size, num_hashed_tokens)

@@ -14,6 +14,7 @@ from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.dcp import partial_hits_configured_under_dcp
 from pagedkv.spec.errors import InvariantViolation
 from pagedkv.spec.mamba_checkpoints import mamba_kept_boundaries, mamba_retention_mask
+from pagedkv.spec.mamba_partial import resume_position
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request
@@ -51,10 +52,17 @@ def check_mamba_retention(manager: Any, request: Request, before: ManagerSnapsho
                 continue
             if after[block] != make_block_hash_with_group_id(BlockHash(view[index]), group_id):
                 continue
-            checkpoint = getattr(manager.coordinator.managers[group_id], "checkpoints", {}).get(
-                request.request_id)
+            group = manager.coordinator.managers[group_id]
+            checkpoint = getattr(group, "checkpoints", {}).get(request.request_id)
             if checkpoint is not None and checkpoint[1] == index:
                 continue  # a checkpoint block is published by MCKPT-5, not by the mask
+            if getattr(group, "sub_block_hits", False) and resume_position(
+                    (index + 1) * size, num_prompt_tokens=request.num_prompt_tokens,
+                    hash_block_size=hash_block_size, drop_eagle_block=group.drop_eagle_checkpoint,
+                    num_hash_lookahead_tokens=group.hash_lookahead_tokens(),
+                    shared_prefix_checkpoint=group.shared_prefix_checkpoint, shared_prefix_boundary=junction,
+                    num_computed_tokens=0):  # lenient: any junction inside the prompt
+                continue  # a resume state at a block end is published by MPART-5, not by the mask
             mask = mamba_retention_mask(index, index + 1, size, unit, retention, kept)
             if mask is not None and not mask[0]:
                 raise InvariantViolation(

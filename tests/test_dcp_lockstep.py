@@ -1,5 +1,6 @@
 """The lockstep machine under decode context parallelism (DCP) with Mamba
-groups (spec/mamba.md, "DCP and full-attention sub-block hits", FPART-1..4).
+groups (spec/mamba.md, "DCP and full-attention sub-block hits", FPART-1..5, and
+the EAGLE resume checkpoint, MPART-5..6).
 
 A DCP model's attention blocks span ``dcp`` times their spec's tokens while
 a Mamba state keeps its own size, so full-attention groups here are 1, 2 or
@@ -42,16 +43,23 @@ def dcp_setups(draw: st.DrawFn) -> Setup:
                         num_prefill_checkpoint_blocks=int(checkpoints),
                         prefill_checkpoint_alignment=draw(st.sampled_from([1, 2, 4])) if checkpoints else None)
               for _ in range(draw(st.integers(1, 2)))]
-    groups = tuple(KVCacheGroupSpec((f"layer.{index}",), spec)
+    # Draft-layer marks now and then (D-SWA-14): an EAGLE group beside
+    # unmarked ones, the full-attention group's one-hash-unit rewind inside
+    # its block (FPART-5) or not.
+    groups = tuple(KVCacheGroupSpec((f"layer.{index}",), spec, is_eagle_group=draw(st.booleans()))
                    for index, spec in enumerate(draw(st.permutations(specs))))
     max_model_len = draw(st.integers(16, 48))
     prefixes = draw(st.lists(st.lists(ALPHABET, min_size=5, max_size=30), min_size=1, max_size=2))
     alignment = max(spec.block_size for spec in specs)
     options = draw(manager_options(alignment=alignment, enable_caching=True,
                                    hash_fns=("sha256", "xxh3_128"), sparse=True))
-    options["use_eagle"] = False  # not supported with sub-block hits yet (D-MAMBA-15)
+    # EAGLE is drawn too (manager_options): with a full-attention block larger
+    # than the hash block it gives back one hash block inside it (D-MAMBA-38).
     options["hash_block_size"] = 2
     options["dcp_world_size"] = dcp  # handed to enable_partial_hash_hits, not to the constructor
+    # The EAGLE resume checkpoint (MPART-6): refused alike without EAGLE or
+    # with re-prefilled tokens (D-MAMBA-40), which leaves the run block-granular.
+    options["shared_prefix_checkpoint"] = draw(st.booleans())
     return Setup(config=KVCacheConfig(draw(st.integers(16, 80)), (), groups),
                  max_model_len=max_model_len, options=options, prefixes=prefixes,
                  workload=draw(workloads(prefixes, max_model_len)))
@@ -64,11 +72,12 @@ class DcpLockstep(MambaPartialHitLockstep):
     def configure(self, setup: Setup) -> MultipleResults[str]:
         self.retained: list[list[int]] = []
         dcp = setup.options.pop("dcp_world_size")
+        resume = setup.options.pop("shared_prefix_checkpoint")
         result = self.build(setup)
         setup.options["dcp_world_size"] = dcp  # back for the post-conditions (MRET-1 reads it)
         # Refused alike everywhere where unsupported (``each`` compares the
         # errors and the unchanged states): the run is then block-granular.
-        self.each(lambda i, m: m.enable_partial_hash_hits(dcp))
+        self.each(lambda i, m: m.enable_partial_hash_hits(dcp, shared_prefix_checkpoint=resume))
         return result
 
 

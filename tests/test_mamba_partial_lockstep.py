@@ -41,6 +41,8 @@ def partial_setups(draw: st.DrawFn) -> Setup:
                                    hash_fns=("sha256", "xxh3_128"), sparse=True))
     # EAGLE is drawn too: allowed with sub-block hits since D-MAMBA-36.
     options["hash_block_size"] = 2
+    # The EAGLE resume checkpoint (MPART-6, D-MAMBA-40), refused alike where unsupported.
+    options["shared_prefix_checkpoint"] = draw(st.booleans())
     return Setup(config=KVCacheConfig(draw(st.integers(16, 80)), (), groups),
                  max_model_len=max_model_len, options=options, prefixes=prefixes,
                  workload=draw(workloads(prefixes, max_model_len)))
@@ -52,8 +54,9 @@ class MambaPartialHitLockstep(Lockstep):
     @initialize(target=Lockstep.request_ids, setup=partial_setups())
     def configure(self, setup: Setup) -> MultipleResults[str]:
         self.retained: list[list[int]] = []
+        resume = setup.options.pop("shared_prefix_checkpoint")
         result = self.build(setup)
-        self.each(lambda i, m: m.enable_partial_hash_hits())
+        self.each(lambda i, m: m.enable_partial_hash_hits(shared_prefix_checkpoint=resume))
         return result
 
     @rule()
