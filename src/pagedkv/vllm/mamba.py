@@ -13,28 +13,43 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pagedkv.optimized.mamba import MambaManager as CoreMambaManager
+from pagedkv.optimized.mamba_publish import publish_resume_state
 from pagedkv.spec.errors import InvalidConfigError
 
 from . import _compat
 from .blocks import BlockPoolView
 from .coordinator import GroupManagerView
+from .requests import VllmRequestView
 
 __all__ = ["MambaManagerView", "CoreMambaManager", "enable_partial_hits_where_vllm_would",
            "take_block_copies"]
 
 
-def enable_partial_hits_where_vllm_would(core: Any, dcp_world_size: int) -> None:
+def enable_partial_hits_where_vllm_would(core: Any, dcp_world_size: int,
+                                         shared_prefix_checkpoint: bool = False) -> bool:
     """Turn the core's sub-block hits on where vLLM 0.33 enables
     ``enable_partial_hash_hits`` and pagedkv supports them (D-MAMBA-14,
     D-MAMBA-15, D-MAMBA-21); elsewhere they stay off and the scheduler never
     splits chunks for them. The core's block sizes are already scaled for
-    DCP; its size widens which Mamba groups qualify (D-MAMBA-20)."""
+    DCP; its size widens which Mamba groups qualify (D-MAMBA-20).
+
+    ``shared_prefix_checkpoint`` (vLLM's ``enable_mamba_shared_prefix_checkpoint``)
+    asks for the EAGLE resume checkpoint too; vLLM narrows it to models that
+    draft, with sub-block hits and no re-prefilled tokens, and so does the
+    core (D-MAMBA-40). Returns whether it is on."""
     if not core.enable_caching:
-        return
+        return False
+    if shared_prefix_checkpoint:
+        try:
+            core.enable_partial_hash_hits(dcp_world_size, shared_prefix_checkpoint=True)
+            return True
+        except InvalidConfigError:
+            pass  # narrowed away: sub-block hits alone, where supported
     try:
         core.enable_partial_hash_hits(dcp_world_size)
     except InvalidConfigError:
-        return  # a configuration pagedkv does not cover yet: block-granular hits
+        pass  # a configuration pagedkv does not cover yet: block-granular hits
+    return False
 
 
 def take_block_copies(core: Any, engine_pairs: list[list[tuple[Any, Any]]],
@@ -93,3 +108,33 @@ class MambaManagerView(GroupManagerView):
     @property
     def drop_eagle_checkpoint_block(self) -> bool:
         return self.mamba_core.drop_eagle_checkpoint
+
+    @property
+    def shared_prefix_checkpoint(self) -> bool:
+        """Whether the group publishes a request's observed junction (MPART-6)."""
+        return bool(self.mamba_core.shared_prefix_checkpoint)
+
+    def _cache_partial_tail_block(self, request: Any, num_tokens: int,
+                                  retention_interval: int | None = None) -> Any:
+        """vLLM's hook for the resume state a caching call ending at
+        ``num_tokens`` leaves (the prompt tail, MPART-4/5, or the junction,
+        MPART-6): runs the core's rule for this group and returns the key the
+        group's state block took, ``None`` when the rule published nothing
+        (e.g. a junction past the prompt: the running state is overwritten
+        before a sibling could read it). ``retention_interval`` is the
+        group's own; vLLM passes it for its signature."""
+        core = self.mamba_core
+        request_id = request.request_id
+        if not core.sub_block_hits or request_id not in core.req_to_blocks:
+            return None
+        pool = core.block_pool
+        before = {block: pool.key_tokens(block) for block in core.req_to_blocks[request_id] if block}
+        caching_end, core.caching_end = core.caching_end, num_tokens
+        try:
+            publish_resume_state(core, VllmRequestView(request), request_id, num_tokens)
+        finally:
+            core.caching_end = caching_end
+        for block in core.req_to_blocks[request_id]:
+            if block and pool.key_tokens(block) == num_tokens and before.get(block) != num_tokens:
+                return pool.block_hashes[block]
+        return None

@@ -128,7 +128,9 @@ class KVCacheManager:
             max_num_batched_tokens=max_in_flight_tokens,
             num_hash_lookahead_tokens=self.num_hash_lookahead_tokens,
             num_prefill_lookahead=self.num_prefill_lookahead)
-        enable_partial_hits_where_vllm_would(self._core, dcp_world_size)
+        # vLLM's EAGLE resume checkpoint, narrowed as vLLM narrows it (D-MAMBA-40).
+        resume = enable_partial_hits_where_vllm_would(self._core, dcp_world_size,
+                                                      bool(enable_mamba_shared_prefix_checkpoint))
         self.block_pool = BlockPoolView(self._core.block_pool, self.enable_caching,
                                         hash_block_size, self._translate_events)
         self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
@@ -136,7 +138,7 @@ class KVCacheManager:
                                                  dcp_world_size)
         self.coordinator.scheduler_block_size = scheduler_block_size
         self._zeroing = ZeroingRecorder(kv_cache_config, self._core.coordinator.block_sizes)
-        self.mamba_shared_prefix_checkpoint = False
+        self.mamba_shared_prefix_checkpoint = resume
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self._event_metadata = tuple(
