@@ -71,20 +71,6 @@ def test_without_dcp_the_same_sizes_are_refused(impl: ModuleType) -> None:
         dcp_hybrid(impl, dcp=0)
 
 
-def test_eagle_beside_a_full_attention_block_larger_than_the_hash_block_is_refused(impl: ModuleType) -> None:
-    """D-MAMBA-21/36: EAGLE keeps full attention at the hash block with
-    sub-block hits; the refusal changes nothing (the switch stays off)."""
-    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(8, 1, 1, "float32")),
-              KVCacheGroupSpec(("mamba",), MambaSpec(4, shapes=((1,),), dtypes=("float32",),
-                                                     mamba_cache_mode="align")))
-    manager = impl.KVCacheManager(KVCacheConfig(20, (), groups), 1024, hash_block_size=4, use_eagle=True)
-    before = manager.snapshot()
-    with pytest.raises(InvalidConfigError, match="with EAGLE, full-attention block size 8"):
-        manager.enable_partial_hash_hits(2)
-    assert manager.snapshot() == before
-    assert manager.coordinator.partial_hits_enabled is False
-
-
 def test_hit_inside_a_dcp_block_is_copied_on_write(impl: ModuleType) -> None:
     manager = dcp_hybrid(impl)
     owner = manager.make_request("owner", list(range(13)))
