@@ -93,7 +93,8 @@ def test_eagle_gives_back_one_hash_block_inside_a_full_attention_block(impl: Mod
     The owner's 17-token prompt runs in chunks ending at 12 (its last
     reusable boundary under EAGLE) and 17. A sibling sharing all 17 tokens
     matches full attention to 16, gives back one hash block and hits 12
-    inside block 2, which it copies; without the rewind it would take 8."""
+    inside block 2, which it copies (block-granular, EAGLE would give back
+    the whole block: 8)."""
     manager = hybrid(impl, full=8, mamba=4, hash_block_size=4, retention_interval=retention_interval)
     manager.enable_partial_hash_hits(2)
     owner = manager.make_request("owner", list(range(17)))
@@ -119,6 +120,27 @@ def test_eagle_gives_back_one_hash_block_inside_a_full_attention_block(impl: Mod
     assert manager.take_kv_cache_block_copies() == ([(2, 5)], [2, 5])
     manager.release_copy_retentions([2, 5])
     manager.check_invariants()
+
+
+def test_the_rewind_decides_when_mamba_holds_both_states(impl: ModuleType) -> None:
+    """The same model, the owner's chunks ending at 12, 16 and 17: Mamba now
+    holds the states at 12 (block 3) and 16 (block 4), so the hit is full
+    attention's own: matched to 16, one hash block given back, 12."""
+    manager = hybrid(impl, full=8, mamba=4, hash_block_size=4)
+    manager.enable_partial_hash_hits(2)
+    owner = manager.make_request("owner", list(range(17)))
+    run_chunks(manager, owner, [12, 16, 17])
+    assert ids(manager, "owner") == [[1, 2, 5], [N, N, N, 4, 6]]
+    assert keyed(manager, 3) and keyed(manager, 4)
+    manager.free(owner)
+    manager.new_step_starts()
+    replay = manager.make_request("replay", list(range(17)) + [100, 101, 102])
+    hit_blocks, hit = manager.get_computed_blocks(replay)
+    assert hit == 12
+    assert [list(group) for group in hit_blocks.get_block_ids()] == [[1, 2], [N, N, 3]]
+    assert manager.allocate_slots(replay, 20 - hit, hit, hit_blocks) is not None
+    assert ids(manager, "replay") == [[1, 6, 5], [N, N, 3, N, 7]]
+    assert manager.take_kv_cache_block_copies()[0] == [(2, 6)]
 
 
 def test_an_eagle_prompt_tail_is_published_at_the_whole_prompt(impl: ModuleType) -> None:
