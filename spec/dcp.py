@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.mamba_checkpoints import FINE_GRAINED_KINDS
@@ -60,8 +61,10 @@ def partial_hits_configured_under_dcp(kinds: Sequence[str], specs: Sequence[KVCa
     if not any(isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" and size >= least
                for spec, size in zip(specs, block_sizes)):
         return False
-    return all(kind in FINE_GRAINED_KINDS or size == hash_block_size
-               for kind, size in zip(kinds, block_sizes))
+    # Groups outside prefix caching (rings, the opted-out scratch tails) never
+    # look up, so they do not stand in the way (PFX-1), as in MCKPT-4.
+    return all(kind in FINE_GRAINED_KINDS or size == hash_block_size or not prefix_cacheable(spec)
+               for kind, size, spec in zip(kinds, block_sizes, specs))
 
 
 def prompt_tail_boundary(num_prompt_tokens: int, num_block_hashes: int, hash_block_size: int,

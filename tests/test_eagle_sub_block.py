@@ -1,6 +1,6 @@
 """EAGLE beside full attention whose block spans several hash blocks, and the
 EAGLE resume (shared-prefix) checkpoint (spec/mamba.md FPART-5, MPART-5,
-MPART-6; D-MAMBA-38..41; spec/examples.md §17), one suite over every
+MPART-6; D-MAMBA-38..41; spec/examples.md §19), one suite over every
 implementation.
 
 The block ids are those vLLM 0.33 hands out for the same calls (checked
@@ -89,7 +89,7 @@ def test_eagle_beside_a_full_attention_block_larger_than_the_hash_block_is_suppo
 @pytest.mark.parametrize("retention_interval", [None, 0])
 def test_eagle_gives_back_one_hash_block_inside_a_full_attention_block(impl: ModuleType,
                                                                        retention_interval: int | None) -> None:
-    """spec/examples.md §17: DCP 2 (full attention 8, Mamba 4, hash 4), EAGLE.
+    """spec/examples.md §19: DCP 2 (full attention 8, Mamba 4, hash 4), EAGLE.
     The owner's 17-token prompt runs in chunks ending at 12 (its last
     reusable boundary under EAGLE) and 17. A sibling sharing all 17 tokens
     matches full attention to 16, gives back one hash block and hits 12
