@@ -19,8 +19,10 @@ from typing import Any, cast
 
 from pagedkv.optimized.block_pool import BlockPool
 from pagedkv.optimized.hybrid_search import HashViews
+from pagedkv.optimized.mamba_partial import key_block
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.types import BlockHashWithGroupId, get_block_hash, get_group_id
+from pagedkv.spec.mamba_partial import state_key
+from pagedkv.spec.types import BlockHashWithGroupId, get_block_hash, get_group_id, make_block_hash_with_group_id
 
 from .requests import VllmRequestView
 
@@ -280,6 +282,34 @@ class BlockPoolView:
             num_cached_blocks=num_cached_blocks, num_full_blocks=num_full_blocks,
             block_size=block_size, group_id=kv_cache_group_id,
             mask=None if block_mask is None else list(block_mask))
+
+    def cache_partial_block(self, request: Any, block: Any, num_tokens: int, kv_cache_group_id: int,
+                            block_size: int, replace_existing_hashes: bool = False) -> Any:
+        """vLLM's ``BlockPool.cache_partial_block``: make ``block`` reachable
+        from the prefix boundary ``num_tokens`` (a hash-block multiple) under
+        that boundary's state key (spec/mamba.md: the hash of the hash block
+        ending there, the group's full key at a block end). pagedkv's pool
+        keeps one key per block (CACHE-1): a key covering fewer tokens, or any
+        key with ``replace_existing_hashes``, gives way (``BlockRemoved``); a
+        block keyed further keeps its key and nothing is registered (vLLM
+        would add a second key, D-MAMBA-22). No event for the new key
+        (D-MAMBA-18). Returns the key with its group, or ``None``."""
+        if block.is_null:
+            return None
+        view = request if isinstance(request, VllmRequestView) else VllmRequestView(request)
+        key = state_key(view.block_hashes, num_tokens, self.hash_block_size, block_size)
+        if key is None:
+            return None
+        core, block_id = self.core, block.block_id
+        keyed = core.key_tokens(block_id)
+        if keyed is not None:
+            if core.block_hashes[block_id] == key and keyed == num_tokens:
+                return make_block_hash_with_group_id(key, kv_cache_group_id)
+            if not replace_existing_hashes and keyed >= num_tokens:
+                return None
+            core.evict_blocks([block_id])
+        key_block(core, block_id, key, kv_cache_group_id, num_tokens)
+        return make_block_hash_with_group_id(key, kv_cache_group_id)
 
     def touch(self, blocks: Any) -> None:
         # vLLM 0.33 passes a flat list of blocks, 0.32 one list per group; the null block is skipped.

@@ -194,6 +194,11 @@ class CoordinatorView:
         return self.scheduler_block_size
 
     @property
+    def hash_block_size(self) -> int:
+        """The granularity of the requests' block hashes (vLLM's coordinator attribute)."""
+        return int(self.core.hash_block_size)
+
+    @property
     def retention_interval(self) -> int | None:
         return self._retention_interval
 
