@@ -11,9 +11,8 @@ import math
 from typing import Any
 
 from pagedkv.spec.attention_variants import prefix_cacheable
-from pagedkv.spec.dcp import partial_hits_configured_under_dcp
 from pagedkv.spec.errors import InvariantViolation
-from pagedkv.spec.mamba_checkpoints import mamba_kept_boundaries, mamba_retention_mask
+from pagedkv.spec.mamba_checkpoints import mamba_kept_boundaries, mamba_retention_mask, partial_hash_hits_configured
 from pagedkv.spec.mamba_partial import resume_position
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.registry import manager_kind_for
@@ -36,9 +35,12 @@ def check_mamba_retention(manager: Any, request: Request, before: ManagerSnapsho
     specs = [group.kv_cache_spec for group in groups]
     sizes = list(manager.block_sizes)
     alignment = math.lcm(*(size for size, spec in zip(sizes, specs) if prefix_cacheable(spec)))
-    dcp = options.get("dcp_world_size") or 1
-    fine = partial_hits_configured_under_dcp([manager_kind_for(spec) for spec in specs], specs, sizes,
-                                             hash_block_size, dcp)
+    # The hash block when vLLM's MCKPT-4 holds at construction or the switch
+    # went on (DCP widens the condition only through the switch, which a
+    # machine may see refused, e.g. the resume checkpoint without EAGLE).
+    kinds = [manager_kind_for(spec) for spec in specs]
+    fine = (bool(getattr(manager.coordinator, "partial_hits_enabled", False))
+            or partial_hash_hits_configured(kinds, specs, sizes, hash_block_size))
     unit = hash_block_size if fine else alignment
     junction = getattr(request, "shared_prefix_boundary", 0)
     kept = mamba_kept_boundaries(request.num_prompt_tokens, junction, alignment, bool(options.get("use_eagle")))
