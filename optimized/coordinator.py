@@ -43,6 +43,7 @@ from .blocks import KVCacheBlocks
 from .cross_attention import CrossAttentionManager
 from .dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
 from .decode import decode_probes
+from .admit_path import AdmitStep, single_admit_step
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .eagle import apply_eagle_groups
 from .hybrid_search import HashViews, longest_common_hit
@@ -166,6 +167,8 @@ class KVCacheCoordinator:
         self.num_reprefillable_tokens = 0
         self.decode_step: DecodeStep | None = None
         """The decode fast path for this configuration, or ``None``."""
+        self.admit_step: AdmitStep | None = None
+        """The admission fast path (``admit_path``), or ``None``."""
         if (len(managers) == 1 and block_sizes[0] == hash_block_size
                 and isinstance(managers[0], FullAttentionManager)
                 and not isinstance(managers[0], RSWAManager)):  # R-SWA frees gaps: general path
@@ -174,6 +177,8 @@ class KVCacheCoordinator:
             self._cached0 = managers[0].num_cached_blocks
             self._block_size0 = block_sizes[0]
             self.decode_step = single_decode_step(self)
+            if enable_caching and type(managers[0]) is FullAttentionManager:
+                self.admit_step = single_admit_step(self)
         elif managers:
             probes = decode_probes(self.managers)
             if probes is not None:

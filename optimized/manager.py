@@ -133,7 +133,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         self._pool.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self._coordinator.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         if self._coordinator.num_reprefillable_tokens:
-            self._coordinator.decode_step = None
+            self._coordinator.decode_step = self._coordinator.admit_step = None
         self.prefix_cache_stats: PrefixCacheStats | None = (
             PrefixCacheStats() if self.log_stats else None)
         self._empty = self._coordinator.empty_blocks
@@ -291,6 +291,15 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         # The engine's object is read once, here: no engine code runs once
         # something has changed (spec/operations.md, "Exception safety").
         request = RequestFacts.capture(request)
+        # A new request on one full-attention group (admit_path, D-PERF-17):
+        # settled there unless it hands the call back.
+        admit_step = coordinator.admit_step
+        if (admit_step is not None and num_lookahead_tokens is zero and num_external_computed_tokens is zero
+                and num_encoder_tokens is zero and not full_sequence_must_fit):
+            result = admit_step(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                                delay_cache_blocks, reserved_blocks, num_in_flight_tokens)
+            if result is not TAKE_GENERAL_PATH:
+                return result
         request_id = request.request_id
         known = request_id in coordinator.requests
         # 1. Validate (all before any change).

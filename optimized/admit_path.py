@@ -1,0 +1,159 @@
+"""The admission fast path of ``allocate_slots``: what a coordinator installs
+as :attr:`KVCacheCoordinator.admit_step` (D-PERF-17).
+
+The twin of :mod:`decode_path` for the other common call: a request the
+manager does not know yet, usually with a prefix hit, on a model of one
+full-attention group hashed at its block size with caching on (the
+:class:`UnitaryCoordinator` case). The general path runs the spec's steps
+through the coordinator and the group manager, each written for any number
+of groups of any type; for this configuration most of that dispatch decides
+nothing. The step below is those steps for this one case, in the same order,
+with the features that cannot apply settled once when it is built, not per
+call: no other group, no skipped token (full attention), no window cap, no
+Mamba checkpoint, no cross-attention encoder count, no view of the hashes at
+another block size, no cache mask.
+
+It takes the request's facts (:class:`RequestFacts`, captured by the facade
+before anything else) and decides step 1 only where every argument is well
+formed; anything else (a known request, a malformed or stale hit, a count of
+the wrong type, max_model_len exceeded) returns :data:`TAKE_GENERAL_PATH`
+before any change, and the general path, which stays the definition, raises
+the spec's error. ``test_admit_path`` holds the two to the same results,
+state, events and errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pagedkv.spec.request import RequestFacts
+
+from .blocks import KVCacheBlocks
+from .decode_path import TAKE_GENERAL_PATH
+from .recovery import recover
+
+if TYPE_CHECKING:
+    from .coordinator import KVCacheCoordinator
+
+__all__ = ["AdmitStep", "single_admit_step"]
+
+AdmitStep = Callable[[RequestFacts, int, int, Any, bool, int, int], "KVCacheBlocks | None"]
+"""``admit_step(facts, num_new_tokens, num_new_computed_tokens,
+new_computed_blocks, delay_cache_blocks, reserved_blocks,
+num_in_flight_tokens)``: the result, or :data:`TAKE_GENERAL_PATH`. The
+other arguments of ``allocate_slots`` are at their defaults (the facade
+checks)."""
+
+
+def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
+    """The admission step for one full-attention group hashed at its block
+    size, caching on (a closure over the tables it reads, as
+    :func:`decode_path.single_decode_step`).
+
+    ``step(facts, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+    delay_cache_blocks, reserved_blocks, num_in_flight_tokens)`` is
+    ``allocate_slots`` with those arguments for a request the manager does
+    not know. Step 1 for that case: every count an int of its range, nothing
+    computed yet, the hit this manager's ``KVCacheBlocks`` of one group
+    whose blocks are exactly the ones the cache map serves for the request's
+    hashes (checks 1h, 1h' and 1i at once, as ``validation._hit_holds``)
+    covering ``num_new_computed_tokens``, and max_model_len kept. Then steps
+    4 to 9: the demand (new blocks plus hit blocks leaving the free queue)
+    against the free queue less ``reserved_blocks`` (``None`` when short,
+    nothing changed), admit the hit, allocate, cache the blocks the
+    computed tokens fill, return the new blocks.
+
+    Cost: O(hit blocks + new blocks + blocks newly cached).
+    """
+    manager = self.managers[0]
+    blocks_of = manager.req_to_blocks
+    cached_of = manager.num_cached_blocks
+    block_size = self.block_sizes[0]
+    max_model_len = self.max_model_len
+    requests = self.requests
+    pool = self.block_pool
+    queue = pool._queue
+    ref = pool._ref
+    table_get = pool.cached_by_group[0].get
+    empty = self.empty_blocks
+    own_blocks = KVCacheBlocks
+    zero = 0
+
+    def step(facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
+             new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
+             num_in_flight_tokens: int) -> KVCacheBlocks | None:
+        request_id = facts.request_id
+        num_tokens = facts.num_tokens
+        # 1a-1b'' (spec.allocate_args.check_counts) for a new request; identity
+        # with the cached int 0 lets only an int through (0.0 and False: general).
+        if (request_id in requests or facts.num_computed_tokens is not zero
+                or type(num_new_tokens) is not int or num_new_tokens < 1
+                or type(num_new_computed_tokens) is not int or num_new_computed_tokens < 0
+                or type(reserved_blocks) is not int or reserved_blocks < 0
+                or type(num_in_flight_tokens) is not int or num_in_flight_tokens < 0
+                or type(num_tokens) is not int or num_tokens < 1):
+            return TAKE_GENERAL_PATH
+        # 1c-1f: this manager's blocks, one group, whole blocks covering the hit.
+        if new_computed_blocks is None:
+            hit: list[int] = []
+        elif type(new_computed_blocks) is own_blocks and len(new_computed_blocks.blocks) == 1:
+            hit = new_computed_blocks.blocks[0]
+        else:
+            return TAKE_GENERAL_PATH
+        held = len(hit)
+        main = num_new_computed_tokens + num_new_tokens
+        if num_new_computed_tokens != held * block_size or main > max_model_len:
+            return TAKE_GENERAL_PATH  # 1f or 1j: the general path raises
+        block_hashes = facts.block_hashes
+        if held:
+            # 1h, 1h', 1i: exactly ints, each the block the map serves for
+            # the request's hash at its position (so in the pool, not null,
+            # still keyed there: CACHE-1).
+            if (type(hit) is not list or held > len(block_hashes)
+                    or list(map(type, hit)).count(int) != held
+                    or list(map(table_get, block_hashes[:held])) != hit):
+                return TAKE_GENERAL_PATH
+            # 4-5. Hit blocks with no holder leave the free queue when taken.
+            num_free_hits = list(map(ref.__getitem__, hit)).count(0)
+        else:
+            num_free_hits = 0
+        required = -(-main // block_size)
+        missing = required - held
+        if (missing if missing > 0 else 0) + num_free_hits + reserved_blocks > queue.size:
+            return None  # D-API-13
+        # The changes: an exception from here on leaves a consistent manager (D-API-24).
+        try:
+            # 6. Admit: the request's own list, its hit taken (touched).
+            requests.add(request_id)
+            blocks = list(hit)
+            if held:
+                pool.touch_held(blocks)
+            blocks_of[request_id] = blocks
+            cached_of[request_id] = held
+            # 7. Allocate.
+            new_blocks = None
+            if missing > 0:
+                new_blocks = pool.get_new_blocks(missing)
+                blocks.extend(new_blocks)
+            # 8. Cache the blocks the computed tokens fill, as far as the
+            # request has hashes (D-API-11).
+            if not delay_cache_blocks:
+                num_full = (main if main < num_tokens else num_tokens) // block_size
+                num_hashes = len(block_hashes)
+                if num_full > num_hashes:
+                    num_full = num_hashes
+                if num_full > held:
+                    pool.cache_full_blocks_unchecked(
+                        facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
+                        num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
+                    cached_of[request_id] = num_full
+            # 9. The blocks of step 7.
+            if new_blocks is None:
+                return empty
+            return own_blocks((new_blocks,), pool.block_hashes)
+        except BaseException:
+            recover(self)
+            raise
+
+    return step
