@@ -1,0 +1,164 @@
+"""The admission fast path (``optimized/admit_path.py``, D-PERF-17) against
+the general path it shortcuts.
+
+Twin optimized managers run the same engine script; one has its
+coordinator's ``admit_step`` switched off, so every admission goes through
+the spec's steps (``validation.allocate_args`` and the per-group dispatch).
+After every call both must agree on the result, the typed error (type and
+message), the observable state, the key token counts (KEYTOK-1) and the
+events. The script admits requests sharing prefixes in a small pool (hits
+on free and on held blocks, eviction, refusals) with prefix hits passed
+back untouched, stale (evicted since the lookup), reshaped or malformed,
+chunked prefills, delayed caching, headroom (``reserved_blocks``) and
+in-flight counts; the differential machines hold both to the reference.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from pagedkv.optimized import KVCacheBlocks, KVCacheManager
+from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
+from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
+
+
+def _config(num_blocks: int) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=(),
+                         kv_cache_groups=(KVCacheGroupSpec(("layer0",), spec),))
+
+
+def _key_tokens(manager: KVCacheManager) -> list[int | None]:
+    pool = manager.block_pool
+    return [pool.key_tokens(block) for block in range(pool.num_blocks)]
+
+
+def _tamper(hit: KVCacheBlocks, num_hit: int, rng: random.Random,
+            pool_size: int) -> tuple[Any, Any]:
+    """A malformed variant of a hit and its token count (both twins get the same)."""
+    blocks = hit.blocks[0]
+    kind = rng.randrange(9)
+    if kind == 0:
+        return KVCacheBlocks(([*blocks, rng.randrange(pool_size)],), []), num_hit  # 1f: too many
+    if kind == 1 and blocks:
+        return KVCacheBlocks((blocks[:-1],), []), num_hit  # 1f: too few
+    if kind == 2 and blocks:
+        return KVCacheBlocks(([*blocks[:-1], blocks[-1] % (pool_size - 1) + 1],), []), num_hit  # 1i
+    if kind == 3 and blocks:
+        return KVCacheBlocks(([True, *blocks[1:]],), []), num_hit  # 1h: not an int
+    if kind == 4:
+        return KVCacheBlocks((list(blocks), []), []), num_hit  # 1c: two groups
+    if kind == 5:
+        return blocks, num_hit  # 1c: not KVCacheBlocks
+    if kind == 6:
+        return hit, float(num_hit)  # 1b: not an int
+    if kind == 7:
+        return hit, num_hit + 4  # 1f: disagrees with the blocks
+    return KVCacheBlocks(([pool_size + 3, *blocks[1:]],), []), num_hit  # 1h: outside the pool
+
+
+def _call(manager: KVCacheManager, request: Request, args: dict[str, Any]) -> object:
+    try:
+        result = manager.allocate_slots(request, **args)
+    except Exception as error:  # the same typed error, same message, from both
+        return (type(error).__name__, str(error))
+    return None if result is None else result.get_block_ids()
+
+
+@pytest.mark.parametrize("events", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_admission_step_equals_the_general_path(events: bool, seed: int) -> None:
+    rng = random.Random(seed)
+    pool_size = 40
+    twins = [KVCacheManager(_config(pool_size), 64, enable_kv_cache_events=events) for _ in range(2)]
+    fast, general = twins
+    step = fast.coordinator.admit_step
+    assert step is not None
+    general.coordinator.admit_step = None
+    settled = 0
+
+    def counting(*args: Any) -> Any:
+        nonlocal settled
+        result = step(*args)
+        settled += result is not TAKE_GENERAL_PATH
+        return result
+
+    fast.coordinator.admit_step = counting
+    prefixes = [[rng.randrange(3) for _ in range(rng.randrange(4, 24))] for _ in range(3)]
+    live: dict[str, list[Request]] = {}
+    for number in range(400):
+        action = rng.random()
+        if live and action < 0.25:
+            request_id = rng.choice(sorted(live))
+            for manager, request in zip(twins, live.pop(request_id)):
+                manager.free(request)
+        elif live and action < 0.4:
+            # A decode or prefill step of a known request (the general path
+            # for a known request with a hit argument: it is refused there).
+            request_id = rng.choice(sorted(live))
+            pair = live[request_id]
+            num_new = rng.randrange(1, 6)
+            with_empty_hit = rng.random() < 0.2  # vLLM passes an empty hit object
+            outcomes = [_call(manager, request, {"num_new_tokens": num_new, "new_computed_blocks":
+                                                 manager.coordinator.empty_blocks if with_empty_hit else None})
+                        for manager, request in zip(twins, pair)]
+            assert outcomes[0] == outcomes[1], (number, outcomes)
+            if isinstance(outcomes[0], tuple) and not isinstance(outcomes[0][0], str):
+                for request in pair:
+                    request.num_computed_tokens += num_new
+                    request.append_output_token_ids(1)
+        else:
+            request_id = f"r{number}"
+            prompt = rng.choice(prefixes) + [rng.randrange(3) for _ in range(rng.randrange(1, 14))]
+            pair = [manager.make_request(request_id, prompt) for manager in twins]
+            hits = [manager.get_computed_blocks(request) for manager, request in zip(twins, pair)]
+            assert hits[0][0].get_block_ids() == hits[1][0].get_block_ids()
+            if rng.random() < 0.15:  # make the hit stale: evict one of its blocks
+                blocks = hits[0][0].blocks[0]
+                if blocks:
+                    victim = rng.choice(blocks)
+                    for manager in twins:
+                        manager.evict_blocks([victim])
+            num_hit = hits[0][1]
+            remaining = len(prompt) - num_hit
+            args: dict[str, Any] = {"num_new_tokens": rng.randrange(1, remaining + 1) if rng.random() < 0.5 else remaining,
+                    "delay_cache_blocks": rng.random() < 0.15}
+            if rng.random() < 0.2:
+                args["reserved_blocks"] = rng.choice([0, 1, 5, 30, -1, 2.0])
+            if rng.random() < 0.1:
+                args["num_in_flight_tokens"] = rng.choice([0, 3, -2])
+            if rng.random() < 0.1:  # past the prompt (a drafter's tokens), or malformed
+                args["num_new_tokens"] = rng.choice([remaining + 1, remaining + 6, 0, -1, 1.0, 100])
+            if rng.random() < 0.1:  # a lagging hasher: fewer hashes than full blocks (D-API-11)
+                keep = rng.randrange(len(pair[0].block_hashes) + 1)
+                for request in pair:
+                    del request.block_hashes[keep:]
+            elif rng.random() < 0.05:  # a foreign view with hashes past its tokens: caching stops at the tokens
+                for request in pair:
+                    request.block_hashes.append(bytes([number % 256]) * 32)
+            if rng.random() < 0.1:
+                computed = rng.choice([2, -1])
+                for request in pair:
+                    request.num_computed_tokens = computed
+            tampered = rng.random() < 0.15
+            without_hit = not num_hit and rng.random() < 0.2  # None for the hit object
+            outcomes = []
+            for manager, request, (hit, num) in zip(twins, pair, hits):
+                hit_arg: Any = None if without_hit else hit
+                if tampered:  # the same tampering for both twins
+                    hit_arg, num = _tamper(hit, num, random.Random(seed * 1000 + number), pool_size)
+                call_args = {**args, "new_computed_blocks": hit_arg, "num_new_computed_tokens": num}
+                outcomes.append(_call(manager, request, call_args))
+            assert outcomes[0] == outcomes[1], (number, args, outcomes)
+            if isinstance(outcomes[0], tuple) and not isinstance(outcomes[0][0], str):
+                for request in pair:
+                    request.num_computed_tokens = num_hit + args["num_new_tokens"]
+                live[request_id] = pair
+        assert fast.snapshot() == general.snapshot(), number
+        assert _key_tokens(fast) == _key_tokens(general), number
+        assert fast.take_events() == general.take_events(), number
+        fast.check_invariants()
+    assert settled >= 60, settled
