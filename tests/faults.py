@@ -99,7 +99,7 @@ class Engine:
         }
 
     def admit(self, name: str, wrap: Callable[[Any], Any], *, external: int = 0, delay: bool = False,
-              chunk: int | None = None) -> None:
+              chunk: int | None = None, lookahead: int = 1) -> None:
         request = self.requests[name]
         # Only allocate_slots is wrapped: each call is all-or-nothing on its
         # own (get_computed_blocks is tried alone, below).
@@ -107,7 +107,7 @@ class Engine:
         external = max(0, min(external, request.num_tokens - num_hit - 1))
         remaining = request.num_tokens - num_hit - external
         new = remaining if chunk is None else min(chunk, remaining)
-        if self.manager.allocate_slots(wrap(request), new, num_hit, hit, num_lookahead_tokens=1,
+        if self.manager.allocate_slots(wrap(request), new, num_hit, hit, num_lookahead_tokens=lookahead,
                                        num_external_computed_tokens=external, delay_cache_blocks=delay,
                                        num_encoder_tokens=self.encoder) is not None:
             request.num_computed_tokens = num_hit + external + new
@@ -156,6 +156,10 @@ OPERATIONS: list[tuple[str, Callable[[Engine, Wrap], None]]] = [
     ("make_prefix_cache_stats", lambda e, w: e.manager.make_prefix_cache_stats()),
     ("free:last", lambda e, w: e.free("d", w)),
     ("reset_prefix_cache", lambda e, w: e.manager.reset_prefix_cache()),
+    # Without lookahead: the admission fast path of one full-attention group (D-PERF-17).
+    ("allocate_slots:admit_plain", lambda e, w: e.admit("a", w, lookahead=0)),
+    ("free:plain", lambda e, w: e.free("a", w)),
+    ("allocate_slots:admit_plain_hit", lambda e, w: e.admit("b", w, lookahead=0)),
 ]
 
 
