@@ -31,6 +31,7 @@ from pagedkv.spec.request import RequestFacts
 
 from .blocks import KVCacheBlocks
 from .decode_path import TAKE_GENERAL_PATH
+from .pool_caching import cache_new_run
 from .recovery import recover
 
 if TYPE_CHECKING:
@@ -114,13 +115,13 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                     or list(map(type, hit)).count(int) != held
                     or list(map(table_get, block_hashes[:held])) != hit):
                 return TAKE_GENERAL_PATH
-            # 4-5. Hit blocks with no holder leave the free queue when taken.
-            num_free_hits = list(map(ref.__getitem__, hit)).count(0)
-        else:
-            num_free_hits = 0
-        required = -(-main // block_size)
-        missing = required - held
-        if (missing if missing > 0 else 0) + num_free_hits + reserved_blocks > queue.size:
+        # 4-5. The demand: new blocks, plus hit blocks with no holder (they
+        # leave the free queue when taken), counted only when the bound with
+        # every hit block free would not fit.
+        missing = -(-main // block_size) - held
+        demand = (missing if missing > 0 else 0) + reserved_blocks
+        if demand + held > queue.size and (
+                demand + list(map(ref.__getitem__, hit)).count(0) > queue.size):
             return None  # D-API-13
         # The changes: an exception from here on leaves a consistent manager (D-API-24).
         try:
@@ -144,9 +145,14 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                 if num_full > num_hashes:
                     num_full = num_hashes
                 if num_full > held:
-                    pool.cache_full_blocks_unchecked(
-                        facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
-                        num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
+                    # Without events, a run of fresh blocks is keyed in bulk
+                    # here (the pool's first attempt, pool_caching.cache_new_run,
+                    # which changes nothing when it declines).
+                    if pool.enable_kv_cache_events or not cache_new_run(pool, blocks[held:num_full], block_hashes[held:num_full],
+                                                   0, held, block_size):
+                        pool.cache_full_blocks_unchecked(
+                            facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
+                            num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
                     cached_of[request_id] = num_full
             # 9. The blocks of step 7.
             if new_blocks is None:
