@@ -148,8 +148,8 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                     # Without events, a run of fresh blocks is keyed in bulk
                     # here (the pool's first attempt, pool_caching.cache_new_run,
                     # which changes nothing when it declines).
-                    if pool.enable_kv_cache_events or not cache_new_run(pool, blocks[held:num_full], block_hashes[held:num_full],
-                                                   0, held, block_size):
+                    if pool.enable_kv_cache_events or not cache_new_run(
+                            pool, blocks[held:num_full], block_hashes[held:num_full], 0, held, block_size):
                         pool.cache_full_blocks_unchecked(
                             facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
                             num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)

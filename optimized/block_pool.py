@@ -80,8 +80,8 @@ class BlockPool(PoolView):
 
     __slots__ = (
         "num_blocks", "enable_caching", "enable_kv_cache_events",
-        "num_groups", "_ref", "_hash", "_gid", "_key_tokens", "cached_by_group", "dup_by_group", "_queue", "_events",
-        "reserved", "num_hash_lookahead_tokens",
+        "num_groups", "_ids", "_ref", "_hash", "_gid", "_key_tokens", "cached_by_group", "dup_by_group",
+        "_queue", "_events", "reserved", "num_hash_lookahead_tokens",
     )
 
     def __init__(
@@ -100,6 +100,10 @@ class BlockPool(PoolView):
         self.enable_caching = bool(enable_caching)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
         self.num_groups = num_groups
+        # One int object per id (the sentinel's too), handed out by allocation
+        # and linked by the queue: comparing runs of ids then mostly compares
+        # pointers, and taking a fresh run creates no int (D-PERF-18).
+        self._ids: list[int] = list(range(num_blocks + 1))
         self._ref: list[int] = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
         self._gid: list[int] = [-1] * num_blocks
@@ -108,44 +112,13 @@ class BlockPool(PoolView):
         self.cached_by_group: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
         self.dup_by_group: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
         # The null block is never queued (POOL-1).
-        self._queue = FreeBlockQueue(num_blocks, range(1, num_blocks))
+        self._queue = FreeBlockQueue(num_blocks, self._ids[1:num_blocks])
         self._events: list[KVCacheEvent] = []
         # Blocks held for the pool's lifetime (attention sinks, D-SINK-1).
         self.reserved: list[int] = []
         # Tokens after each block its hash covers (spec/hashing.md section 7):
         # events carry them; the manager sets it.
         self.num_hash_lookahead_tokens = 0
-
-    def get_num_free_blocks(self) -> int:
-        """Blocks in the free queue (evictable cached blocks included). Cost: O(1)."""
-        return self._queue.size
-
-    def get_usage(self) -> float:
-        """``1 - free / (num_blocks - 1)``; 0.0 when ``num_blocks == 1``. Cost: O(1)."""
-        if self.num_blocks == 1:
-            return 0.0
-        return 1.0 - self._queue.size / (self.num_blocks - 1)
-
-    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
-        """For each group id, the first block cached under ``block_hash`` in
-        that group; ``None`` if any group misses.
-
-        Cost: O(len(group_ids)).
-
-        Raises:
-            InvalidArgumentError: a group id outside ``[0, num_groups)``.
-        """
-        cached = self.cached_by_group
-        out: list[int] = []
-        for group_id in group_ids:
-            if not 0 <= group_id < self.num_groups:
-                raise InvalidArgumentError(
-                    f"group id must lie in [0, {self.num_groups}), got {group_id!r}")
-            first = cached[group_id].get(block_hash)
-            if first is None:
-                return None
-            out.append(first)
-        return out
 
     # ------------------------------------------------------------ allocation
 
@@ -176,7 +149,7 @@ class BlockPool(PoolView):
         if num_blocks > 1 and nxt[block] == block + 1:
             # Consecutive ids linked in order (a fresh pool's queue): checked
             # and taken with slices when none carries a key.
-            out = list(range(block, end))
+            out = self._ids[block:end]
             if nxt[block:end - 1] == out[1:] and self._gid[block:end].count(-1) == num_blocks:
                 ref[block:end] = [1] * num_blocks
                 block = nxt[end - 1]
@@ -469,10 +442,6 @@ class BlockPool(PoolView):
         if runs:
             self._events.extend(stored_events(request, runs, block_hashes, block_size, group_id,
                                               self.num_hash_lookahead_tokens))
-
-    def key_tokens(self, block_id: int) -> int | None:
-        """Tokens the key of ``block_id`` covers (KEYTOK-1); ``None`` when unkeyed. Cost: O(1)."""
-        return None if self._gid[block_id] < 0 else self._key_tokens[block_id]
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks, in the given order (each

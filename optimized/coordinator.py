@@ -38,12 +38,12 @@ from pagedkv.spec.types import BlockHash
 
 from . import group_hits
 from .admission import admission_caps, full_sequence_demand
+from .admit_path import AdmitStep, single_admit_step
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .cross_attention import CrossAttentionManager
 from .dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
 from .decode import decode_probes
-from .admit_path import AdmitStep, single_admit_step
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .eagle import apply_eagle_groups
 from .hybrid_search import HashViews, longest_common_hit

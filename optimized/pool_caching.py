@@ -36,7 +36,7 @@ def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash]
     gids = pool._gid
     size, first = len(run), run[0]
     consecutive = (first > 0 and run[-1] - first == size - 1 and type(run) is list
-                   and run == list(range(first, first + size)))
+                   and run == pool._ids[first:first + size])
     if consecutive:
         if gids[first:first + size].count(-1) != size:
             return False

@@ -6,9 +6,9 @@ that change state. Nothing here mutates the pool.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from pagedkv.spec.errors import InvariantViolation, UnknownBlockError
+from pagedkv.spec.errors import InvalidArgumentError, InvariantViolation, UnknownBlockError
 from pagedkv.spec.snapshot import PoolSnapshot
 from pagedkv.spec.types import BlockHash, KVCacheEvent
 
@@ -32,9 +32,11 @@ class PoolView:
     __slots__ = ()
 
     num_blocks: int
+    num_groups: int
     _ref: list[int]
     _hash: list[BlockHash | None]
     _gid: list[int]
+    _key_tokens: list[int]
     cached_by_group: list[dict[bytes, int]]
     dup_by_group: list[dict[bytes, list[int]]]
     _queue: FreeBlockQueue
@@ -87,6 +89,41 @@ class PoolView:
     def free_queue_ids(self) -> list[int]:
         """The free queue, front first. Cost: O(free blocks)."""
         return self._queue.to_list()
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue (evictable cached blocks included). Cost: O(1)."""
+        return self._queue.size
+
+    def get_usage(self) -> float:
+        """``1 - free / (num_blocks - 1)``; 0.0 when ``num_blocks == 1``. Cost: O(1)."""
+        if self.num_blocks == 1:
+            return 0.0
+        return 1.0 - self._queue.size / (self.num_blocks - 1)
+
+    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
+        """For each group id, the first block cached under ``block_hash`` in
+        that group; ``None`` if any group misses.
+
+        Cost: O(len(group_ids)).
+
+        Raises:
+            InvalidArgumentError: a group id outside ``[0, num_groups)``.
+        """
+        cached = self.cached_by_group
+        out: list[int] = []
+        for group_id in group_ids:
+            if not 0 <= group_id < self.num_groups:
+                raise InvalidArgumentError(
+                    f"group id must lie in [0, {self.num_groups}), got {group_id!r}")
+            first = cached[group_id].get(block_hash)
+            if first is None:
+                return None
+            out.append(first)
+        return out
+
+    def key_tokens(self, block_id: int) -> int | None:
+        """Tokens the key of ``block_id`` covers (KEYTOK-1); ``None`` when unkeyed. Cost: O(1)."""
+        return None if self._gid[block_id] < 0 else self._key_tokens[block_id]
 
     def cache_key(self, block_id: int) -> bytes | None:
         """The cache key (hash + group id) of a block, or None. Cost: O(1)."""

@@ -23,6 +23,7 @@ import pytest
 from pagedkv.optimized import KVCacheBlocks, KVCacheManager
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
+from pagedkv.spec.types import BlockHash
 
 
 def _config(num_blocks: int) -> KVCacheConfig:
@@ -124,8 +125,8 @@ def test_admission_step_equals_the_general_path(events: bool, seed: int) -> None
                         manager.evict_blocks([victim])
             num_hit = hits[0][1]
             remaining = len(prompt) - num_hit
-            args: dict[str, Any] = {"num_new_tokens": rng.randrange(1, remaining + 1) if rng.random() < 0.5 else remaining,
-                    "delay_cache_blocks": rng.random() < 0.15}
+            chunk = rng.randrange(1, remaining + 1) if rng.random() < 0.5 else remaining
+            args: dict[str, Any] = {"num_new_tokens": chunk, "delay_cache_blocks": rng.random() < 0.15}
             if rng.random() < 0.2:
                 args["reserved_blocks"] = rng.choice([0, 1, 5, 30, -1, 2.0])
             if rng.random() < 0.1:
@@ -138,7 +139,7 @@ def test_admission_step_equals_the_general_path(events: bool, seed: int) -> None
                     del request.block_hashes[keep:]
             elif rng.random() < 0.05:  # a foreign view with hashes past its tokens: caching stops at the tokens
                 for request in pair:
-                    request.block_hashes.append(bytes([number % 256]) * 32)
+                    request.block_hashes.append(BlockHash(bytes([number % 256]) * 32))
             if rng.random() < 0.1:
                 computed = rng.choice([2, -1])
                 for request in pair:

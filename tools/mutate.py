@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("reference/*.py", "optimized/*.py")
 SKIP = ("*/__init__.py", "reference/tensor_model.py", "reference/invariants.py", "optimized/pool_invariants.py")
 #: Fast, sensitive tests first: ``-x`` stops at the first failure.
-TESTS = ["tests/test_admit_path.py", "tests/test_scenarios.py", "tests/test_scenarios_hybrid.py", "tests/test_bad_input.py",
+TESTS = ["tests/test_admit_path.py",
+         "tests/test_scenarios.py", "tests/test_scenarios_hybrid.py", "tests/test_bad_input.py",
          "tests/test_edge_cases.py", "tests/test_optimized_unit.py", "tests/test_gates.py",
          "tests/test_hashing.py", "tests/test_fault_injection.py", "tests/test_kv_integrity.py",
          "tests/test_kv_integrity_state.py",
