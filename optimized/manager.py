@@ -15,7 +15,9 @@ managers over that pool. ``allocate_slots`` reads as the spec's
 numbered steps; before them, a decode step of a known request (no hit,
 lookahead, external or encoder tokens) is offered to the coordinator's fast
 path (``KVCacheCoordinator.decode_step``), which settles the common cases
-and hands any other back.
+and hands any other back; after the request's facts are read, a new
+request on one full-attention group likewise to ``admit_step``
+(``admit_path.py``, D-PERF-17).
 """
 
 from __future__ import annotations
