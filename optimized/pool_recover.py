@@ -55,7 +55,7 @@ def recover_pool(pool: BlockPool, holders: Mapping[int, int]) -> None:
                 if len(holders_of_key) > 1:
                     dups[key] = holders_of_key[1:]
     queue = pool._queue
-    order = dict.fromkeys(b for b in [*queue.walk(num_blocks), *range(1, num_blocks)]
+    order = dict.fromkeys(b for b in [*queue.walk(num_blocks), *pool._ids[1:num_blocks]]
                           if 0 < b < num_blocks and ref[b] == 0)
     queue.reset(order)
     if not pool.enable_kv_cache_events:
