@@ -23,6 +23,7 @@ import pytest
 from pagedkv.optimized import KVCacheBlocks, KVCacheManager
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
+from pagedkv.spec.request import RequestFacts
 from pagedkv.spec.types import BlockHash
 
 
@@ -163,3 +164,75 @@ def test_admission_step_equals_the_general_path(events: bool, seed: int) -> None
         assert fast.take_events() == general.take_events(), number
         fast.check_invariants()
     assert settled >= 60, settled
+
+
+def _twins(num_blocks: int, max_model_len: int = 64) -> tuple[KVCacheManager, KVCacheManager]:
+    fast, general = (KVCacheManager(_config(num_blocks), max_model_len) for _ in range(2))
+    general.coordinator.admit_step = None
+    return fast, general
+
+
+def _admit_both(twins: tuple[KVCacheManager, KVCacheManager], prompt: list[int], *, settle: bool = True,
+                use_hit: bool = True, **args: Any) -> object:
+    """Admit ``prompt`` as a new request in both twins (its hit looked up):
+    the fast twin's step must settle it (``settle``), with the general twin's
+    result and state."""
+    fast, general = twins
+    request_id = f"q{len(fast.coordinator.requests)}-{len(prompt)}-{sorted(args.items())}"
+    outcomes = []
+    for manager in twins:
+        request = manager.make_request(request_id, prompt)
+        hit, num_hit = manager.get_computed_blocks(request)
+        call = {"num_new_computed_tokens": num_hit, "new_computed_blocks": hit if use_hit else None, **args}
+        call.setdefault("num_new_tokens", len(prompt) - num_hit)
+        if manager is fast:
+            step = manager.coordinator.admit_step
+            assert step is not None
+            facts = RequestFacts(request)
+            result = step(facts, call.pop("num_new_tokens"), call.pop("num_new_computed_tokens"),
+                          call.pop("new_computed_blocks"), call.pop("delay_cache_blocks", False),
+                          call.pop("reserved_blocks", 0), call.pop("num_in_flight_tokens", 0))
+            assert (result is not TAKE_GENERAL_PATH) == settle, (prompt, args)
+            if result is TAKE_GENERAL_PATH:
+                result = manager.allocate_slots(request, **{
+                    "num_new_tokens": len(prompt) - num_hit, "num_new_computed_tokens": num_hit,
+                    "new_computed_blocks": hit if use_hit else None, **args})
+        else:
+            result = manager.allocate_slots(request, **call)
+        outcomes.append(None if result is None else result.get_block_ids())
+    assert outcomes[0] == outcomes[1]
+    assert fast.snapshot() == general.snapshot()
+    assert _key_tokens(fast) == _key_tokens(general)
+    fast.check_invariants()
+    return outcomes[0]
+
+
+def test_admission_step_settles_every_well_formed_new_request() -> None:
+    """Boundary cases the step must settle itself (not hand back), each
+    equal to the general path: one new token, no hit object, an empty hit
+    object, a hit on every hashed block, max_model_len reached exactly,
+    headroom and in-flight counts, delayed caching, tokens past the prompt,
+    a demand equal to the free queue, a refusal (``None``) one block short,
+    and a hit held by another request (counted exactly only when needed)."""
+    twins = _twins(40, max_model_len=24)
+    prefix = [1, 2, 3, 4, 5, 6, 7, 8]
+    _admit_both(twins, prefix + [9], num_new_tokens=1, use_hit=False)
+    _admit_both(twins, [7] * 5, use_hit=False)
+    empty = twins[0].coordinator.empty_blocks
+    assert _admit_both(twins, [6] * 6, num_new_tokens=6, new_computed_blocks=empty) is not None
+    _admit_both(twins, prefix + [9])  # hit: both blocks of the prefix, the request's every hash
+    _admit_both(twins, prefix + [5] * 16)  # main == max_model_len (8 hit + 16 new)
+    _admit_both(twins, prefix + [4], reserved_blocks=1, num_in_flight_tokens=3)
+    _admit_both(twins, prefix + [3, 3], delay_cache_blocks=True)
+    _admit_both(twins, prefix + [2], num_new_tokens=9)  # 8 + 9 > 9 tokens: caching stops at the prompt
+    # Demand against the free queue, exactly: a pool of 1 + 6 blocks; the
+    # second request hits the first's 2 blocks and needs 4 new ones.
+    for holder_freed in (False, True):
+        for short in (0, 1):
+            twins = _twins(7)
+            assert _admit_both(twins, [3] * 8) is not None  # 2 blocks, cached
+            if holder_freed:  # the hit blocks are free: they count in the demand
+                for manager in twins:
+                    manager.free(next(iter(manager.snapshot().requests)))
+            outcome = _admit_both(twins, [3] * 8 + [4] * 13, reserved_blocks=short)
+            assert (outcome is None) == bool(short), (holder_freed, short)
