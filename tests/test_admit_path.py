@@ -173,15 +173,17 @@ def _twins(num_blocks: int, max_model_len: int = 64) -> tuple[KVCacheManager, KV
 
 
 def _admit_both(twins: tuple[KVCacheManager, KVCacheManager], prompt: list[int], *, settle: bool = True,
-                use_hit: bool = True, **args: Any) -> object:
+                use_hit: bool = True, **args: Any) -> tuple[object, list[Request]]:
     """Admit ``prompt`` as a new request in both twins (its hit looked up):
     the fast twin's step must settle it (``settle``), with the general twin's
     result and state."""
     fast, general = twins
     request_id = f"q{len(fast.coordinator.requests)}-{len(prompt)}-{sorted(args.items())}"
     outcomes = []
+    requests = []
     for manager in twins:
         request = manager.make_request(request_id, prompt)
+        requests.append(request)
         hit, num_hit = manager.get_computed_blocks(request)
         call = {"num_new_computed_tokens": num_hit, "new_computed_blocks": hit if use_hit else None, **args}
         call.setdefault("num_new_tokens", len(prompt) - num_hit)
@@ -204,7 +206,7 @@ def _admit_both(twins: tuple[KVCacheManager, KVCacheManager], prompt: list[int],
     assert fast.snapshot() == general.snapshot()
     assert _key_tokens(fast) == _key_tokens(general)
     fast.check_invariants()
-    return outcomes[0]
+    return outcomes[0], requests
 
 
 def test_admission_step_settles_every_well_formed_new_request() -> None:
@@ -219,7 +221,7 @@ def test_admission_step_settles_every_well_formed_new_request() -> None:
     _admit_both(twins, prefix + [9], num_new_tokens=1, use_hit=False)
     _admit_both(twins, [7] * 5, use_hit=False)
     empty = twins[0].coordinator.empty_blocks
-    assert _admit_both(twins, [6] * 6, num_new_tokens=6, new_computed_blocks=empty) is not None
+    assert _admit_both(twins, [6] * 6, num_new_tokens=6, new_computed_blocks=empty)[0] is not None
     _admit_both(twins, prefix + [9])  # hit: both blocks of the prefix, the request's every hash
     _admit_both(twins, prefix + [5] * 16)  # main == max_model_len (8 hit + 16 new)
     _admit_both(twins, prefix + [4], reserved_blocks=1, num_in_flight_tokens=3)
@@ -230,9 +232,10 @@ def test_admission_step_settles_every_well_formed_new_request() -> None:
     for holder_freed in (False, True):
         for short in (0, 1):
             twins = _twins(7)
-            assert _admit_both(twins, [3] * 8) is not None  # 2 blocks, cached
+            outcome, holders = _admit_both(twins, [3] * 8)  # 2 blocks, cached
+            assert outcome is not None
             if holder_freed:  # the hit blocks are free: they count in the demand
-                for manager in twins:
-                    manager.free(next(iter(manager.snapshot().requests)))
-            outcome = _admit_both(twins, [3] * 8 + [4] * 13, reserved_blocks=short)
+                for manager, holder in zip(twins, holders):
+                    manager.free(holder)
+            outcome, _ = _admit_both(twins, [3] * 8 + [4] * 13, reserved_blocks=short)
             assert (outcome is None) == bool(short), (holder_freed, short)
