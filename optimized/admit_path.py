@@ -77,7 +77,6 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     queue = pool._queue
     ref = pool._ref
     table_get = pool.cached_by_group[0].get
-    empty = self.empty_blocks
     own_blocks = KVCacheBlocks
     zero = 0
 
@@ -115,11 +114,12 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                     or list(map(type, hit)).count(int) != held
                     or list(map(table_get, block_hashes[:held])) != hit):
                 return TAKE_GENERAL_PATH
-        # 4-5. The demand: new blocks, plus hit blocks with no holder (they
-        # leave the free queue when taken), counted only when the bound with
-        # every hit block free would not fit.
+        # 4-5. The demand: new blocks (at least one: num_new_tokens >= 1 past
+        # whole hit blocks), plus hit blocks with no holder (they leave the
+        # free queue when taken), counted only when the bound with every hit
+        # block free would not fit.
         missing = -(-main // block_size) - held
-        demand = (missing if missing > 0 else 0) + reserved_blocks
+        demand = missing + reserved_blocks
         if demand + held > queue.size and (
                 demand + list(map(ref.__getitem__, hit)).count(0) > queue.size):
             return None  # D-API-13
@@ -133,10 +133,8 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             blocks_of[request_id] = blocks
             cached_of[request_id] = held
             # 7. Allocate.
-            new_blocks = None
-            if missing > 0:
-                new_blocks = pool.get_new_blocks(missing)
-                blocks.extend(new_blocks)
+            new_blocks = pool.get_new_blocks(missing)
+            blocks.extend(new_blocks)
             # 8. Cache the blocks the computed tokens fill, as far as the
             # request has hashes (D-API-11).
             if not delay_cache_blocks:
@@ -155,8 +153,6 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                             num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
                     cached_of[request_id] = num_full
             # 9. The blocks of step 7.
-            if new_blocks is None:
-                return empty
             return own_blocks((new_blocks,), pool.block_hashes)
         except BaseException:
             recover(self)

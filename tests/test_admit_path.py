@@ -16,6 +16,7 @@ in-flight counts; the differential machines hold both to the reference.
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
 from pagedkv.spec.request import RequestFacts
 from pagedkv.spec.types import BlockHash
+from tests.faults import LineFuse
 
 
 def _config(num_blocks: int) -> KVCacheConfig:
@@ -219,6 +221,7 @@ def test_admission_step_settles_every_well_formed_new_request() -> None:
     twins = _twins(40, max_model_len=24)
     prefix = [1, 2, 3, 4, 5, 6, 7, 8]
     _admit_both(twins, prefix + [9], num_new_tokens=1, use_hit=False)
+    _admit_both(twins, [5], use_hit=False)  # one token
     _admit_both(twins, [7] * 5, use_hit=False)
     empty = twins[0].coordinator.empty_blocks
     assert _admit_both(twins, [6] * 6, num_new_tokens=6, new_computed_blocks=empty)[0] is not None
@@ -239,3 +242,35 @@ def test_admission_step_settles_every_well_formed_new_request() -> None:
                     manager.free(holder)
             outcome, _ = _admit_both(twins, [3] * 8 + [4] * 13, reserved_blocks=short)
             assert (outcome is None) == bool(short), (holder_freed, short)
+
+
+def test_admission_step_recovers_from_a_fault_at_every_line() -> None:
+    """An exception at any line the fast admission runs (KeyboardInterrupt,
+    MemoryError: the line tracer of ``tests.faults``) leaves a consistent
+    manager: the invariants hold and freeing every request it knows gives
+    back every block (D-API-24)."""
+    fired = 0
+    for fire_at in range(1, 1000):
+        manager = KVCacheManager(_config(24), 64)
+        holder = manager.make_request("holder", list(range(12)))
+        assert manager.allocate_slots(holder, 12) is not None
+        holder.num_computed_tokens = 12
+        manager.free(holder)  # its 3 blocks: cached and free
+        request = manager.make_request("new", list(range(12)) + [9] * 9)
+        hit, num_hit = manager.get_computed_blocks(request)
+        assert num_hit == 12
+        fuse = LineFuse(fire_at, KeyboardInterrupt if fire_at % 2 else MemoryError)
+        sys.settrace(fuse.global_trace)
+        try:
+            manager.allocate_slots(request, 9, num_hit, hit)
+        except (KeyboardInterrupt, MemoryError):
+            fired += 1
+        finally:
+            sys.settrace(None)
+        manager.check_invariants()
+        for request_id in [r.request_id for r in manager.snapshot().requests]:
+            manager.free(request if request_id == "new" else holder)
+        assert manager.block_pool.get_num_free_blocks() == 23
+        if fuse.count < fire_at:  # ran to the end without firing: every line tried
+            break
+    assert fired >= 20
