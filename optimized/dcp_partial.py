@@ -315,7 +315,7 @@ def switch_on_sub_block_hits(coordinator: KVCacheCoordinator, dcp_world_size: in
     coordinator.partial_hits_enabled = coordinator.partial_hash_hits = True
     # A producer's published tail makes its next step allocate a copy,
     # which the decode fast path does not know: general path only (D-MAMBA-17).
-    coordinator.decode_step = coordinator.admit_step = None
+    coordinator.decode_step = None
     managers = list(coordinator.managers)
     for index, manager in enumerate(managers):
         # Hits land on every hash block (a Mamba group at the hash block size included).

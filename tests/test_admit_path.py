@@ -260,13 +260,16 @@ def test_admission_step_recovers_from_a_fault_at_every_line() -> None:
         hit, num_hit = manager.get_computed_blocks(request)
         assert num_hit == 12
         fuse = LineFuse(fire_at, KeyboardInterrupt if fire_at % 2 else MemoryError)
+        raised = False
         sys.settrace(fuse.global_trace)
         try:
             manager.allocate_slots(request, 9, num_hit, hit)
         except (KeyboardInterrupt, MemoryError):
-            fired += 1
+            raised = True
         finally:
             sys.settrace(None)
+        assert raised == (fuse.count >= fire_at), fire_at  # the fault reaches the caller
+        fired += raised
         manager.check_invariants()
         for request_id in [r.request_id for r in manager.snapshot().requests]:
             manager.free(request if request_id == "new" else holder)

@@ -316,6 +316,13 @@ def test_pool_invariants_catch_a_broken_duplicate_map(corruption: str) -> None:
         pool.check_invariants()
 
 
+def test_pool_get_cached_block_refuses_a_group_outside_the_pool() -> None:
+    pool = BlockPool(8, True, num_groups=2)
+    with pytest.raises(InvalidArgumentError):
+        pool.get_cached_block(b"k" * 32, [2, 0])
+    assert pool.get_cached_block(b"k" * 32, [0, 1]) is None
+
+
 def test_pool_caching_disabled_never_hashes() -> None:
     pool = BlockPool(4, False)
     request = make_request(list(range(8)))
