@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
+from pagedkv.optimized.coordinator import UnitaryCoordinator
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
@@ -33,7 +34,7 @@ from .blocks import BlockPoolView, BlockView
 from .config import translate_config
 from .coordinator import ZeroingBlockIds, make_coordinator_view
 from .mamba import enable_partial_hits_where_vllm_would, take_block_copies
-from .requests import CappedRequest, VllmRequestView
+from .requests import CappedRequest, VllmRequestView, capture_request
 from .truncate import truncated_groups
 from .zeroing import ZeroingRecorder
 
@@ -160,6 +161,16 @@ class KVCacheManager:
         self._core_coordinator = self._core.coordinator
         self._core_pool = self._core.block_pool
         self._core_empty = self._core_coordinator.empty_blocks
+        # One full-attention group hashed at its block size (the common model): the lookup of a
+        # vLLM Request and get_blocks read the group's tables directly (D-PERF-13).
+        managers = self._core_coordinator.managers
+        self._single_blocks_of: dict[str, list[int]] | None = (
+            managers[0].req_to_blocks if len(managers) == 1 else None)
+        self._unitary_lookup: Any = None
+        self._unitary_block_size = 0
+        if type(self._core_coordinator) is UnitaryCoordinator:
+            self._unitary_lookup = managers[0].find_longest_cache_hit
+            self._unitary_block_size = managers[0].block_size
 
     # ---------------------------------------------------------- translation
 
@@ -237,6 +248,18 @@ class KVCacheManager:
                             max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
         """The prefix hit: blocks, tokens and the shared-prefix boundary (the
         leading group's own hit when a sparser group lags it, else 0)."""
+        lookup = self._unitary_lookup
+        if lookup is not None and type(request) is _VLLM_REQUEST and max_cache_hit_length is None:
+            # What the general path below does for this case (D-PERF-13): the one group's
+            # lookup, read from vLLM's own Request as the view reads it; no boundary with
+            # one group; the core keeps no stats (this layer does, record_prefix_cache_stats).
+            if not self.enable_caching or request.skip_reading_prefix_cache:
+                return self.empty_kv_cache_blocks, 0, 0
+            hit = lookup(request.block_hashes, request.num_tokens - 1)
+            if not hit:
+                return self.empty_kv_cache_blocks, 0, 0
+            return (_compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, hit)),)),
+                    len(hit) * self._unitary_block_size, 0)
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         view: Any = (self._request(request) if max_cache_hit_length is None
@@ -330,7 +353,9 @@ class KVCacheManager:
             known = request.request_id in self._core_coordinator.requests
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
         new_blocks = self._core.allocate_slots(
-            self._request(request), num_new_tokens, num_new_computed_tokens,
+            # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
+            capture_request(request) if type(request) is _VLLM_REQUEST else self._request(request),
+            num_new_tokens, num_new_computed_tokens,
             hit, num_lookahead_tokens, num_external_computed_tokens,
             delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
             reserved_blocks=headroom,
@@ -411,6 +436,13 @@ class KVCacheManager:
 
     def get_blocks(self, request_id: str) -> Any:
         """The request's blocks; empty for a request holding none (as vLLM)."""
+        blocks_of = self._single_blocks_of
+        if blocks_of is not None:
+            # One group: its list is the request's (a known request has one, D-PERF-13).
+            ids = blocks_of.get(request_id)
+            if not ids:
+                return self.empty_kv_cache_blocks
+            return _compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, ids)),))
         if request_id not in self._core_coordinator.requests:
             return self.empty_kv_cache_blocks
         return self.create_kv_cache_blocks(self._core_coordinator.get_blocks(request_id))
