@@ -21,6 +21,7 @@ from typing import Any
 
 from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
 from pagedkv.optimized.coordinator import UnitaryCoordinator
+from pagedkv.optimized.single_type import FullAttentionManager
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
@@ -168,6 +169,8 @@ class KVCacheManager:
             managers[0].req_to_blocks if len(managers) == 1 else None)
         self._unitary_lookup: Any = None
         self._unitary_block_size = 0
+        self._plain_full_attention = (type(self._core_coordinator) is UnitaryCoordinator
+                                      and type(managers[0]) is FullAttentionManager)
         if type(self._core_coordinator) is UnitaryCoordinator:
             self._unitary_lookup = managers[0].find_longest_cache_hit
             self._unitary_block_size = managers[0].block_size
@@ -326,7 +329,7 @@ class KVCacheManager:
                     and not self._core_pool.enable_kv_cache_events
                     and not (has_scheduled_reqs and self.watermark_blocks
                              and request.status in _WAITING_STATES)
-                    and not getattr(request, "num_in_flight_tokens", 0)):
+                    and not request.num_in_flight_tokens):  # vLLM's Request sets it (0.32, 0.33)
                 result = decode_step(request, num_new_tokens, delay_cache_blocks)
                 if result is not TAKE_GENERAL_PATH:
                     if result is self._core_empty:
@@ -352,10 +355,20 @@ class KVCacheManager:
         if zeroing.groups:
             known = request.request_id in self._core_coordinator.requests
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
-        new_blocks = self._core.allocate_slots(
+        core_request: Any = self._request(request)
+        if type(request) is _VLLM_REQUEST:
             # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
-            capture_request(request) if type(request) is _VLLM_REQUEST else self._request(request),
-            num_new_tokens, num_new_computed_tokens,
+            core_request = facts = capture_request(request)
+            if (full_sequence_must_fit and self._plain_full_attention
+                    and type(num_new_tokens) is int and type(num_new_computed_tokens) is int
+                    and type(num_external_computed_tokens) is int
+                    and facts.num_computed_tokens + num_new_computed_tokens
+                    + num_external_computed_tokens + num_new_tokens >= facts.num_tokens):
+                # The chunk reaches the request's end: on one plain full-attention group the
+                # whole request then needs no block the chunk does not (D-PERF-14).
+                full_sequence_must_fit = False
+        new_blocks = self._core.allocate_slots(
+            core_request, num_new_tokens, num_new_computed_tokens,
             hit, num_lookahead_tokens, num_external_computed_tokens,
             delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
             reserved_blocks=headroom,
