@@ -12,7 +12,7 @@ from __future__ import annotations
 import marshal
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol
 
 import numpy as np
 
@@ -147,7 +147,7 @@ class RequestFacts:
         by convention, so a copy would equal it): an adapter that captures
         the engine's object itself passes the snapshot (D-PERF-12)."""
         if request.__class__ is cls:
-            return cast(RequestFacts, request)
+            return request
         return cls(request)
 
 

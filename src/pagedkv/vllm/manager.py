@@ -171,8 +171,9 @@ class KVCacheManager:
         self._unitary_block_size = 0
         self._plain_full_attention = (type(self._core_coordinator) is UnitaryCoordinator
                                       and type(managers[0]) is FullAttentionManager)
-        if type(self._core_coordinator) is UnitaryCoordinator:
-            self._unitary_lookup = managers[0].find_longest_cache_hit
+        unitary = managers[0] if type(self._core_coordinator) is UnitaryCoordinator else None
+        if isinstance(unitary, FullAttentionManager):  # always, on this coordinator
+            self._unitary_lookup = unitary.find_longest_cache_hit
             self._unitary_block_size = managers[0].block_size
 
     # ---------------------------------------------------------- translation
