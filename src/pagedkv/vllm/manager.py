@@ -241,7 +241,8 @@ class KVCacheManager:
         return self.enable_caching and not request.skip_reading_prefix_cache
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+        # prefix_cache_lookup_enabled, inlined (once per scheduled waiting request).
+        if not self.log_stats or not self.enable_caching or request.skip_reading_prefix_cache:
             return
         self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
                                        preempted=request.num_preemptions > 0)
@@ -517,9 +518,13 @@ class KVCacheManager:
         """Copy-on-write copies of sub-block hits and the blocks they retain
         (spec/mamba.md, MPART-3); the scheduler frees those after the copy ran."""
         groups = self.coordinator.single_type_managers
-        if not self._core_coordinator.mamba_managers and not any(
-                group._pending_cow_copies for group in groups):
-            return [], []  # once per step, the common case: nothing to copy
+        if not self._core_coordinator.mamba_managers:
+            # Once per step, the common case: nothing to copy (a loop: no generator to build).
+            for group in groups:
+                if group._pending_cow_copies:
+                    break
+            else:
+                return [], []
         return take_block_copies(self._core, [group._pending_cow_copies for group in groups],
                                  self.block_pool)
 
