@@ -143,7 +143,11 @@ class RequestFacts:
 
     @classmethod
     def capture(cls, request: RequestView) -> RequestFacts:
-        """``RequestFacts(request)``."""
+        """``RequestFacts(request)``; a snapshot is taken as it is (read-only
+        by convention, so a copy would equal it): an adapter that captures
+        the engine's object itself passes the snapshot (D-PERF-12)."""
+        if request.__class__ is cls:
+            return request
         return cls(request)
 
 

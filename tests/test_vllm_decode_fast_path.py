@@ -1,4 +1,7 @@
-"""pagedkv.vllm's decode fast path (D-PERF-11) answers as its general path.
+"""pagedkv.vllm's fast paths for vLLM's own ``Request`` answer as its general path:
+the decode step (D-PERF-11), the admission snapshot and the dropped redundant
+full-sequence check (D-PERF-12, D-PERF-14), the one-group lookup and
+``get_blocks`` (D-PERF-13).
 
 ``KVCacheManager.allocate_slots`` hands vLLM's own ``Request`` to the core's
 decode step unwrapped; any other type (here a trivial subclass, identical in
@@ -77,14 +80,25 @@ def test_unwrapped_decode_steps_answer_as_the_view(window: bool, events: bool, s
         made = [kind(f"r{number}", list(tokens), sampling_params=SamplingParams(max_tokens=64),
                      pooling_params=None, block_hasher=hasher) for kind in (Request, ViewedRequest)]
         pair = (made[0], made[1])
+        lookups = [manager.get_computed_blocks(request) for manager, request in zip(managers, pair)]
+        assert [(_ids(blocks), hit, boundary) for blocks, hit, boundary in lookups] == [
+            (_ids(blocks), hit, boundary) for blocks, hit, boundary in lookups[:1]] * 2
+        # The admission: the whole prompt, or a first chunk of it; with or without the
+        # full-sequence check (the adapter drops it where it cannot add demand, D-PERF-14).
+        rest = len(tokens) - lookups[0][1]
+        chunk = rest if rng.random() < 0.5 else rng.randrange(1, rest + 1)
+        whole = rng.random() < 0.5
         answers = []
-        for manager, request in zip(managers, pair):
-            blocks, hit, _ = manager.get_computed_blocks(request)
-            new = manager.allocate_slots(request, request.num_tokens - hit, hit, blocks)
-            answers.append((hit, _ids(new)))
+        for manager, request, (blocks, hit, _) in zip(managers, pair, lookups):
+            new = manager.allocate_slots(request, chunk, hit, blocks, full_sequence_must_fit=whole)
+            if new is not None and chunk < rest:
+                request.num_computed_tokens = hit + chunk
+                new = manager.allocate_slots(request, rest - chunk, full_sequence_must_fit=whole)
+            answers.append((hit, _ids(new), _ids(manager.get_blocks(request.request_id))))
             if new is not None:
                 request.num_computed_tokens = request.num_tokens
         assert answers[0] == answers[1]
+        assert managers[0]._core.snapshot() == managers[1]._core.snapshot()
         if answers[0][1] is not None:
             live.append(pair)
         for _ in range(rng.randrange(1, 40)):

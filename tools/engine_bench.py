@@ -42,6 +42,8 @@ def point_pagedkv_at(tree: Path) -> None:
 
 SAMPLES: dict[str, dict[str, list[float]]] = {}
 TRIM_S = 1e-3
+# --profile: cProfile switched on inside the manager calls of these variants only.
+PROFILE: dict[str, Any] = {}
 
 
 def trimmed_us_per_step(samples: dict[str, list[float]], steps: int) -> float:
@@ -66,6 +68,15 @@ def sample_calls() -> None:
         bucket = self._bucket
         samples = SAMPLES.setdefault(self._bucket_label, {}).setdefault(name, [])
         clock = time.perf_counter
+        profile = PROFILE.get(self._bucket_label)
+        if profile is not None:
+            def profiled(*args: Any, **kwargs: Any) -> Any:
+                profile.enable()
+                try:
+                    return value(*args, **kwargs)
+                finally:
+                    profile.disable()
+            return profiled
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
@@ -95,6 +106,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model-dir", default=str(Path.home() / ".cache/pagedkv/models/llama-v2"))
     ap.add_argument("--out", default="/tmp/pagedkv-engine-bench.json")
+    ap.add_argument("--profile", metavar="FILE", help="profile pagedkv's manager calls (cProfile, "
+                    "stats written to FILE; no timing figures)")
     args = ap.parse_args()
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
@@ -103,9 +116,17 @@ def main() -> int:
 
     print(f"pagedkv from {Path(pagedkv.__file__).parent}", flush=True)
     sample_calls()
+    if args.profile:
+        import cProfile
+        import pstats
+        PROFILE["pagedkv"] = cProfile.Profile()
     sys.argv = ["worker.py", "bench", "--variants", "stock,pagedkv", "--rounds", str(args.rounds),
                 "--model-dir", args.model_dir, "--workloads", "llama/mixed 240 requests", "--out", args.out]
     runpy.run_path(str(ENGINE / "worker.py"), run_name="__main__")
+    if args.profile:
+        PROFILE["pagedkv"].dump_stats(args.profile)
+        pstats.Stats(args.profile).sort_stats("tottime").print_stats(30)
+        return 0
     rounds = json.loads(Path(args.out).read_text())["bench"]
     figures = {}
     for variant in ("stock", "pagedkv"):

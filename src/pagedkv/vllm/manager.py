@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
+from pagedkv.optimized.coordinator import UnitaryCoordinator
+from pagedkv.optimized.single_type import FullAttentionManager
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
@@ -33,7 +35,7 @@ from .blocks import BlockPoolView, BlockView
 from .config import translate_config
 from .coordinator import ZeroingBlockIds, make_coordinator_view
 from .mamba import enable_partial_hits_where_vllm_would, take_block_copies
-from .requests import CappedRequest, VllmRequestView
+from .requests import CappedRequest, VllmRequestView, capture_request
 from .truncate import truncated_groups
 from .zeroing import ZeroingRecorder
 
@@ -160,6 +162,19 @@ class KVCacheManager:
         self._core_coordinator = self._core.coordinator
         self._core_pool = self._core.block_pool
         self._core_empty = self._core_coordinator.empty_blocks
+        # One full-attention group hashed at its block size (the common model): the lookup of a
+        # vLLM Request and get_blocks read the group's tables directly (D-PERF-13).
+        managers = self._core_coordinator.managers
+        self._single_blocks_of: dict[str, list[int]] | None = (
+            managers[0].req_to_blocks if len(managers) == 1 else None)
+        self._unitary_lookup: Any = None
+        self._unitary_block_size = 0
+        self._plain_full_attention = (type(self._core_coordinator) is UnitaryCoordinator
+                                      and type(managers[0]) is FullAttentionManager)
+        unitary = managers[0] if type(self._core_coordinator) is UnitaryCoordinator else None
+        if isinstance(unitary, FullAttentionManager):  # always, on this coordinator
+            self._unitary_lookup = unitary.find_longest_cache_hit
+            self._unitary_block_size = managers[0].block_size
 
     # ---------------------------------------------------------- translation
 
@@ -226,7 +241,8 @@ class KVCacheManager:
         return self.enable_caching and not request.skip_reading_prefix_cache
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+        # prefix_cache_lookup_enabled, inlined (once per scheduled waiting request).
+        if not self.log_stats or not self.enable_caching or request.skip_reading_prefix_cache:
             return
         self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
                                        preempted=request.num_preemptions > 0)
@@ -237,6 +253,18 @@ class KVCacheManager:
                             max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
         """The prefix hit: blocks, tokens and the shared-prefix boundary (the
         leading group's own hit when a sparser group lags it, else 0)."""
+        lookup = self._unitary_lookup
+        if lookup is not None and type(request) is _VLLM_REQUEST and max_cache_hit_length is None:
+            # What the general path below does for this case (D-PERF-13): the one group's
+            # lookup, read from vLLM's own Request as the view reads it; no boundary with
+            # one group; the core keeps no stats (this layer does, record_prefix_cache_stats).
+            if not self.enable_caching or request.skip_reading_prefix_cache:
+                return self.empty_kv_cache_blocks, 0, 0
+            hit = lookup(request.block_hashes, request.num_tokens - 1)
+            if not hit:
+                return self.empty_kv_cache_blocks, 0, 0
+            return (_compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, hit)),)),
+                    len(hit) * self._unitary_block_size, 0)
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         view: Any = (self._request(request) if max_cache_hit_length is None
@@ -303,7 +331,7 @@ class KVCacheManager:
                     and not self._core_pool.enable_kv_cache_events
                     and not (has_scheduled_reqs and self.watermark_blocks
                              and request.status in _WAITING_STATES)
-                    and not getattr(request, "num_in_flight_tokens", 0)):
+                    and not request.num_in_flight_tokens):  # vLLM's Request sets it (0.32, 0.33)
                 result = decode_step(request, num_new_tokens, delay_cache_blocks)
                 if result is not TAKE_GENERAL_PATH:
                     if result is self._core_empty:
@@ -329,8 +357,20 @@ class KVCacheManager:
         if zeroing.groups:
             known = request.request_id in self._core_coordinator.requests
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
+        core_request: Any = self._request(request)
+        if type(request) is _VLLM_REQUEST:
+            # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
+            core_request = facts = capture_request(request)
+            if (full_sequence_must_fit and self._plain_full_attention
+                    and type(num_new_tokens) is int and type(num_new_computed_tokens) is int
+                    and type(num_external_computed_tokens) is int
+                    and facts.num_computed_tokens + num_new_computed_tokens
+                    + num_external_computed_tokens + num_new_tokens >= facts.num_tokens):
+                # The chunk reaches the request's end: on one plain full-attention group the
+                # whole request then needs no block the chunk does not (D-PERF-14).
+                full_sequence_must_fit = False
         new_blocks = self._core.allocate_slots(
-            self._request(request), num_new_tokens, num_new_computed_tokens,
+            core_request, num_new_tokens, num_new_computed_tokens,
             hit, num_lookahead_tokens, num_external_computed_tokens,
             delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
             reserved_blocks=headroom,
@@ -411,6 +451,13 @@ class KVCacheManager:
 
     def get_blocks(self, request_id: str) -> Any:
         """The request's blocks; empty for a request holding none (as vLLM)."""
+        blocks_of = self._single_blocks_of
+        if blocks_of is not None:
+            # One group: its list is the request's (a known request has one, D-PERF-13).
+            ids = blocks_of.get(request_id)
+            if not ids:
+                return self.empty_kv_cache_blocks
+            return _compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, ids)),))
         if request_id not in self._core_coordinator.requests:
             return self.empty_kv_cache_blocks
         return self.create_kv_cache_blocks(self._core_coordinator.get_blocks(request_id))
@@ -471,9 +518,13 @@ class KVCacheManager:
         """Copy-on-write copies of sub-block hits and the blocks they retain
         (spec/mamba.md, MPART-3); the scheduler frees those after the copy ran."""
         groups = self.coordinator.single_type_managers
-        if not self._core_coordinator.mamba_managers and not any(
-                group._pending_cow_copies for group in groups):
-            return [], []  # once per step, the common case: nothing to copy
+        if not self._core_coordinator.mamba_managers:
+            # Once per step, the common case: nothing to copy (a loop: no generator to build).
+            for group in groups:
+                if group._pending_cow_copies:
+                    break
+            else:
+                return [], []
         return take_block_copies(self._core, [group._pending_cow_copies for group in groups],
                                  self.block_pool)
 

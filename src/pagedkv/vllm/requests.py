@@ -6,6 +6,9 @@ reads every attribute once per call (D-API-24), so every request goes to it
 wrapped in :class:`VllmRequestView`. :class:`CappedRequest` narrows the hit length of a lookup
 (``get_computed_blocks(max_cache_hit_length=...)``) to what pagedkv's
 lookup reads: a hit never reaches ``num_tokens`` tokens.
+:func:`capture_request` reads a request of vLLM's own type straight into
+the core's snapshot (``RequestFacts``), as the view would, without a property
+call per attribute (D-PERF-12).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pagedkv.spec.request import RequestFacts
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["VllmRequestView", "CappedRequest"]
+__all__ = ["VllmRequestView", "CappedRequest", "capture_request"]
 
 
 class VllmRequestView:
@@ -101,3 +105,38 @@ class CappedRequest(VllmRequestView):
     def num_tokens(self) -> int:
         # pagedkv's lookup bounds a hit by num_tokens - 1.
         return min(int(self.request.num_tokens), self.max_hit_tokens + 1)
+
+
+_new_facts = RequestFacts.__new__
+
+
+def capture_request(request: Any) -> RequestFacts:
+    """``RequestFacts(VllmRequestView(request))`` for vLLM's own ``Request``
+    (the caller checks the type): the same values, read in the same order
+    with the same conversions, from the request's attributes directly, so
+    admission pays no property call per attribute (D-PERF-12). The core
+    takes the snapshot as it is (``RequestFacts.capture``). Cost: O(1)."""
+    facts = _new_facts(RequestFacts)
+    try:
+        facts.request_id = str(request.request_id)
+        facts.all_token_ids = request.all_token_ids
+        facts.num_tokens = int(request.num_tokens)
+        facts.num_prompt_tokens = int(request.num_prompt_tokens)
+        facts.num_computed_tokens = int(request.num_computed_tokens)
+        facts.block_hashes = request.block_hashes
+        facts.num_preemptions = int(request.num_preemptions)
+        lora = request.lora_request
+        facts.lora_id = None if lora is None else int(lora.adapter_id)
+        lora = request.lora_request
+        facts.lora_name = None if lora is None else str(lora.name)
+        facts.cache_salt = request.cache_salt
+        facts.mm_features = request.mm_features or ()
+        facts.skip_reading_prefix_cache = bool(request.skip_reading_prefix_cache)
+        session = getattr(request, "session_id", None)
+        facts.session_id = None if session is None else str(session)
+        facts.lora_path = None  # the view has no lora_path (RequestFacts reads None)
+        facts.shared_prefix_boundary = int(getattr(request, "shared_prefix_boundary", 0) or 0)
+    except AttributeError:
+        # The view's error, raised by the snapshot (InvalidArgumentError naming the attribute).
+        return RequestFacts(VllmRequestView(request))
+    return facts
