@@ -7,7 +7,8 @@ an allocation takes in total, admit a request (every group takes its hit
 before any group allocates, D-API-9), allocate in every group, cache,
 release group by group, and find a prefix hit common to the groups. It also
 holds the decode fast path of ``allocate_slots`` (:meth:`decode_step`),
-beside the tables it reads. Kinds:
+beside the tables it reads; what sub-block hits add (hit checks,
+copy-on-write retention) is the mixin in ``coordinator_sub_block``. Kinds:
 
 - :class:`NoPrefixCacheCoordinator`: caching disabled, or zero groups;
   never finds a hit.
@@ -29,10 +30,9 @@ from math import lcm
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.eagle import eagle_peek_limit
-from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
+from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
-from pagedkv.spec.mamba_partial import state_keys_in_block
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash
 
@@ -41,6 +41,7 @@ from .admission import admission_caps, full_sequence_demand
 from .admit_path import AdmitStep, single_admit_step
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
+from .coordinator_sub_block import SubBlockCoordination
 from .cross_attention import CrossAttentionManager
 from .dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
 from .decode import decode_probes
@@ -76,7 +77,7 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
 """The optimized manager for each manager kind of :mod:`pagedkv.spec.registry`."""
 
 
-class KVCacheCoordinator:
+class KVCacheCoordinator(SubBlockCoordination):
     """The pool, the managers of every group, and the known requests.
 
     Args:
@@ -238,50 +239,6 @@ class KVCacheCoordinator:
         """The granularity of hit lengths: the hash block with sub-block hits, else the alignment."""
         return self.hash_block_size if self.partial_hits_enabled else self.alignment
 
-    def stale_hit(self, block_hashes: Sequence[BlockHash],
-                  new_computed_blocks: Sequence[Sequence[int]]) -> str | None:
-        """Why a hit handed back to ``allocate_slots`` no longer holds, or
-        ``None``: block ``i`` of group ``g`` (null blocks aside) must carry
-        group ``g``'s view of ``block_hashes`` at ``i``. A block evicted or
-        reused since ``get_computed_blocks`` would hand the request another
-        prefix's KV (D-API-8). Ids must lie in the pool (checked before).
-
-        Cost: O(hit blocks) (plus the views of groups hashed at a larger size).
-        """
-        pool = self.block_pool
-        hashes, group_ids = pool.block_hashes, pool.block_group_ids
-        views = HashViews(block_hashes, self.hash_block_size)  # the keys' views, not the lookup's
-        for group_id, group in enumerate(new_computed_blocks):
-            if not group:
-                continue
-            view = views.at(self.block_sizes[group_id])
-            if 0 not in group and len(group) <= len(view):
-                # The rule (no null block): two gathers and a list comparison
-                # run per block in C; only a mismatch takes the loop below,
-                # which names the first bad position.
-                expected = view[:len(group)]
-                if (list(map(hashes.__getitem__, group)) == (
-                        expected if type(expected) is list else list(expected))
-                        and list(map(group_ids.__getitem__, group)).count(group_id) == len(group)):
-                    continue
-            manager = self.managers[group_id]
-            fine = isinstance(manager, (MambaManager, FullAttentionSubBlockManager)) and manager.partial_hits
-            hash_size = self.hash_block_size
-            for index, block in enumerate(group):
-                if not block:
-                    continue
-                if fine and group_ids[block] == group_id and hashes[block] in state_keys_in_block(
-                        block_hashes, index, hash_size, manager.block_size):
-                    continue  # a state block may carry any boundary's key inside it (MPART-1)
-                if isinstance(manager, FullAttentionSubBlockManager) and manager.extra_entry_serves(
-                        block_hashes, index, block):
-                    continue  # a tail served through its extra entry (D-MAMBA-22)
-                if (index >= len(view) or hashes[block] != view[index]
-                        or group_ids[block] != group_id):
-                    return (f"group {group_id} position {index}: block {block} no longer caches "
-                            "that position (evicted or reused since get_computed_blocks)")
-        return None
-
     def get_num_blocks_to_allocate(self, *, request_id: str, num_tokens: int,
                                    new_computed_blocks: tuple[list[int], ...] | None,
                                    num_total_computed_tokens: int, num_main_tokens: int,
@@ -436,32 +393,6 @@ class KVCacheCoordinator:
         Cost: O(groups).
         """
         switch_on_sub_block_hits(self, dcp_world_size, shared_prefix_checkpoint)
-
-    def take_block_copies(self, *, hand_over: bool = False) -> list[tuple[int, int]]:
-        """Every Mamba group's queued copy-on-write pairs, groups in id order
-        (MPART-3); their retention references pass to the caller.
-        Cost: O(groups + copies)."""
-        pairs = [pair for manager in self.copy_managers for pair in manager.take_copies()]
-        if pairs and not hand_over:  # handed over: plain pool references (D-MAMBA-19)
-            self.retained.update(block for pair in pairs for block in pair)
-        return pairs
-
-    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
-        """Drop one retention reference per id, in order (MPART-3).
-
-        Raises:
-            InvalidArgumentError: an id not retained that many times (no change).
-        Cost: O(len(block_ids)).
-        """
-        wanted = Counter(block_ids)
-        for block, times in wanted.items():
-            if self.retained[block] < times:
-                raise InvalidArgumentError(
-                    f"block_ids: block {block!r} is released {times} time(s) but retained "
-                    f"{self.retained[block]} time(s) by taken copies")
-        self.retained.subtract(wanted)
-        self.retained = +self.retained
-        self.block_pool.free_blocks(block_ids)
 
     def new_step_starts(self) -> None:
         """Per-step hook of every manager (those that have one). Cost: O(groups)."""
