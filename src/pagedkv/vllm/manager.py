@@ -21,9 +21,9 @@ from typing import Any
 
 from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
 from pagedkv.optimized.coordinator import UnitaryCoordinator
-from pagedkv.optimized.single_type import FullAttentionManager
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
+from pagedkv.optimized.single_type import FullAttentionManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import AllBlocksCleared as CoreAllBlocksCleared
