@@ -33,9 +33,10 @@ from pagedkv.spec.types import BlockStored as CoreBlockStored
 from . import _compat
 from .blocks import BlockPoolView, BlockView
 from .config import translate_config
-from .coordinator import ZeroingBlockIds, make_coordinator_view
-from .mamba import enable_partial_hits_where_vllm_would, take_block_copies
+from .coordinator import make_coordinator_view
+from .mamba import enable_partial_hits_where_vllm_would
 from .requests import CappedRequest, VllmRequestView, capture_request
+from .step_drains import StepDrains
 from .truncate import truncated_groups
 from .zeroing import ZeroingRecorder
 
@@ -46,7 +47,7 @@ _WAITING_STATES: tuple[Any, ...] = (_compat.RequestStatus.WAITING,
 _VLLM_REQUEST: Any = _compat.VllmRequest
 
 
-class KVCacheManager:
+class KVCacheManager(StepDrains):
     """vLLM 0.33's ``KVCacheManager`` (same constructor and methods) on pagedkv.
 
     Lookahead hashing (``num_hash_lookahead_tokens``) and a multi-module
@@ -499,43 +500,6 @@ class KVCacheManager:
         return self.create_kv_cache_blocks(truncated_groups(
             blocks.blocks, [manager.kv_cache_spec for manager in managers],
             [manager.block_size for manager in managers], num_computed_tokens))
-
-    # ------------------------------------------------- per-step drains
-
-    def new_step_starts(self) -> None:
-        self._core.new_step_starts()
-
-    def take_new_block_ids(self) -> ZeroingBlockIds:
-        """Blocks handed out since the last call that the worker zeroes (zeroing.py)."""
-        return self._zeroing.take()
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Zero the request's blocks from ``start_token`` on again (a failed load)."""
-        if self._zeroing.groups and request_id in self._core_coordinator.requests:
-            self._zeroing.record_from(self._core.get_block_ids(request_id), start_token)
-
-    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
-        """Copy-on-write copies of sub-block hits and the blocks they retain
-        (spec/mamba.md, MPART-3); the scheduler frees those after the copy ran."""
-        groups = self.coordinator.single_type_managers
-        if not self._core_coordinator.mamba_managers:
-            # Once per step, the common case: nothing to copy (a loop: no generator to build).
-            for group in groups:
-                if group._pending_cow_copies:
-                    break
-            else:
-                return [], []
-        return take_block_copies(self._core, [group._pending_cow_copies for group in groups],
-                                 self.block_pool)
-
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba ``align`` boundary states cached since the last call (the core's, MOFF-1)."""
-        return self._core.take_boundary_state_offloads()
-
-    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        """A finishing request's uncopied Mamba prompt tails (the core's, MTAIL-1)."""
-        return self._core.finalize_partial_tail_offloads(
-            request.request_id, request.num_computed_tokens, getattr(request, "num_in_flight_tokens", 0))
 
     def __repr__(self) -> str:
         return f"pagedkv.vllm.KVCacheManager({self._core!r})"
