@@ -39,12 +39,12 @@ if TYPE_CHECKING:
 
 __all__ = ["AdmitStep", "single_admit_step"]
 
-AdmitStep = Callable[[RequestFacts, int, int, Any, bool, int, int], "KVCacheBlocks | None"]
+AdmitStep = Callable[[RequestFacts, int, int, Any, bool, int, int, bool], "KVCacheBlocks | None"]
 """``admit_step(facts, num_new_tokens, num_new_computed_tokens,
 new_computed_blocks, delay_cache_blocks, reserved_blocks,
-num_in_flight_tokens)``: the result, or :data:`TAKE_GENERAL_PATH`. The
-other arguments of ``allocate_slots`` are at their defaults (the facade
-checks)."""
+num_in_flight_tokens, full_sequence_must_fit)``: the result, or
+:data:`TAKE_GENERAL_PATH`. The other arguments of ``allocate_slots`` are at
+their defaults (the facade checks)."""
 
 
 def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
@@ -53,9 +53,9 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     :func:`decode_path.single_decode_step`).
 
     ``step(facts, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-    delay_cache_blocks, reserved_blocks, num_in_flight_tokens)`` is
-    ``allocate_slots`` with those arguments for a request the manager does
-    not know. Step 1 for that case: every count an int of its range, nothing
+    delay_cache_blocks, reserved_blocks, num_in_flight_tokens,
+    full_sequence_must_fit)`` is ``allocate_slots`` with those arguments for
+    a request the manager does not know. Step 1 for that case: every count an int of its range, nothing
     computed yet, the hit this manager's ``KVCacheBlocks`` of one group
     whose blocks are exactly the ones the cache map serves for the request's
     hashes (checks 1h, 1h' and 1i at once, as ``validation._hit_holds``)
@@ -63,7 +63,12 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     4 to 9: the demand (new blocks plus hit blocks leaving the free queue)
     against the free queue less ``reserved_blocks`` (``None`` when short,
     nothing changed), admit the hit, allocate, cache the blocks the
-    computed tokens fill, return the new blocks.
+    computed tokens fill, return the new blocks. With
+    ``full_sequence_must_fit`` the demand counts the blocks the whole
+    request needs when that is more than the chunk's (a chunked prefill,
+    D-PERF-19): on one full-attention group that is the general path's
+    ``max(chunk demand, full_sequence_demand)``, as both add the same hit
+    blocks leaving the free queue.
 
     Cost: O(hit blocks + new blocks + blocks newly cached).
     """
@@ -82,7 +87,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
 
     def step(facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
              new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
-             num_in_flight_tokens: int) -> KVCacheBlocks | None:
+             num_in_flight_tokens: int, full_sequence_must_fit: bool) -> KVCacheBlocks | None:
         request_id = facts.request_id
         num_tokens = facts.num_tokens
         # 1a-1b'' (spec.allocate_args.check_counts) for a new request; identity
@@ -120,6 +125,12 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
         # block free would not fit.
         missing = -(-main // block_size) - held
         demand = missing + reserved_blocks
+        if full_sequence_must_fit:
+            # spec/managers.md §8 on one full-attention group: the whole
+            # request (capped at max_model_len, as the general path caps it).
+            whole = -(-(num_tokens if num_tokens < max_model_len else max_model_len) // block_size) - held
+            if whole > missing:
+                demand = whole + reserved_blocks
         if demand + held > queue.size and (
                 demand + list(map(ref.__getitem__, hit)).count(0) > queue.size):
             return None  # D-API-13
@@ -146,8 +157,10 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                     # Without events, a run of fresh blocks is keyed in bulk
                     # here (the pool's first attempt, pool_caching.cache_new_run,
                     # which changes nothing when it declines).
+                    # blocks[held:] are step 7's: fresh from the free queue.
                     if pool.enable_kv_cache_events or not cache_new_run(
-                            pool, blocks[held:num_full], block_hashes[held:num_full], 0, held, block_size):
+                            pool, new_blocks[:num_full - held], block_hashes[held:num_full], 0, held,
+                            block_size, True):
                         pool.cache_full_blocks_unchecked(
                             facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
                             num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)

@@ -406,7 +406,9 @@ class BlockPool(PoolView):
         min(len(blocks), len(block_hashes))``. Cost: O(num_full_blocks - num_cached_blocks)."""
         # Runs of newly hashed positions: (first index, hashes), for events.
         runs: list[tuple[int, list[BlockHash]]] = []
-        if mask is None:  # the rule first, in bulk (pool_caching.py)
+        if mask is None and num_full_blocks - num_cached_blocks > 1:
+            # The rule first, in bulk (pool_caching.py); one block (a decode
+            # step filling its block) costs less through the loop below.
             keys = block_hashes[num_cached_blocks:num_full_blocks]
             if cache_new_run(self, blocks[num_cached_blocks:num_full_blocks], keys, group_id,
                              num_cached_blocks, block_size):

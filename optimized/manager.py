@@ -297,9 +297,11 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         # settled there unless it hands the call back.
         admit_step = coordinator.admit_step
         if (admit_step is not None and num_lookahead_tokens is zero and num_external_computed_tokens is zero
-                and num_encoder_tokens is zero and not full_sequence_must_fit):
+                and num_encoder_tokens is zero
+                and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
             result = admit_step(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                                delay_cache_blocks, reserved_blocks, num_in_flight_tokens)
+                                delay_cache_blocks, reserved_blocks, num_in_flight_tokens,
+                                full_sequence_must_fit)
             if result is not TAKE_GENERAL_PATH:
                 return result
         request_id = request.request_id

@@ -22,7 +22,7 @@ __all__ = ["cache_new_run"]
 
 
 def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash], group_id: int,
-                  first_index: int, block_size: int) -> bool:
+                  first_index: int, block_size: int, fresh: bool = False) -> bool:
     """Key every block of ``run`` (``keys[i]`` for ``run[i]``, the request's
     block ``first_index + i``) with bulk operations, for the rule: no null
     block, none hashed, no key cached or repeated; each key covers
@@ -30,14 +30,18 @@ def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash]
     change nothing and return False: the caller goes block by block. Per block this costs a few C steps instead of
     an interpreted iteration: a disjointness probe and one
     ``dict.update`` for the map, and slice stores when the ids are
-    consecutive (a fresh pool's queue hands them out so).
-    Cost: O(len(run))."""
+    consecutive (a fresh pool's queue hands them out so). ``fresh``: the
+    caller vouches for the block half of the rule (blocks it has just taken
+    from the free queue: distinct, not null, their keys dropped on the way
+    out), so only the keys are checked. Cost: O(len(run))."""
     table = pool.cached_by_group[group_id]
     gids = pool._gid
     size, first = len(run), run[0]
     consecutive = (first > 0 and run[-1] - first == size - 1 and type(run) is list
                    and run == pool._ids[first:first + size])
-    if consecutive:
+    if fresh:
+        pass
+    elif consecutive:
         if gids[first:first + size].count(-1) != size:
             return False
     elif (0 in run or list(map(gids.__getitem__, run)).count(-1) != size

@@ -134,6 +134,8 @@ def test_admission_step_equals_the_general_path(events: bool, seed: int) -> None
                 args["reserved_blocks"] = rng.choice([0, 1, 5, 30, -1, 2.0])
             if rng.random() < 0.1:
                 args["num_in_flight_tokens"] = rng.choice([0, 3, -2])
+            if rng.random() < 0.3:  # the whole request must fit too (vLLM's admission), or a truthy non-bool
+                args["full_sequence_must_fit"] = rng.choice([True, True, True, False, 1])
             if rng.random() < 0.1:  # past the prompt (a drafter's tokens), or malformed
                 args["num_new_tokens"] = rng.choice([remaining + 1, remaining + 6, 0, -1, 1.0, 100])
             if rng.random() < 0.1:  # a lagging hasher: fewer hashes than full blocks (D-API-11)
@@ -195,7 +197,8 @@ def _admit_both(twins: tuple[KVCacheManager, KVCacheManager], prompt: list[int],
             facts = RequestFacts(request)
             result = step(facts, call.pop("num_new_tokens"), call.pop("num_new_computed_tokens"),
                           call.pop("new_computed_blocks"), call.pop("delay_cache_blocks", False),
-                          call.pop("reserved_blocks", 0), call.pop("num_in_flight_tokens", 0))
+                          call.pop("reserved_blocks", 0), call.pop("num_in_flight_tokens", 0),
+                          call.pop("full_sequence_must_fit", False))
             assert (result is not TAKE_GENERAL_PATH) == settle, (prompt, args)
             if result is TAKE_GENERAL_PATH:
                 result = manager.allocate_slots(request, **{
@@ -242,6 +245,26 @@ def test_admission_step_settles_every_well_formed_new_request() -> None:
                     manager.free(holder)
             outcome, _ = _admit_both(twins, [3] * 8 + [4] * 13, reserved_blocks=short)
             assert (outcome is None) == bool(short), (holder_freed, short)
+    # The whole request must fit (D-PERF-19): a chunk of 4 tokens needs 1 new
+    # block, the whole 21-token request 4 beyond its 2 hit blocks, which are
+    # free or held. Either way the chunk alone fits with ``short`` held back;
+    # with the flag the whole request fits only when nothing is held back.
+    for holder_freed in (False, True):
+        for short in (0, 1):
+            for whole in (False, True):
+                twins = _twins(7)
+                outcome, holders = _admit_both(twins, [3] * 8)
+                if holder_freed:
+                    for manager, holder in zip(twins, holders):
+                        manager.free(holder)
+                outcome, _ = _admit_both(twins, [3] * 8 + [4] * 13, num_new_tokens=4, reserved_blocks=short,
+                                         full_sequence_must_fit=whole)
+                assert (outcome is None) == (whole and bool(short)), (holder_freed, short, whole)
+    # Past max_model_len the whole request counts at max_model_len, as the
+    # general path caps it: 6 blocks of the 7 free, not 8.
+    twins = _twins(8, max_model_len=24)
+    outcome, _ = _admit_both(twins, [6] * 30, num_new_tokens=8, use_hit=False, full_sequence_must_fit=True)
+    assert outcome is not None
 
 
 def test_admission_step_recovers_from_a_fault_at_every_line() -> None:

@@ -1,7 +1,7 @@
 """pagedkv.vllm's fast paths for vLLM's own ``Request`` answer as its general path:
-the decode step (D-PERF-11), the admission snapshot and the dropped redundant
-full-sequence check (D-PERF-12, D-PERF-14), the one-group lookup and
-``get_blocks`` (D-PERF-13).
+the decode step (D-PERF-11), the admission snapshot (D-PERF-12), the core's
+admission step called directly, full-sequence check included (D-PERF-19,
+D-PERF-20), the one-group lookup and ``get_blocks`` (D-PERF-13).
 
 ``KVCacheManager.allocate_slots`` hands vLLM's own ``Request`` to the core's
 decode step unwrapped; any other type (here a trivial subclass, identical in
@@ -70,6 +70,7 @@ def test_unwrapped_decode_steps_answer_as_the_view(window: bool, events: bool, s
         manager._core.allocate_slots = counted
     prefix = [rng.randrange(3, 500) for _ in range(2 * BLOCK)]
     live: list[tuple[Any, Any]] = []
+    admissions = 0
     for number in range(24):
         if live and (rng.random() < 0.25 or len(live) >= 5):
             pair = live.pop(rng.randrange(len(live)))
@@ -84,13 +85,16 @@ def test_unwrapped_decode_steps_answer_as_the_view(window: bool, events: bool, s
         assert [(_ids(blocks), hit, boundary) for blocks, hit, boundary in lookups] == [
             (_ids(blocks), hit, boundary) for blocks, hit, boundary in lookups[:1]] * 2
         # The admission: the whole prompt, or a first chunk of it; with or without the
-        # full-sequence check (the adapter drops it where it cannot add demand, D-PERF-14).
+        # full-sequence check (the core's admission step counts it, D-PERF-19).
         rest = len(tokens) - lookups[0][1]
         chunk = rest if rng.random() < 0.5 else rng.randrange(1, rest + 1)
         whole = rng.random() < 0.5
+        reserved = rng.choice([0, 0, 4, 16])  # blocks the scheduler holds back (D-API-13)
         answers = []
+        admissions += 1
         for manager, request, (blocks, hit, _) in zip(managers, pair, lookups):
-            new = manager.allocate_slots(request, chunk, hit, blocks, full_sequence_must_fit=whole)
+            new = manager.allocate_slots(request, chunk, hit, blocks, full_sequence_must_fit=whole,
+                                         reserved_blocks=reserved)
             if new is not None and chunk < rest:
                 request.num_computed_tokens = hit + chunk
                 new = manager.allocate_slots(request, rest - chunk, full_sequence_must_fit=whole)
@@ -117,10 +121,11 @@ def test_unwrapped_decode_steps_answer_as_the_view(window: bool, events: bool, s
                 manager.new_step_starts()
             taken = [manager.take_events() for manager in managers]
             assert len(taken[0]) == len(taken[1])
-    # The fast path ran: the unwrapped manager settled a good part of its decode steps without the
+    # The fast paths ran: the unwrapped manager settled a good part of its decode steps without the
     # core's allocate_slots (a sliding window's releases take the general path more often); with
-    # events on, only the view's path runs, on both.
+    # events on, decode steps take the view's path on both, and only admissions on one
+    # full-attention group (the core's admission step, D-PERF-20) skip the core's allocate_slots.
     if events:
-        assert core_calls[0] == core_calls[1]
+        assert core_calls[1] - core_calls[0] == (0 if window else admissions), (core_calls, admissions)
     else:
         assert core_calls[0] * 4 < core_calls[1] * 3

@@ -139,6 +139,8 @@ def main() -> int:
         req_s = statistics.median(r["requests"] / r["seconds"] for r in runs)
         per_call = {name: (statistics.median(x) * 1e6, 1e6 * sum(v for v in x if v <= TRIM_S) / len(x))
                     for name, x in samples.items()}
+        per_call = {name: v + (1e6 * sum(x for x in samples[name] if x <= TRIM_S) / steps,)
+                    for name, v in per_call.items()}
         figures[variant] = (summed, trimmed, req_s, per_call)
         print(f"{variant:8s} KV-manager µs/step: summed {summed:7.1f} (per round "
               f"{[round(1e6 * r['timing']['kv_seconds'] / r['timing']['steps'], 1) for r in runs]}), "
@@ -146,10 +148,20 @@ def main() -> int:
     s, p = figures["stock"], figures["pagedkv"]
     print(f"ratio stock/pagedkv: summed {s[0] / p[0]:.2f}x, calls over 1 ms left out {s[1] / p[1]:.2f}x; "
           f"throughput pagedkv/stock {p[2] / s[2]:.3f}")
-    print("µs per call, median and mean without calls over 1 ms (stock / pagedkv):")
-    for name in sorted(s[3]):
-        a, b = s[3][name], p[3].get(name, (0.0, 0.0))
-        print(f"  {name:30s} {a[0]:7.2f} {a[1]:7.2f}   {b[0]:7.2f} {b[1]:7.2f}")
+    print("µs per call, median and mean without calls over 1 ms, and µs per step (stock / pagedkv):")
+    for name in sorted(s[3], key=lambda n: -s[3][n][2]):
+        a, b = s[3][name], p[3].get(name, (0.0, 0.0, 0.0))
+        print(f"  {name:30s} {a[0]:7.2f} {a[1]:7.2f} {a[2]:7.1f}   {b[0]:7.2f} {b[1]:7.2f} {b[2]:7.1f}")
+    if os.environ.get("ENGINE_BENCH_DIST"):
+        for variant in ("stock", "pagedkv"):
+            xs = sorted(SAMPLES[variant]["allocate_slots"])
+            n = len(xs)
+            q = [round(1e6 * xs[int(n * f)], 2) for f in (0.5, 0.75, 0.9, 0.95, 0.99, 0.999)]
+            for cut in (2e-6, 5e-6, 10e-6, 50e-6):
+                share = sum(x for x in xs if x > cut) / sum(xs)
+                print(f"{variant} allocate_slots over {cut*1e6:.0f} us: {sum(1 for x in xs if x > cut)} calls, "
+                      f"{share:.1%} of time")
+            print(variant, "quantiles p50..p99.9", q, "n", n)
     return 0
 
 

@@ -15,6 +15,7 @@ engines and vLLM's tests use, by translating to ``pagedkv.optimized``'s pool.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from operator import attrgetter
 from typing import Any, cast
 
 from pagedkv.optimized.block_pool import BlockPool
@@ -26,7 +27,25 @@ from pagedkv.spec.types import BlockHashWithGroupId, get_block_hash, get_group_i
 
 from .requests import VllmRequestView
 
-__all__ = ["BlockView", "BlockPoolView", "FreeQueueView", "CachedBlocksView"]
+__all__ = ["BlockView", "BlockPoolView", "FreeQueueView", "CachedBlocksView", "hit_block_ids"]
+
+
+_block_id = attrgetter("block_id")
+
+
+def hit_block_ids(group: Sequence[Any]) -> list[int]:
+    """The ids of one group of a prefix hit handed back to ``allocate_slots``
+    (vLLM's block objects, this layer's views, or ids): ``[b if type(b) is
+    int else int(b.block_id) for b in group]``, read in C when every block
+    is an object whose id is an int (the hit ``get_computed_blocks`` gave).
+    Cost: O(len(group))."""
+    try:
+        ids = list(map(_block_id, group))
+    except AttributeError:  # ids among the blocks
+        return [b if type(b) is int else int(b.block_id) for b in group]
+    if list(map(type, ids)).count(int) != len(ids):
+        return [int(block_id) for block_id in ids]
+    return ids
 
 
 class BlockView:

@@ -31,7 +31,7 @@ from pagedkv.spec.types import BlockRemoved as CoreBlockRemoved
 from pagedkv.spec.types import BlockStored as CoreBlockStored
 
 from . import _compat
-from .blocks import BlockPoolView, BlockView
+from .blocks import BlockPoolView, BlockView, hit_block_ids
 from .config import translate_config
 from .coordinator import make_coordinator_view
 from .mamba import enable_partial_hits_where_vllm_would
@@ -349,33 +349,35 @@ class KVCacheManager(StepDrains):
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
             # The core takes only its own KVCacheBlocks (D-API-25): rebuild one
             # from the ids of vLLM's block objects (or ids) of the hit.
-            hit = CoreBlocks(
-                tuple([b if type(b) is int else int(b.block_id) for b in group]
-                      for group in new_computed_blocks.blocks),
-                self._core_pool.block_hashes)
+            hit = CoreBlocks(tuple(map(hit_block_ids, new_computed_blocks.blocks)),
+                             self._core_pool.block_hashes)
         zeroing = self._zeroing
         before: tuple[int, ...] = ()
         if zeroing.groups:
             known = request.request_id in self._core_coordinator.requests
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
-        core_request: Any = self._request(request)
+        in_flight = getattr(request, "num_in_flight_tokens", 0) or 0
+        new_blocks: Any = TAKE_GENERAL_PATH
         if type(request) is _VLLM_REQUEST:
             # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
-            core_request = facts = capture_request(request)
-            if (full_sequence_must_fit and self._plain_full_attention
-                    and type(num_new_tokens) is int and type(num_new_computed_tokens) is int
-                    and type(num_external_computed_tokens) is int
-                    and facts.num_computed_tokens + num_new_computed_tokens
-                    + num_external_computed_tokens + num_new_tokens >= facts.num_tokens):
-                # The chunk reaches the request's end: on one plain full-attention group the
-                # whole request then needs no block the chunk does not (D-PERF-14).
-                full_sequence_must_fit = False
-        new_blocks = self._core.allocate_slots(
-            core_request, num_new_tokens, num_new_computed_tokens,
-            hit, num_lookahead_tokens, num_external_computed_tokens,
-            delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
-            reserved_blocks=headroom,
-            num_in_flight_tokens=getattr(request, "num_in_flight_tokens", 0) or 0)
+            core_request: Any = capture_request(request)
+            admit_step = self._core_coordinator.admit_step
+            if (admit_step is not None and not zeroing.groups and num_lookahead_tokens is zero
+                    and num_external_computed_tokens is zero and num_encoder_tokens is zero
+                    and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
+                # A new request on one full-attention group: the core's admission step, as
+                # its allocate_slots would call it for these arguments (D-PERF-20); it hands
+                # anything else (a known request, a malformed count or hit) back.
+                new_blocks = admit_step(core_request, num_new_tokens, num_new_computed_tokens, hit,
+                                        delay_cache_blocks, headroom, in_flight, full_sequence_must_fit)
+        else:
+            core_request = self._request(request)
+        if new_blocks is TAKE_GENERAL_PATH:
+            new_blocks = self._core.allocate_slots(
+                core_request, num_new_tokens, num_new_computed_tokens,
+                hit, num_lookahead_tokens, num_external_computed_tokens,
+                delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
+                reserved_blocks=headroom, num_in_flight_tokens=in_flight)
         if new_blocks is None:
             return None
         if zeroing.groups:
