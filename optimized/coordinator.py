@@ -34,6 +34,7 @@ from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
 from pagedkv.spec.registry import manager_kind_for
+from pagedkv.spec.request import Request
 from pagedkv.spec.types import BlockHash
 
 from . import group_hits
@@ -168,6 +169,10 @@ class KVCacheCoordinator(SubBlockCoordination):
         self.num_reprefillable_tokens = 0
         self.decode_step: DecodeStep | None = None
         """The decode fast path for this configuration, or ``None``."""
+        self.counted_request_types: set[type] = {Request}
+        """Request classes whose ``num_tokens`` is an int >= 1 by
+        construction: the single-group decode step does not read it from
+        them (D-PERF-22). An adapter may add its engine's class."""
         self.admit_step: AdmitStep | None = None
         """The admission fast path (``admit_path``), or ``None``."""
         if (len(managers) == 1 and block_sizes[0] == hash_block_size

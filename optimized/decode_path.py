@@ -62,10 +62,11 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     request, or anything the general path would reject (a malformed
     ``num_computed_tokens`` or ``num_tokens``, max_model_len exceeded,
     too few block hashes): :data:`TAKE_GENERAL_PATH`. ``num_tokens`` is
-    read only from objects other than pagedkv's own ``Request``, whose
-    count is an int >= 1 by construction (a non-empty prompt, tokens
-    only appended): the property call would cost the no-op step about a
-    tenth of its time.
+    read only from objects whose class is not in the coordinator's
+    ``counted_request_types`` (pagedkv's own ``Request``, and any class an
+    adapter vouches for, D-PERF-22), whose count is an int >= 1 by
+    construction (a non-empty prompt, tokens only appended): the property
+    call would cost the no-op step about a tenth of its time.
 
     Cost: O(1), or O(new blocks + blocks newly cached).
     """
@@ -76,7 +77,7 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     caching = self.enable_caching
     empty = self.empty_blocks
     fill = partial(decode_single_fill, self)
-    own_request = Request
+    counted = self.counted_request_types  # the set itself: an adapter may add to it later
 
     def step(request: RequestView, num_new_tokens: int,
              delay_cache_blocks: bool) -> KVCacheBlocks | None:
@@ -91,7 +92,7 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
         num_computed = request.num_computed_tokens
         if type(num_computed) is not int:
             return TAKE_GENERAL_PATH
-        if request.__class__ is not own_request:  # the general path's check 1b′
+        if request.__class__ not in counted:  # the general path's check 1b′
             num_tokens = request.num_tokens
             if type(num_tokens) is not int or num_tokens < 1:
                 return TAKE_GENERAL_PATH

@@ -163,6 +163,10 @@ class KVCacheManager(StepDrains):
         self._core_coordinator = self._core.coordinator
         self._core_pool = self._core.block_pool
         self._core_empty = self._core_coordinator.empty_blocks
+        # vLLM's Request counts its tokens as len(all_token_ids): an int >= 1 for a request the
+        # core knows (vLLM refuses an empty prompt; tokens are only appended). The decode step
+        # then skips that property call (D-PERF-22).
+        self._core_coordinator.counted_request_types.add(_VLLM_REQUEST)
         # One full-attention group hashed at its block size (the common model): the lookup of a
         # vLLM Request and get_blocks read the group's tables directly (D-PERF-13).
         managers = self._core_coordinator.managers
