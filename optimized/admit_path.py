@@ -14,7 +14,10 @@ Mamba checkpoint, no cross-attention encoder count, no view of the hashes at
 another block size, no cache mask.
 
 It takes the request's facts (:class:`RequestFacts`, captured by the facade
-before anything else) and decides step 1 only where every argument is well
+before anything else; with kv-cache events off it reads only ``request_id``,
+``num_tokens``, ``num_computed_tokens`` and ``block_hashes`` of them, all
+before the first change, so ``pagedkv.vllm`` passes vLLM's own ``Request``
+there, D-PERF-23) and decides step 1 only where every argument is well
 formed; anything else (a known request, a malformed or stale hit, a count of
 the wrong type, max_model_len exceeded) returns :data:`TAKE_GENERAL_PATH`
 before any change, and the general path, which stays the definition, raises
@@ -92,7 +95,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
         num_tokens = facts.num_tokens
         # 1a-1b'' (spec.allocate_args.check_counts) for a new request; identity
         # with the cached int 0 lets only an int through (0.0 and False: general).
-        if (request_id in requests or facts.num_computed_tokens is not zero
+        if (type(request_id) is not str or request_id in requests or facts.num_computed_tokens is not zero
                 or type(num_new_tokens) is not int or num_new_tokens < 1
                 or type(num_new_computed_tokens) is not int or num_new_computed_tokens < 0
                 or type(reserved_blocks) is not int or reserved_blocks < 0

@@ -26,9 +26,6 @@ from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.optimized.single_type import FullAttentionManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
-from pagedkv.spec.types import AllBlocksCleared as CoreAllBlocksCleared
-from pagedkv.spec.types import BlockRemoved as CoreBlockRemoved
-from pagedkv.spec.types import BlockStored as CoreBlockStored
 
 from . import _compat
 from .blocks import BlockPoolView, BlockView, hit_block_ids
@@ -204,31 +201,6 @@ class KVCacheManager(StepDrains):
     def _vllm_blocks(self, core_blocks: Any) -> Any:
         return self.create_kv_cache_blocks(core_blocks.blocks)
 
-    def _translate_events(self, events: Iterable[Any]) -> Iterable[Any]:
-        for event in events:
-            if isinstance(event, CoreBlockStored):
-                yield _compat.BlockStored(
-                    block_hashes=[_compat.external_block_hash(h) for h in event.block_hashes],
-                    parent_block_hash=None if event.parent_block_hash is None
-                    else _compat.external_block_hash(event.parent_block_hash),
-                    token_ids=list(event.token_ids), block_size=event.block_size,
-                    lora_id=event.lora_id, medium=event.medium, lora_name=event.lora_name,
-                    group_idx=event.group_idx, session_id=event.session_id,
-                    **_compat.block_stored_hash_inputs(event.extra_keys, event.lookahead_token_ids,
-                                                       len(event.block_hashes)))
-            elif isinstance(event, CoreBlockRemoved):
-                for block_hash in event.block_hashes:
-                    yield _compat.BlockRemoved(
-                        block_hashes=[_compat.external_block_hash(block_hash)],
-                        medium=event.medium,
-                        group_idx=0 if self.num_kv_cache_groups == 1 else None)
-            elif isinstance(event, CoreAllBlocksCleared):
-                yield _compat.AllBlocksCleared()
-            else:
-                # An event already in vLLM's form (put on ``kv_event_queue`` by
-                # the engine or a test) goes out as it is.
-                yield event
-
     # ------------------------------------------------------------- stats
 
     @property
@@ -362,18 +334,24 @@ class KVCacheManager(StepDrains):
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
         in_flight = getattr(request, "num_in_flight_tokens", 0) or 0
         new_blocks: Any = TAKE_GENERAL_PATH
+        core_request: Any = None
         if type(request) is _VLLM_REQUEST:
-            # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
-            core_request: Any = capture_request(request)
             admit_step = self._core_coordinator.admit_step
             if (admit_step is not None and not zeroing.groups and num_lookahead_tokens is zero
                     and num_external_computed_tokens is zero and num_encoder_tokens is zero
                     and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
                 # A new request on one full-attention group: the core's admission step, as
                 # its allocate_slots would call it for these arguments (D-PERF-20); it hands
-                # anything else (a known request, a malformed count or hit) back.
-                new_blocks = admit_step(core_request, num_new_tokens, num_new_computed_tokens, hit,
-                                        delay_cache_blocks, headroom, in_flight, full_sequence_must_fit)
+                # anything else (a known request, a malformed count or hit) back. With events
+                # off it reads four attributes, which vLLM's Request holds as the snapshot
+                # would (D-PERF-23); events read the tokens and LoRA: the snapshot then.
+                new_blocks = admit_step(
+                    capture_request(request) if self._core_pool.enable_kv_cache_events else request,
+                    num_new_tokens, num_new_computed_tokens, hit, delay_cache_blocks, headroom,
+                    in_flight, full_sequence_must_fit)
+            if new_blocks is TAKE_GENERAL_PATH:
+                # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
+                core_request = capture_request(request)
         else:
             core_request = self._request(request)
         if new_blocks is TAKE_GENERAL_PATH:
@@ -434,25 +412,6 @@ class KVCacheManager(StepDrains):
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         # Deprecated in vLLM 0.33 (cascade attention removed): zeros.
         return [0] * self.num_kv_cache_groups
-
-    def take_events(self) -> list[Any]:
-        events = self._core_pool.take_events()
-        if not events:  # the common case, once per step: no translation, no loop, no lookups
-            return events  # an empty list the pool no longer holds, as block_pool.take_events gives
-        events = list(self._translate_events(events))
-        for event in events:
-            group = getattr(event, "group_idx", None)
-            if not isinstance(event, _compat.BlockStored) or group is None:
-                continue
-            if 0 <= group < len(self._event_metadata):
-                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
-                    self._event_metadata[group])
-            else:
-                # As vLLM 0.33: the event goes out unannotated, with a warning
-                # on vLLM's manager logger (looked up now: tests replace it).
-                _compat.kv_cache_manager_logger().warning(
-                    "Group index `%s` not in KV cache metadata", group)
-        return events
 
     # ------------------------------------------------------------ queries
 

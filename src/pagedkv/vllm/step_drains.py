@@ -1,14 +1,21 @@
 """The per-step drains of ``pagedkv.vllm.KVCacheManager``: what vLLM 0.33's
-scheduler collects once a step — the step hook, blocks to zero, copy-on-write
-copies of sub-block hits, Mamba boundary-state and partial-tail offloads.
+scheduler collects once a step — the step hook, kv-cache events, blocks to
+zero, copy-on-write copies of sub-block hits, Mamba boundary-state and
+partial-tail offloads.
 Each answers from the core; a mixin of the adapter's manager."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from pagedkv.optimized.block_pool import BlockPool
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
+from pagedkv.spec.types import AllBlocksCleared as CoreAllBlocksCleared
+from pagedkv.spec.types import BlockRemoved as CoreBlockRemoved
+from pagedkv.spec.types import BlockStored as CoreBlockStored
 
+from . import _compat
 from .blocks import BlockPoolView
 from .coordinator import ZeroingBlockIds
 from .mamba import take_block_copies
@@ -23,6 +30,9 @@ class StepDrains:
 
     _core: CoreManager
     _core_coordinator: Any
+    _core_pool: BlockPool
+    _event_metadata: tuple[tuple[Any, Any], ...]
+    num_kv_cache_groups: int
     _zeroing: ZeroingRecorder
     coordinator: Any
     block_pool: BlockPoolView
@@ -61,3 +71,47 @@ class StepDrains:
         """A finishing request's uncopied Mamba prompt tails (the core's, MTAIL-1)."""
         return self._core.finalize_partial_tail_offloads(
             request.request_id, request.num_computed_tokens, getattr(request, "num_in_flight_tokens", 0))
+
+    def _translate_events(self, events: Iterable[Any]) -> Iterable[Any]:
+        for event in events:
+            if isinstance(event, CoreBlockStored):
+                yield _compat.BlockStored(
+                    block_hashes=[_compat.external_block_hash(h) for h in event.block_hashes],
+                    parent_block_hash=None if event.parent_block_hash is None
+                    else _compat.external_block_hash(event.parent_block_hash),
+                    token_ids=list(event.token_ids), block_size=event.block_size,
+                    lora_id=event.lora_id, medium=event.medium, lora_name=event.lora_name,
+                    group_idx=event.group_idx, session_id=event.session_id,
+                    **_compat.block_stored_hash_inputs(event.extra_keys, event.lookahead_token_ids,
+                                                       len(event.block_hashes)))
+            elif isinstance(event, CoreBlockRemoved):
+                for block_hash in event.block_hashes:
+                    yield _compat.BlockRemoved(
+                        block_hashes=[_compat.external_block_hash(block_hash)],
+                        medium=event.medium,
+                        group_idx=0 if self.num_kv_cache_groups == 1 else None)
+            elif isinstance(event, CoreAllBlocksCleared):
+                yield _compat.AllBlocksCleared()
+            else:
+                # An event already in vLLM's form (put on ``kv_event_queue`` by
+                # the engine or a test) goes out as it is.
+                yield event
+
+    def take_events(self) -> list[Any]:
+        events = self._core_pool.take_events()
+        if not events:  # the common case, once per step: no translation, no loop, no lookups
+            return events  # an empty list the pool no longer holds, as block_pool.take_events gives
+        events = list(self._translate_events(events))
+        for event in events:
+            group = getattr(event, "group_idx", None)
+            if not isinstance(event, _compat.BlockStored) or group is None:
+                continue
+            if 0 <= group < len(self._event_metadata):
+                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = (
+                    self._event_metadata[group])
+            else:
+                # As vLLM 0.33: the event goes out unannotated, with a warning
+                # on vLLM's manager logger (looked up now: tests replace it).
+                _compat.kv_cache_manager_logger().warning(
+                    "Group index `%s` not in KV cache metadata", group)
+        return events
