@@ -189,9 +189,11 @@ class BlockPool(PoolView):
         self.reserved.extend(blocks)
         return blocks
 
-    def _evict(self, block: int) -> None:
-        """Drop ``block``'s key (it must carry one). Cost: O(1) amortised
-        (O(duplicates of the key) when identical blocks share it)."""
+    def _evict(self, block: int, announce: bool = True) -> None:
+        """Drop ``block``'s key (it must carry one), with a ``BlockRemoved``
+        event when events are on and ``announce`` (a partial key giving way
+        to the block's full key goes silently, FPART-4). Cost: O(1)
+        amortised (O(duplicates of the key) when identical blocks share it)."""
         block_hash = self._hash[block]
         assert block_hash is not None
         group_id = self._gid[block]
@@ -208,7 +210,7 @@ class BlockPool(PoolView):
                 del dups[block_hash]
         self._hash[block] = None
         self._gid[block] = -1
-        if self.enable_kv_cache_events:
+        if announce and self.enable_kv_cache_events:
             self._events.append(BlockRemoved(block_hashes=(block_hash,), medium=MEDIUM_GPU))
 
     def touch(self, blocks: Iterable[int]) -> None:

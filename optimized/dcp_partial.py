@@ -31,36 +31,13 @@ from pagedkv.spec.mamba_partial import (
 )
 from pagedkv.spec.types import BlockHash
 
-from .block_pool import BlockPool
 from .mamba_partial import key_block
 from .single_type import FullAttentionManager
 
 if TYPE_CHECKING:
     from .coordinator import KVCacheCoordinator
 
-__all__ = ["FullAttentionSubBlockManager", "drop_key", "switch_on_sub_block_hits"]
-
-
-def drop_key(pool: BlockPool, block: int) -> None:
-    """Take ``block``'s key off it without an event (a partial key giving way
-    to the block's full key, FPART-4; D-MAMBA-18). Cost: O(1) (O(duplicates)
-    for a key several blocks carry)."""
-    group_id = pool._gid[block]
-    block_hash = pool._hash[block]
-    assert group_id >= 0 and block_hash is not None
-    table, dups = pool.cached_by_group[group_id], pool.dup_by_group[group_id]
-    later = dups.get(block_hash)
-    if later is None:
-        del table[block_hash]
-    else:
-        if table[block_hash] == block:
-            table[block_hash] = later.pop(0)
-        else:
-            later.remove(block)
-        if not later:
-            del dups[block_hash]
-    pool._hash[block] = None
-    pool._gid[block] = -1
+__all__ = ["FullAttentionSubBlockManager", "switch_on_sub_block_hits"]
 
 
 class FullAttentionSubBlockManager(FullAttentionManager):
@@ -249,7 +226,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
                            min(num_tokens // self.block_size, len(blocks), len(keys))):
             block = blocks[index]
             if gids[block] >= 0 and hashes[block] != keys[index]:
-                drop_key(pool, block)
+                pool._evict(block, announce=False)  # no event (D-MAMBA-18)
         super().cache_blocks(request, view, request_id, num_tokens)
         prompt = getattr(request, "num_prompt_tokens", None)
         if type(prompt) is not int:
