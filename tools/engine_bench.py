@@ -10,7 +10,7 @@ took over 1 ms (``TRIM_S``). On this 2-core machine shared with other jobs, a ca
 CPU to another process takes a scheduler time slice, 4 ms or more; the manager's own calls in
 this workload stay under 0.1 ms (99.9th percentile, both managers). A benchmark, not a test.
 
-  ~/.cache/pagedkv/engine-venv/bin/python tools/engine_bench.py [--tree DIR] [--rounds 3] [--out F]
+  ~/.cache/pagedkv/engine-venv/bin/python tools/engine_bench.py [--tree DIR] [--rounds 3] [--out F] [--by-kind]
 """
 
 from __future__ import annotations
@@ -46,6 +46,27 @@ TRIM_S = 1e-3
 PROFILE: dict[str, Any] = {}
 
 
+# --by-kind: allocate_slots split by what the call asks (the workload's block size is 32).
+BY_KIND = False
+ALLOCATE_KINDS = ("allocate_slots:admission", "allocate_slots:prefill chunk",
+                  "allocate_slots:decode, new block", "allocate_slots:decode, fills a block",
+                  "allocate_slots:decode, no change")
+
+
+def allocate_kind(request: Any, num_new_tokens: int, block_size: int = 32) -> str:
+    """Which kind of ``allocate_slots(request, num_new_tokens, ...)`` call this is."""
+    computed = request.num_computed_tokens
+    if computed == 0:
+        return ALLOCATE_KINDS[0]
+    if num_new_tokens > 1:
+        return ALLOCATE_KINDS[1]
+    if computed % block_size == 0:
+        return ALLOCATE_KINDS[2]
+    if (computed + 1) % block_size == 0:
+        return ALLOCATE_KINDS[3]
+    return ALLOCATE_KINDS[4]
+
+
 def trimmed_us_per_step(samples: dict[str, list[float]], steps: int) -> float:
     """KV-manager time per step, calls over TRIM_S left out (another process's time slice)."""
     return 1e6 * sum(x for calls in samples.values() for x in calls if x <= TRIM_S) / steps
@@ -78,7 +99,10 @@ def sample_calls() -> None:
                     profile.disable()
             return profiled
 
+        kinds = SAMPLES[self._bucket_label] if BY_KIND and name == "allocate_slots" else None
+
         def timed(*args: Any, **kwargs: Any) -> Any:
+            kind = allocate_kind(args[0], args[1]) if kinds is not None else ""
             t0 = clock()
             try:
                 return value(*args, **kwargs)
@@ -88,6 +112,8 @@ def sample_calls() -> None:
                 bucket["method_seconds"][name] += dt
                 bucket["calls"][name] += 1
                 samples.append(dt)
+                if kinds is not None:
+                    kinds.setdefault(kind, []).append(dt)
         return timed
 
     original_init = es._TimedManager.__init__
@@ -106,11 +132,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model-dir", default=str(Path.home() / ".cache/pagedkv/models/llama-v2"))
     ap.add_argument("--out", default="/tmp/pagedkv-engine-bench.json")
+    ap.add_argument("--by-kind", action="store_true", help="also split allocate_slots by kind "
+                    "(admission, prefill chunk, decode steps) with percentiles")
     ap.add_argument("--profile", metavar="FILE", help="profile pagedkv's manager calls (cProfile, "
                     "stats written to FILE; no timing figures)")
     args = ap.parse_args()
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
+    global BY_KIND
+    BY_KIND = args.by_kind
     point_pagedkv_at(args.tree.resolve())
     import pagedkv
 
@@ -137,10 +167,10 @@ def main() -> int:
         trimmed = trimmed_us_per_step(samples, steps)
         summed = statistics.median(1e6 * r["timing"]["kv_seconds"] / r["timing"]["steps"] for r in runs)
         req_s = statistics.median(r["requests"] / r["seconds"] for r in runs)
-        per_call = {name: (statistics.median(x) * 1e6, 1e6 * sum(v for v in x if v <= TRIM_S) / len(x))
+        # Per call kind: median µs, mean µs and µs per step, calls over TRIM_S left out of the last two.
+        per_call = {name: (statistics.median(x) * 1e6, 1e6 * sum(v for v in x if v <= TRIM_S) / len(x),
+                           1e6 * sum(v for v in x if v <= TRIM_S) / steps)
                     for name, x in samples.items()}
-        per_call = {name: v + (1e6 * sum(x for x in samples[name] if x <= TRIM_S) / steps,)
-                    for name, v in per_call.items()}
         figures[variant] = (summed, trimmed, req_s, per_call)
         print(f"{variant:8s} KV-manager µs/step: summed {summed:7.1f} (per round "
               f"{[round(1e6 * r['timing']['kv_seconds'] / r['timing']['steps'], 1) for r in runs]}), "
@@ -149,19 +179,18 @@ def main() -> int:
     print(f"ratio stock/pagedkv: summed {s[0] / p[0]:.2f}x, calls over 1 ms left out {s[1] / p[1]:.2f}x; "
           f"throughput pagedkv/stock {p[2] / s[2]:.3f}")
     print("µs per call, median and mean without calls over 1 ms, and µs per step (stock / pagedkv):")
-    for name in sorted(s[3], key=lambda n: -s[3][n][2]):
+    for name in sorted((n for n in s[3] if n not in ALLOCATE_KINDS), key=lambda n: -s[3][n][2]):
         a, b = s[3][name], p[3].get(name, (0.0, 0.0, 0.0))
         print(f"  {name:30s} {a[0]:7.2f} {a[1]:7.2f} {a[2]:7.1f}   {b[0]:7.2f} {b[1]:7.2f} {b[2]:7.1f}")
-    if os.environ.get("ENGINE_BENCH_DIST"):
-        for variant in ("stock", "pagedkv"):
-            xs = sorted(SAMPLES[variant]["allocate_slots"])
-            n = len(xs)
-            q = [round(1e6 * xs[int(n * f)], 2) for f in (0.5, 0.75, 0.9, 0.95, 0.99, 0.999)]
-            for cut in (2e-6, 5e-6, 10e-6, 50e-6):
-                share = sum(x for x in xs if x > cut) / sum(xs)
-                print(f"{variant} allocate_slots over {cut*1e6:.0f} us: {sum(1 for x in xs if x > cut)} calls, "
-                      f"{share:.1%} of time")
-            print(variant, "quantiles p50..p99.9", q, "n", n)
+    if BY_KIND:
+        print("allocate_slots by kind, µs per call at p50 / p90 / p99 (stock | pagedkv):")
+        for kind in ALLOCATE_KINDS:
+            cells = []
+            for variant in ("stock", "pagedkv"):
+                xs = sorted(SAMPLES[variant].get(kind, [0.0]))
+                cells.append(" / ".join(f"{1e6 * xs[min(len(xs) - 1, int(len(xs) * f))]:6.2f}"
+                                        for f in (0.5, 0.9, 0.99)))
+            print(f"  {kind:30s} {cells[0]}   |   {cells[1]}")
     return 0
 
 
