@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = ["AdmitStep", "single_admit_step"]
 
-AdmitStep = Callable[[RequestFacts, int, int, Any, bool, int, int, bool], "KVCacheBlocks | None"]
+AdmitStep = Callable[[RequestFacts, int, int, Any, bool, int, int, int, bool], "KVCacheBlocks | None"]
 """``admit_step(facts, num_new_tokens, num_new_computed_tokens,
-new_computed_blocks, delay_cache_blocks, reserved_blocks,
+new_computed_blocks, delay_cache_blocks, reserved_blocks, watermark_blocks,
 num_in_flight_tokens, full_sequence_must_fit)``: the result, or
 :data:`TAKE_GENERAL_PATH`. The other arguments of ``allocate_slots`` are at
 their defaults (the facade checks)."""
@@ -56,7 +56,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     :func:`decode_path.single_decode_step`).
 
     ``step(facts, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-    delay_cache_blocks, reserved_blocks, num_in_flight_tokens,
+    delay_cache_blocks, reserved_blocks, watermark_blocks, num_in_flight_tokens,
     full_sequence_must_fit)`` is ``allocate_slots`` with those arguments for
     a request the manager does not know. Step 1 for that case: every count an int of its range, nothing
     computed yet, the hit this manager's ``KVCacheBlocks`` of one group
@@ -64,14 +64,15 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     hashes (checks 1h, 1h' and 1i at once, as ``validation._hit_holds``)
     covering ``num_new_computed_tokens``, and max_model_len kept. Then steps
     4 to 9: the demand (new blocks plus hit blocks leaving the free queue)
-    against the free queue less ``reserved_blocks`` (``None`` when short,
-    nothing changed), admit the hit, allocate, cache the blocks the
-    computed tokens fill, return the new blocks. With
-    ``full_sequence_must_fit`` the demand counts the blocks the whole
-    request needs when that is more than the chunk's (a chunked prefill,
-    D-PERF-19): on one full-attention group that is the general path's
-    ``max(chunk demand, full_sequence_demand)``, as both add the same hit
-    blocks leaving the free queue.
+    against the free queue less ``reserved_blocks`` and ``watermark_blocks``
+    (``None`` when short, nothing changed), admit the hit, allocate, cache
+    the blocks the computed tokens fill, return the new blocks. With
+    ``full_sequence_must_fit`` the blocks the whole request needs must fit
+    too, with the watermark only kept free (a chunked prefill, D-PERF-19,
+    D-API-48): on one full-attention group that is the general path's
+    ``max(chunk demand + reserved_blocks, full_sequence_demand) +
+    watermark_blocks``, as both demands add the same hit blocks leaving the
+    free queue.
 
     Cost: O(hit blocks + new blocks + blocks newly cached).
     """
@@ -90,7 +91,8 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
 
     def step(facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
              new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
-             num_in_flight_tokens: int, full_sequence_must_fit: bool) -> KVCacheBlocks | None:
+             watermark_blocks: int, num_in_flight_tokens: int,
+             full_sequence_must_fit: bool) -> KVCacheBlocks | None:
         request_id = facts.request_id
         num_tokens = facts.num_tokens
         # 1a-1b'' (spec.allocate_args.check_counts) for a new request; identity
@@ -99,6 +101,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                 or type(num_new_tokens) is not int or num_new_tokens < 1
                 or type(num_new_computed_tokens) is not int or num_new_computed_tokens < 0
                 or type(reserved_blocks) is not int or reserved_blocks < 0
+                or type(watermark_blocks) is not int or watermark_blocks < 0
                 or type(num_in_flight_tokens) is not int or num_in_flight_tokens < 0
                 or type(num_tokens) is not int or num_tokens < 1):
             return TAKE_GENERAL_PATH
@@ -130,13 +133,15 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
         demand = missing + reserved_blocks
         if full_sequence_must_fit:
             # spec/managers.md §8 on one full-attention group: the whole
-            # request (capped at max_model_len, as the general path caps it).
+            # request (capped at max_model_len, as the general path caps it),
+            # which keeps the watermark free but not reserved_blocks (D-API-48).
             whole = -(-(num_tokens if num_tokens < max_model_len else max_model_len) // block_size) - held
-            if whole > missing:
-                demand = whole + reserved_blocks
+            if whole > demand:
+                demand = whole
+        demand += watermark_blocks
         if demand + held > queue.size and (
                 demand + list(map(ref.__getitem__, hit)).count(0) > queue.size):
-            return None  # D-API-13
+            return None  # D-API-13, D-API-48
         # The changes: an exception from here on leaves a consistent manager (D-API-24).
         try:
             # 6. Admit: the request's own list, its hit taken (touched).

@@ -244,6 +244,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         num_in_flight_tokens: int = 0,
+        watermark_blocks: int = 0,
     ) -> KVCacheBlocks | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens (plus
         lookahead), taking a prefix hit (``new_computed_blocks``, covering
@@ -253,7 +254,8 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         (no change beyond releasing blocks attention no longer reads,
         D-API-6). With ``full_sequence_must_fit`` the whole request must fit
         too, windowed groups counted at their admission cap (spec/managers.md
-        §8). ``reserved_blocks`` more blocks must stay free (D-API-13);
+        §8). ``reserved_blocks`` more blocks must stay free beside the
+        step's (D-API-13), ``watermark_blocks`` beside both (D-API-48);
         ``num_in_flight_tokens`` of the computed tokens are still being
         computed by an in-flight step, so skipped blocks are released on the
         settled basis (D-API-14); ``num_new_tokens`` may be 0 when computed
@@ -281,7 +283,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         # global loads cost the no-op decode step several percent.
         zero = 0
         if (decode_step is not None and new_computed_blocks is None
-                and not full_sequence_must_fit
+                and not full_sequence_must_fit and watermark_blocks is zero
                 and num_new_computed_tokens is zero and num_lookahead_tokens is zero
                 and num_external_computed_tokens is zero and num_encoder_tokens is zero
                 and reserved_blocks is zero and num_in_flight_tokens is zero
@@ -300,8 +302,8 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
                 and num_encoder_tokens is zero
                 and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
             result = admit_step(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                                delay_cache_blocks, reserved_blocks, num_in_flight_tokens,
-                                full_sequence_must_fit)
+                                delay_cache_blocks, reserved_blocks, watermark_blocks,
+                                num_in_flight_tokens, full_sequence_must_fit)
             if result is not TAKE_GENERAL_PATH:
                 return result
         request_id = request.request_id
@@ -314,7 +316,8 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
             new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=num_external_computed_tokens,
             delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
-            reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens)
+            reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens,
+            watermark_blocks=watermark_blocks)
         # 2. Token counts.
         local = request.num_computed_tokens + num_new_computed_tokens
         total = local + num_external_computed_tokens
@@ -342,12 +345,15 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
             if mamba_checkpoints:
                 prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
                 demand += coordinator.checkpoint_demand(request_id, total, main, prefill_end)
+            # The step keeps reserved_blocks and the watermark free, the whole
+            # request (full_sequence_must_fit) the watermark only (D-API-13, D-API-48).
+            demand += reserved_blocks
             if full_sequence_must_fit:
                 whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
                 demand = max(demand, coordinator.full_sequence_demand(
                     request_id=request_id, num_tokens=whole, new_computed_blocks=computed,
                     num_encoder_tokens=num_encoder_tokens))
-            if demand + reserved_blocks > self._pool.get_num_free_blocks():  # D-API-13
+            if demand + watermark_blocks > self._pool.get_num_free_blocks():
                 return None
             # 6. Admit computed blocks (a new request only).
             if not known:

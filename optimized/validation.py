@@ -97,7 +97,7 @@ def allocate_args(
     max_model_len: int, num_new_tokens: int, num_new_computed_tokens: int,
     new_computed_blocks: Any, num_lookahead_tokens: int, num_external_computed_tokens: int,
     delay_cache_blocks: bool, num_encoder_tokens: int, reserved_blocks: int = 0,
-    num_in_flight_tokens: int = 0,
+    num_in_flight_tokens: int = 0, watermark_blocks: int = 0,
 ) -> tuple[list[int], ...] | None:
     """Step 1 of ``allocate_slots`` (spec/operations.md): check the
     arguments in the spec's order (1a to 1k, the order both implementations
@@ -113,7 +113,8 @@ def allocate_args(
     """
     # 1a-1b″. counts, the request's own counts (Part E).
     check_counts(request, known_request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                 num_external_computed_tokens, num_encoder_tokens, reserved_blocks, num_in_flight_tokens)
+                 num_external_computed_tokens, num_encoder_tokens, reserved_blocks, num_in_flight_tokens,
+                 watermark_blocks)
     request_id = request.request_id
     num_groups = len(coordinator.managers)
     # 1c. the hit's shape.

@@ -170,7 +170,7 @@ class KVCacheManager:
                        num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
                        delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
                        full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
-                       num_in_flight_tokens: int = 0) -> KVCacheBlocks | None:
+                       num_in_flight_tokens: int = 0, watermark_blocks: int = 0) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus
         lookahead), taking the hit blocks of ``get_computed_blocks``.
 
@@ -180,9 +180,11 @@ class KVCacheManager:
         (all its tokens, windowed groups at their admission cap) must fit too,
         so an engine admitting by that rule and startup sizing agree
         (spec/managers.md §8). ``reserved_blocks`` more blocks must stay free
-        (D-API-13); skipped blocks are released on the settled basis, the
-        computed tokens less ``num_in_flight_tokens`` (D-API-14); a call that
-        adopts computed tokens may bring no new token (D-API-12).
+        beside the step's blocks (D-API-13), ``watermark_blocks`` more beside
+        both the step's and the whole request's (D-API-48); skipped blocks
+        are released on the settled basis, the computed tokens less
+        ``num_in_flight_tokens`` (D-API-14); a call that adopts computed
+        tokens may bring no new token (D-API-12).
 
         Raises:
             InvalidTokenCountError, InvalidArgumentError, UnknownBlockError,
@@ -202,7 +204,8 @@ class KVCacheManager:
             new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=num_external_computed_tokens,
             delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
-            reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens)
+            reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens,
+            watermark_blocks=watermark_blocks)
         # 2. Token counts.
         local = request.num_computed_tokens + num_new_computed_tokens
         total = local + num_external_computed_tokens
@@ -215,7 +218,7 @@ class KVCacheManager:
                 num_external_computed_tokens=num_external_computed_tokens,
                 delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
                 full_sequence_must_fit=full_sequence_must_fit, reserved_blocks=reserved_blocks,
-                num_in_flight_tokens=num_in_flight_tokens)
+                num_in_flight_tokens=num_in_flight_tokens, watermark_blocks=watermark_blocks)
         except BaseException:
             recover(coordinator)
             raise
@@ -225,7 +228,7 @@ class KVCacheManager:
                            main: int, need: int, num_lookahead_tokens: int,
                            num_external_computed_tokens: int, delay_cache_blocks: bool,
                            num_encoder_tokens: int, full_sequence_must_fit: bool, reserved_blocks: int,
-                           num_in_flight_tokens: int) -> KVCacheBlocks | None:
+                           num_in_flight_tokens: int, watermark_blocks: int) -> KVCacheBlocks | None:
         """Steps 3 to 9 of ``allocate_slots``, on validated arguments."""
         request_id = request.request_id
         coordinator = self.coordinator
@@ -245,13 +248,18 @@ class KVCacheManager:
         # Prefill checkpoints (spec/mamba.md): the chunk is [total, main).
         prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         demand += coordinator.checkpoint_demand(request_id, total, main, prefill_end)
+        # Two gates on the free blocks (D-API-13, D-API-48): the step's demand
+        # keeps reserved_blocks and the watermark free, the whole request's
+        # (with full_sequence_must_fit) the watermark only.
+        free = self._pool.get_num_free_blocks()
+        if demand + reserved_blocks + watermark_blocks > free:
+            return None
         if full_sequence_must_fit:
             whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
-            demand = max(demand, coordinator.full_sequence_demand(
-                request_id=request_id, num_tokens=whole, new_computed_blocks=hits,
-                num_encoder_tokens=num_encoder_tokens))
-        if demand + reserved_blocks > self._pool.get_num_free_blocks():  # D-API-13
-            return None
+            if coordinator.full_sequence_demand(
+                    request_id=request_id, num_tokens=whole, new_computed_blocks=hits,
+                    num_encoder_tokens=num_encoder_tokens) + watermark_blocks > free:
+                return None
         # 6. Admit computed blocks (a new request only).
         if not known:
             coordinator.admit(request_id=request_id, new_computed_blocks=hits,

@@ -72,7 +72,8 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                   new_computed_blocks: KVCacheBlocks | None, num_lookahead_tokens: int,
                   num_external_computed_tokens: int, delay_cache_blocks: bool,
                   num_encoder_tokens: int, reserved_blocks: int = 0,
-                  num_in_flight_tokens: int = 0) -> tuple[tuple[KVCacheBlock, ...], ...]:
+                  num_in_flight_tokens: int = 0,
+                  watermark_blocks: int = 0) -> tuple[tuple[KVCacheBlock, ...], ...]:
     """Step 1 of ``allocate_slots`` (spec/operations.md), checks 1a to 1k in
     order; returns the hit blocks per group (empty without a hit).
 
@@ -82,7 +83,8 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
     request_id = request.request_id
     # 1a-1b″. counts, the request's own counts (spec/operations.md Part E).
     check_counts(request, known_request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                 num_external_computed_tokens, num_encoder_tokens, reserved_blocks, num_in_flight_tokens)
+                 num_external_computed_tokens, num_encoder_tokens, reserved_blocks, num_in_flight_tokens,
+                 watermark_blocks)
     # 1c. the hit's shape.
     num_groups = len(coordinator.managers)
     hits: tuple[tuple[KVCacheBlock, ...], ...] = tuple(() for _ in range(num_groups))

@@ -18,7 +18,8 @@ from pagedkv.spec.request import RequestView
 __all__ = ["count", "check_counts", "check_hit_allowed", "check_max_model_len"]
 
 _COUNT_NAMES = ("num_new_computed_tokens", "num_lookahead_tokens", "num_external_computed_tokens",
-                "num_encoder_tokens", "reserved_blocks", "num_in_flight_tokens", "request.num_computed_tokens")
+                "num_encoder_tokens", "reserved_blocks", "watermark_blocks", "num_in_flight_tokens",
+                "request.num_computed_tokens")
 """The counts of check 1b, in the order they are checked."""
 
 
@@ -36,7 +37,8 @@ def count(name: str, value: object, minimum: int) -> int:
 def check_counts(request: RequestView, known_request: bool, num_new_tokens: object,
                  num_new_computed_tokens: object, num_lookahead_tokens: object,
                  num_external_computed_tokens: object, num_encoder_tokens: object,
-                 reserved_blocks: object, num_in_flight_tokens: object) -> None:
+                 reserved_blocks: object, num_in_flight_tokens: object,
+                 watermark_blocks: object = 0) -> None:
     """Checks 1a, 1b, 1b′ and 1b″, in that order: every count an int of its
     range (``num_new_tokens >= 0`` only when the call adopts computed tokens,
     D-API-12), ``request.num_tokens >= 1``, and no computed token on a
@@ -57,7 +59,7 @@ def check_counts(request: RequestView, known_request: bool, num_new_tokens: obje
             f"got {num_new_tokens!r}")
     computed = request.num_computed_tokens
     values = (num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens,
-              num_encoder_tokens, reserved_blocks, num_in_flight_tokens, computed)
+              num_encoder_tokens, reserved_blocks, watermark_blocks, num_in_flight_tokens, computed)
     for value in values:
         if type(value) is not int or value < 0:
             for name, named in zip(_COUNT_NAMES, values):

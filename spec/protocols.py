@@ -117,6 +117,7 @@ class KVCacheManagerLike(Protocol):
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         num_in_flight_tokens: int = 0,
+        watermark_blocks: int = 0,
     ) -> Any: ...
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None: ...

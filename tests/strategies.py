@@ -50,10 +50,12 @@ OUTPUT_TOKENS = st.lists(ALPHABET, min_size=1, max_size=3)
 EVICT_IDS = st.lists(st.integers(0, 44), max_size=4)
 """``evict_blocks`` arguments, some outside the pool."""
 BAD_TOKEN_COUNTS = st.integers(-2, 0)
+"""``num_new_tokens`` values every implementation must refuse."""
 
 RESERVED_BLOCKS = st.integers(0, 4).flatmap(lambda n: st.integers(0, 3) if n == 0 else st.just(0))
 """``allocate_slots(reserved_blocks=...)``: mostly none, sometimes a few (D-API-13)."""
-"""``num_new_tokens`` values every implementation must refuse."""
+WATERMARK_BLOCKS = st.integers(0, 4).flatmap(lambda n: st.integers(0, 3) if n == 0 else st.just(0))
+"""``allocate_slots(watermark_blocks=...)``: mostly none, sometimes a few (D-API-48)."""
 TAILS = st.lists(ALPHABET, max_size=12)
 """A new request's tokens after the shared prefix it starts with."""
 

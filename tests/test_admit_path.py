@@ -9,8 +9,9 @@ message), the observable state, the key token counts (KEYTOK-1) and the
 events. The script admits requests sharing prefixes in a small pool (hits
 on free and on held blocks, eviction, refusals) with prefix hits passed
 back untouched, stale (evicted since the lookup), reshaped or malformed,
-chunked prefills, delayed caching, headroom (``reserved_blocks``) and
-in-flight counts; the differential machines hold both to the reference.
+chunked prefills, delayed caching, headroom (``reserved_blocks`` and
+``watermark_blocks``, D-API-48) and in-flight counts; the differential
+machines hold both to the reference.
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def test_admission_step_equals_the_general_path(events: bool, seed: int) -> None
             args: dict[str, Any] = {"num_new_tokens": chunk, "delay_cache_blocks": rng.random() < 0.15}
             if rng.random() < 0.2:
                 args["reserved_blocks"] = rng.choice([0, 1, 5, 30, -1, 2.0])
+            if rng.random() < 0.2:  # the engine's watermark (D-API-48)
+                args["watermark_blocks"] = rng.choice([0, 1, 5, 30, -1, 2.0])
             if rng.random() < 0.1:
                 args["num_in_flight_tokens"] = rng.choice([0, 3, -2])
             if rng.random() < 0.3:  # the whole request must fit too (vLLM's admission), or a truthy non-bool
@@ -197,8 +200,8 @@ def _admit_both(twins: tuple[KVCacheManager, KVCacheManager], prompt: list[int],
             facts = RequestFacts(request)
             result = step(facts, call.pop("num_new_tokens"), call.pop("num_new_computed_tokens"),
                           call.pop("new_computed_blocks"), call.pop("delay_cache_blocks", False),
-                          call.pop("reserved_blocks", 0), call.pop("num_in_flight_tokens", 0),
-                          call.pop("full_sequence_must_fit", False))
+                          call.pop("reserved_blocks", 0), call.pop("watermark_blocks", 0),
+                          call.pop("num_in_flight_tokens", 0), call.pop("full_sequence_must_fit", False))
             assert (result is not TAKE_GENERAL_PATH) == settle, (prompt, args)
             if result is TAKE_GENERAL_PATH:
                 result = manager.allocate_slots(request, **{
@@ -231,6 +234,7 @@ def test_admission_step_settles_every_well_formed_new_request() -> None:
     _admit_both(twins, prefix + [9])  # hit: both blocks of the prefix, the request's every hash
     _admit_both(twins, prefix + [5] * 16)  # main == max_model_len (8 hit + 16 new)
     _admit_both(twins, prefix + [4], reserved_blocks=1, num_in_flight_tokens=3)
+    _admit_both(twins, prefix + [1], reserved_blocks=1, watermark_blocks=2, full_sequence_must_fit=True)
     _admit_both(twins, prefix + [3, 3], delay_cache_blocks=True)
     _admit_both(twins, prefix + [2], num_new_tokens=9)  # 8 + 9 > 9 tokens: caching stops at the prompt
     # Demand against the free queue, exactly: a pool of 1 + 6 blocks; the
@@ -247,19 +251,32 @@ def test_admission_step_settles_every_well_formed_new_request() -> None:
             assert (outcome is None) == bool(short), (holder_freed, short)
     # The whole request must fit (D-PERF-19): a chunk of 4 tokens needs 1 new
     # block, the whole 21-token request 4 beyond its 2 hit blocks, which are
-    # free or held. Either way the chunk alone fits with ``short`` held back;
-    # with the flag the whole request fits only when nothing is held back.
+    # free or held: 4 blocks to spare either way. The chunk fits with a
+    # reserved block and a watermark block kept; the whole request keeps
+    # the watermark but not the reserved block (D-API-48), so it fits unless
+    # a watermark block is kept.
     for holder_freed in (False, True):
-        for short in (0, 1):
-            for whole in (False, True):
-                twins = _twins(7)
-                outcome, holders = _admit_both(twins, [3] * 8)
-                if holder_freed:
-                    for manager, holder in zip(twins, holders):
-                        manager.free(holder)
-                outcome, _ = _admit_both(twins, [3] * 8 + [4] * 13, num_new_tokens=4, reserved_blocks=short,
-                                         full_sequence_must_fit=whole)
-                assert (outcome is None) == (whole and bool(short)), (holder_freed, short, whole)
+        for reserved in (0, 1):
+            for watermark in (0, 1):
+                for whole in (False, True):
+                    twins = _twins(7)
+                    outcome, holders = _admit_both(twins, [3] * 8)
+                    if holder_freed:
+                        for manager, holder in zip(twins, holders):
+                            manager.free(holder)
+                    outcome, _ = _admit_both(twins, [3] * 8 + [4] * 13, num_new_tokens=4,
+                                             reserved_blocks=reserved, watermark_blocks=watermark,
+                                             full_sequence_must_fit=whole)
+                    assert (outcome is None) == (whole and bool(watermark)), (
+                        holder_freed, reserved, watermark, whole)
+    # The step's demand keeps both: the chunk (1 block) with 3 reserved and 1
+    # watermark block needs 5 of the 4 free, with 3 + 0 it fits exactly.
+    for watermark in (0, 1):
+        twins = _twins(7)
+        _admit_both(twins, [3] * 8)
+        outcome, _ = _admit_both(twins, [3] * 8 + [4] * 13, num_new_tokens=4, reserved_blocks=3,
+                                 watermark_blocks=watermark)
+        assert (outcome is None) == bool(watermark), watermark
     # Past max_model_len the whole request counts at max_model_len, as the
     # general path caps it: 6 blocks of the 7 free, not 8.
     twins = _twins(8, max_model_len=24)

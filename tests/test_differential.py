@@ -58,6 +58,7 @@ from tests.strategies import (
     LOOKAHEAD,
     OUTPUT_TOKENS,
     RESERVED_BLOCKS,
+    WATERMARK_BLOCKS,
     WHOLE_SEQUENCE,
     Setup,
     full_attention_setups,
@@ -266,12 +267,13 @@ class Lockstep(RuleBasedStateMachine):
         chunk = data.draw(st.integers(0 if hit_tokens + external else 1, remaining - external),
                           label="num_new_tokens")
         reserved = data.draw(RESERVED_BLOCKS, label="reserved_blocks")
+        watermark = data.draw(WATERMARK_BLOCKS, label="watermark_blocks")  # both gates keep it (D-API-48)
         encoder_tokens = self.setup.encoder_tokens
         out = self.each(lambda i, m: m.allocate_slots(
             pair.requests[i], chunk, hit_tokens, blocks[i], num_lookahead_tokens=lookahead,
             num_external_computed_tokens=external, delay_cache_blocks=delay,
             num_encoder_tokens=encoder_tokens, full_sequence_must_fit=whole,
-            reserved_blocks=reserved))
+            reserved_blocks=reserved, watermark_blocks=watermark))
         if out[0] is not None:
             pair.known = True
             self.check_allocation(pair, hit_tokens + external, chunk, lookahead)
@@ -289,9 +291,10 @@ class Lockstep(RuleBasedStateMachine):
         in_flight = (data.draw(st.integers(0, pair.num_computed), label="num_in_flight_tokens")
                      if data.draw(st.integers(0, 3), label="asynchronous") == 0 else 0)
         reserved = data.draw(RESERVED_BLOCKS, label="reserved_blocks")
+        watermark = data.draw(WATERMARK_BLOCKS, label="watermark_blocks")  # the decode fast path steps aside
         out = self.each(lambda i, m: m.allocate_slots(pair.requests[i], chunk, num_lookahead_tokens=lookahead,
                                                       delay_cache_blocks=delay, reserved_blocks=reserved,
-                                                      num_in_flight_tokens=in_flight))
+                                                      num_in_flight_tokens=in_flight, watermark_blocks=watermark))
         # The in-flight tokens widen the live window like new ones (SWA-1 cap).
         self.check_allocation(pair, max(0, pair.num_computed - in_flight), chunk + in_flight, lookahead)
         if out[0] is not None:
@@ -402,7 +405,8 @@ class Lockstep(RuleBasedStateMachine):
     # -- misuse: all refuse with the same typed error, state unchanged ----------------
 
     @rule(request_id=request_ids, count=BAD_TOKEN_COUNTS,
-          keyword=st.sampled_from(["num_new_tokens", "reserved_blocks", "num_in_flight_tokens"]))
+          keyword=st.sampled_from(["num_new_tokens", "reserved_blocks", "watermark_blocks",
+                                  "num_in_flight_tokens"]))
     def allocate_bad_token_count(self, request_id: str, count: int, keyword: str) -> None:
         pair = self.tracked[request_id]
         if keyword == "num_new_tokens":

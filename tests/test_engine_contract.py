@@ -48,6 +48,65 @@ def test_reserved_blocks_are_kept_free(impl: ModuleType) -> None:
         manager.allocate_slots(request, 1, reserved_blocks=-1)
 
 
+# vLLM 0.33's two admission gates for the same calls, recorded from stock vLLM
+# (the setup of its test_full_sequence_admission_reserves_device_blocks_for_immediate_chunk:
+# 16-token blocks, 10 usable, a new 128-token request that needs 8 blocks in all):
+# (watermark_blocks, reserved_blocks, full_sequence_must_fit, num_new_tokens, new block ids).
+TWO_GATES = [
+    (0, 4, True, 16, [1]),  # vLLM's [4-True]: 1 + 4 <= 10 for the chunk, 8 <= 10 for the whole
+    (0, 10, True, 16, None),  # vLLM's [10-False]: 1 + 10 > 10
+    (0, 9, True, 16, [1]),
+    (0, 9, True, 40, None),  # 3 + 9 > 10
+    (1, 4, True, 40, [1, 2, 3]),
+    (1, 9, True, 16, None),  # 1 + 9 + 1 > 10
+    (2, 2, True, 40, [1, 2, 3]),  # the whole request: 8 + 2 = 10
+    (3, 0, True, 16, None),  # the whole request: 8 + 3 > 10
+    (3, 0, False, 16, [1]),
+    (3, 4, False, 40, [1, 2, 3]),  # 3 + 4 + 3 = 10
+    (3, 9, False, 16, None),
+]
+
+
+def test_watermark_keeps_both_gates_reserved_blocks_the_step_only(impl: ModuleType) -> None:
+    """D-API-48: the step's demand keeps reserved_blocks and the watermark
+    free, the whole request (full_sequence_must_fit) the watermark only;
+    block for block what vLLM 0.33 gives for the same calls. The optimized
+    manager is tried on its admission step and on the general path."""
+    for watermark, reserved, whole, chunk, expected in TWO_GATES:
+        managers = [build_manager(impl, (full(16),), num_blocks=11, max_model_len=128)]
+        if hasattr(managers[0].coordinator, "admit_step"):  # optimized: the general path too
+            managers.append(build_manager(impl, (full(16),), num_blocks=11, max_model_len=128))
+            managers[1].coordinator.admit_step = None
+        for manager in managers:
+            request = manager.make_request("chunk", list(range(128)))
+            before = manager.snapshot()
+            blocks = manager.allocate_slots(request, chunk, full_sequence_must_fit=whole,
+                                            reserved_blocks=reserved, watermark_blocks=watermark)
+            case = (watermark, reserved, whole, chunk)
+            if expected is None:
+                assert blocks is None, case
+                assert manager.snapshot() == before, case
+            else:
+                assert blocks is not None and blocks.get_block_ids() == (expected,), case
+            assert manager.block_pool.get_num_free_blocks() == 10 - len(expected or []), case
+
+
+def test_watermark_holds_on_decode_steps(impl: ModuleType) -> None:
+    """D-API-48: a known request's step keeps the watermark too (the
+    optimized decode fast path steps aside for it); a refusal changes nothing."""
+    manager = make(impl, num_blocks=4)  # 3 usable blocks of 4 tokens
+    request = manager.make_request("r", list(range(4)))
+    assert manager.allocate_slots(request, 4) is not None
+    request.num_computed_tokens = 4
+    request.append_output_token_ids(7)  # the 5th token needs a 2nd block; 2 are free
+    before = manager.snapshot()
+    assert manager.allocate_slots(request, 1, watermark_blocks=2) is None
+    assert manager.allocate_slots(request, 1, watermark_blocks=1, reserved_blocks=1) is None
+    assert manager.snapshot() == before
+    blocks = manager.allocate_slots(request, 1, watermark_blocks=1)
+    assert blocks is not None and blocks.get_block_ids() == ([2],)
+
+
 def test_in_flight_tokens_keep_their_window(impl: ModuleType) -> None:
     """D-API-14: skipped blocks are removed on the settled basis, total - in flight."""
     settled = make(impl, window(), num_blocks=20)

@@ -9,9 +9,10 @@ cached, evicted, freed and in which order -- is pagedkv's.
 
 Where vLLM 0.33's scheduler needs an operation pagedkv's facade does not
 offer as such, this layer composes it from pagedkv operations and says so
-at the method (``pop_blocks_for_free`` = pin + free, D-VLLM-3); the
-watermark and ``reserved_blocks`` become pagedkv's ``reserved_blocks``
-(D-API-13). docs/vllm.md lists what differs from vLLM.
+at the method (``pop_blocks_for_free`` = pin + free, D-VLLM-3); vLLM's
+``reserved_blocks`` and watermark pass as pagedkv's ``reserved_blocks`` and
+``watermark_blocks`` (D-API-13, D-API-48). docs/vllm.md lists what differs
+from vLLM.
 """
 
 from __future__ import annotations
@@ -296,7 +297,7 @@ class KVCacheManager(StepDrains):
         # block_hashes, which vLLM's Request holds as the view would give them
         # (the step takes the general path for any other type). Everything
         # else is what the general path below passes for these arguments:
-        # no hit, headroom 0, nothing in flight, no zeroing to record.
+        # no hit, no reserved block or watermark, nothing in flight, no zeroing to record.
         zero = 0  # the cached int 0, as the core compares it
         if (type(request) is _VLLM_REQUEST and new_computed_blocks is None
                 and num_new_computed_tokens is zero and num_lookahead_tokens is zero
@@ -318,9 +319,9 @@ class KVCacheManager(StepDrains):
                 num_new_computed_tokens == 0):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
-        headroom = reserved_blocks
+        watermark = 0  # for a waiting request while others are scheduled (D-VLLM-4)
         if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES:
-            headroom += self.watermark_blocks
+            watermark = self.watermark_blocks
         hit: CoreBlocks | None = None
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
             # The core takes only its own KVCacheBlocks (D-API-25): rebuild one
@@ -347,8 +348,8 @@ class KVCacheManager(StepDrains):
                 # would (D-PERF-23); events read the tokens and LoRA: the snapshot then.
                 new_blocks = admit_step(
                     capture_request(request) if self._core_pool.enable_kv_cache_events else request,
-                    num_new_tokens, num_new_computed_tokens, hit, delay_cache_blocks, headroom,
-                    in_flight, full_sequence_must_fit)
+                    num_new_tokens, num_new_computed_tokens, hit, delay_cache_blocks, reserved_blocks,
+                    watermark, in_flight, full_sequence_must_fit)
             if new_blocks is TAKE_GENERAL_PATH:
                 # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
                 core_request = capture_request(request)
@@ -359,7 +360,8 @@ class KVCacheManager(StepDrains):
                 core_request, num_new_tokens, num_new_computed_tokens,
                 hit, num_lookahead_tokens, num_external_computed_tokens,
                 delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
-                reserved_blocks=headroom, num_in_flight_tokens=in_flight)
+                reserved_blocks=reserved_blocks, num_in_flight_tokens=in_flight,
+                watermark_blocks=watermark)
         if new_blocks is None:
             return None
         if zeroing.groups:
