@@ -220,3 +220,18 @@ def test_host_publications_and_evictions_are_cpu_events_of_the_source_group() ->
     [removed] = manager.take_events()
     assert isinstance(removed, BlockRemoved) and (removed.medium, removed.group_idx) == ("CPU", 0)
     assert removed.block_hashes == host[0].block_hashes[1:]
+
+
+def test_hisparse_whole_request_gate_keeps_reserved_and_tier_blocks() -> None:
+    """D-API-48 leaves the HiSparse gate as it was: the tier's step need and
+    ``reserved_blocks`` stay free beside the whole request's device blocks
+    too (``tier_blocks``), since that gate counts no tier page of its own.
+    9 usable blocks; a 128-token request needs 8 indexer blocks in all, its
+    16-token chunk 1 indexer block and 1 resident page. (vLLM 0.33 refuses
+    both calls: its whole-request gate also counts the resident pages of the
+    whole sequence, up to the admission cap; the tier does not, yet.)"""
+    for reserved, expected in ((0, [[1], [1], [2], []]), (1, None)):
+        manager = _manager(num_blocks=10, enable_caching=False)
+        blocks = manager.allocate_slots(_request("r", 128), B, full_sequence_must_fit=True,
+                                        reserved_blocks=reserved)
+        assert (None if blocks is None else [list(group) for group in blocks.get_block_ids()]) == expected, reserved

@@ -228,7 +228,10 @@ class HiSparseKVCacheManager:
                        num_encoder_tokens: int = 0, reserved_blocks: int = 0,
                        **kwargs: Any) -> Any:
         """Both parts or neither: the tier's needs are checked first and kept
-        free while the device groups allocate, then the tier allocates."""
+        free while the device groups allocate, then the tier allocates. The
+        tier's step need and ``reserved_blocks`` are kept beside both the
+        step's blocks and the whole request's (``tier_blocks``), as before
+        D-API-48: the whole request's gate counts no tier page of its own."""
         request_id = request.request_id
         total = min(request.num_computed_tokens + num_new_computed_tokens
                     + num_external_computed_tokens + num_new_tokens + num_lookahead_tokens,
@@ -255,7 +258,7 @@ class HiSparseKVCacheManager:
         device = self._inner.allocate_slots(
             request, num_new_tokens, num_new_computed_tokens, device_hit, num_lookahead_tokens,
             external, delay_cache_blocks, num_encoder_tokens,
-            reserved_blocks=reserved_blocks + device_need, **kwargs)
+            tier_blocks=reserved_blocks + device_need, **kwargs)
         if device is None:
             return None
         self._tier.device_blocks_taken([b.block_id for group in device.blocks for b in group])

@@ -286,10 +286,15 @@ class KVCacheManager(StepDrains):
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: tuple[int, ...] = (),
+        *,
+        tier_blocks: int = 0,
     ) -> Any:
         """Slots for ``num_new_tokens`` more tokens; None when they do not fit
-        with ``reserved_blocks`` (and, for a waiting request while others are
-        scheduled, the watermark) kept free."""
+        with ``reserved_blocks`` and, for a waiting request while others are
+        scheduled, the watermark kept free (the whole request, with
+        ``full_sequence_must_fit``, keeps the watermark only: D-API-48).
+        ``tier_blocks`` (pagedkv's, not vLLM's): device blocks a host tier
+        takes once this call returns, kept free beside both, as the watermark."""
         # The scheduler's commonest call, once per running request per step:
         # a plain decode step of vLLM's own Request. The core's decode step
         # reads the request itself, without the view (D-PERF-11): with events
@@ -302,7 +307,7 @@ class KVCacheManager(StepDrains):
         if (type(request) is _VLLM_REQUEST and new_computed_blocks is None
                 and num_new_computed_tokens is zero and num_lookahead_tokens is zero
                 and num_external_computed_tokens is zero and num_encoder_tokens is zero
-                and reserved_blocks is zero and not full_sequence_must_fit
+                and reserved_blocks is zero and tier_blocks is zero and not full_sequence_must_fit
                 and type(num_new_tokens) is int and num_new_tokens >= 1):
             decode_step = self._core_coordinator.decode_step
             if (decode_step is not None and not self._zeroing.groups
@@ -319,9 +324,9 @@ class KVCacheManager(StepDrains):
                 num_new_computed_tokens == 0):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
-        watermark = 0  # for a waiting request while others are scheduled (D-VLLM-4)
+        watermark = tier_blocks  # plus vLLM's, for a waiting request while others are scheduled (D-VLLM-4)
         if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES:
-            watermark = self.watermark_blocks
+            watermark += self.watermark_blocks
         hit: CoreBlocks | None = None
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
             # The core takes only its own KVCacheBlocks (D-API-25): rebuild one
