@@ -173,6 +173,28 @@ def test_watermark_keeps_headroom_for_waiting_requests() -> None:
     assert manager.allocate_slots(request, 16 * 8, has_scheduled_reqs=False) is not None
 
 
+@pytest.mark.parametrize("caching", [True, False])  # the core's admission step, the general path
+def test_watermark_and_reserved_blocks_pass_separately(caching: bool) -> None:
+    """D-API-48: vLLM's two gates through the adapter, block ids as stock vLLM 0.33
+    gives them (10 usable blocks, a 128-token request needing 8, a 16-token chunk):
+    reserved_blocks keeps the chunk's gate only, the watermark both."""
+    cases = [  # (watermark, reserved_blocks, has_scheduled_reqs, new block ids)
+        (0.0, 4, True, [1]),  # vLLM's test_full_sequence_admission_..._immediate_chunk[4-True]
+        (0.0, 10, True, None),  # ... [10-False]
+        (0.2, 4, True, [1]),  # whole 8 + 2 <= 10, chunk 1 + 4 + 2 <= 10
+        (0.2, 9, True, None),  # chunk 1 + 9 + 2 > 10
+        (0.3, 0, True, None),  # whole 8 + 3 > 10
+        (0.3, 0, False, [1]),  # nothing else scheduled: no watermark
+    ]
+    for watermark, reserved, scheduled, expected in cases:
+        manager, make_request, _ = _make(num_blocks=11, watermark=watermark, enable_caching=caching)
+        blocks = manager.allocate_slots(make_request("chunk", list(range(128))), 16,
+                                        full_sequence_must_fit=True, reserved_blocks=reserved,
+                                        has_scheduled_reqs=scheduled)
+        got = None if blocks is None else blocks.get_block_ids()
+        assert got == (None if expected is None else ([*expected],)), (watermark, reserved, scheduled)
+
+
 def test_scheduler_builds_the_pagedkv_manager() -> None:
     _, _, module = _make()
     from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
