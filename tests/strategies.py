@@ -56,6 +56,13 @@ RESERVED_BLOCKS = st.integers(0, 4).flatmap(lambda n: st.integers(0, 3) if n == 
 """``allocate_slots(reserved_blocks=...)``: mostly none, sometimes a few (D-API-13)."""
 WATERMARK_BLOCKS = st.integers(0, 4).flatmap(lambda n: st.integers(0, 3) if n == 0 else st.just(0))
 """``allocate_slots(watermark_blocks=...)``: mostly none, sometimes a few (D-API-48)."""
+
+
+def headroom(few: st.SearchStrategy[int], num_free_blocks: int) -> st.SearchStrategy[int]:
+    """``few``, or now and then any count up to the free blocks: a headroom
+    at the pool's edge, where the step's gate and the whole request's gate
+    (D-API-48) can disagree."""
+    return st.integers(0, 5).flatmap(lambda n: st.integers(0, num_free_blocks) if n == 0 else few)
 TAILS = st.lists(ALPHABET, max_size=12)
 """A new request's tokens after the shared prefix it starts with."""
 

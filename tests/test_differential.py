@@ -62,6 +62,7 @@ from tests.strategies import (
     WHOLE_SEQUENCE,
     Setup,
     full_attention_setups,
+    headroom,
     prompts,
     request_extras,
 )
@@ -266,8 +267,10 @@ class Lockstep(RuleBasedStateMachine):
         # Adopting a hit or external tokens may bring no new token (D-API-12).
         chunk = data.draw(st.integers(0 if hit_tokens + external else 1, remaining - external),
                           label="num_new_tokens")
-        reserved = data.draw(RESERVED_BLOCKS, label="reserved_blocks")
-        watermark = data.draw(WATERMARK_BLOCKS, label="watermark_blocks")  # both gates keep it (D-API-48)
+        # Headroom for other work (D-API-13) and the engine's watermark (D-API-48).
+        free = self.managers[0].block_pool.get_num_free_blocks()
+        reserved = data.draw(headroom(RESERVED_BLOCKS, free), label="reserved_blocks")
+        watermark = data.draw(headroom(WATERMARK_BLOCKS, free), label="watermark_blocks")
         encoder_tokens = self.setup.encoder_tokens
         out = self.each(lambda i, m: m.allocate_slots(
             pair.requests[i], chunk, hit_tokens, blocks[i], num_lookahead_tokens=lookahead,
