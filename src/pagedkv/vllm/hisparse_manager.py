@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from pagedkv.optimized.hisparse import HostTierManager
+from pagedkv.spec.hisparse_rules import full_sequence_need
 
 from . import _compat
 from .config import UnsupportedVllmSpecError
@@ -28,6 +29,7 @@ from .hisparse_views import (
     host_events,
     make_hisparse_coordinator,
 )
+from .manager import _WAITING_STATES
 
 __all__ = ["HiSparseKVCacheManager"]
 
@@ -229,9 +231,10 @@ class HiSparseKVCacheManager:
                        **kwargs: Any) -> Any:
         """Both parts or neither: the tier's needs are checked first and kept
         free while the device groups allocate, then the tier allocates. The
-        tier's step need and ``reserved_blocks`` are kept beside both the
-        step's blocks and the whole request's (``tier_blocks``), as before
-        D-API-48: the whole request's gate counts no tier page of its own."""
+        tier's step need and ``reserved_blocks`` are kept free beside the
+        step's blocks (``tier_blocks``; the device groups' adapter then gates
+        the step only); with ``full_sequence_must_fit`` the whole request is
+        gated here first, as vLLM 0.33 counts it (D-HOST-28)."""
         request_id = request.request_id
         total = min(request.num_computed_tokens + num_new_computed_tokens
                     + num_external_computed_tokens + num_new_tokens + num_lookahead_tokens,
@@ -252,9 +255,10 @@ class HiSparseKVCacheManager:
         free_host = self._tier.num_free_host_blocks()
         if host_need > free_host:
             return None
-        if kwargs.get("full_sequence_must_fit") and self._tier_full_sequence_host(
-                request, hit, external, local_tokens) > free_host:
-            return None  # every page of the whole sequence needs a host block (D-HOST-11)
+        if kwargs.pop("full_sequence_must_fit", False) and not self._whole_request_fits(
+                request, hit, external, local_tokens, device_hit, num_lookahead_tokens,
+                num_encoder_tokens, bool(kwargs.get("has_scheduled_reqs", True))):
+            return None
         device = self._inner.allocate_slots(
             request, num_new_tokens, num_new_computed_tokens, device_hit, num_lookahead_tokens,
             external, delay_cache_blocks, num_encoder_tokens,
@@ -299,16 +303,39 @@ class HiSparseKVCacheManager:
         device = self._inner.truncate_computed_blocks(device, num_hit)
         return self._blocks(device.blocks, host, [], []), num_hit, 0
 
-    def _tier_full_sequence_host(self, request: Any, hit: list[int], external: int,
-                                 local_tokens: int | None) -> int:
-        """Free host blocks the request's whole sequence still needs: an
-        admission gate (``full_sequence_must_fit``) checks it besides the
-        chunk's, as vLLM's source group counts the full sequence."""
+    def _whole_request_fits(self, request: Any, hit: list[int], external: int,
+                            local_tokens: int | None, device_hit: Any, num_lookahead_tokens: int,
+                            num_encoder_tokens: int, has_scheduled_reqs: bool) -> bool:
+        """The whole-request gate (``full_sequence_must_fit``), counted as
+        vLLM 0.33 counts it (D-HOST-28): the host blocks of every page of the
+        whole sequence, and on the device the device groups' whole-request
+        blocks (the core's admission count) plus the tier's whole-sequence
+        device need (resident pages up to the admission window, the hot
+        region where one is due), with the watermark only: ``reserved_blocks``
+        and the tier's step need guard the step, not the whole request."""
         tokens = min(request.num_tokens, self.max_model_len)
         if request.request_id in self._tier.requests:
-            return self._tier.full_sequence_blocks(request.request_id, tokens)[0]
-        return self._tier.capacity_needed(request.request_id, tokens, hit, external,
-                                          local_tokens)[0]
+            host, tier_device = self._tier.full_sequence_blocks(request.request_id, tokens)
+        else:
+            host, tier_device = self._tier.capacity_needed(
+                request.request_id, tokens, hit, external, local_tokens)
+            if not external:  # an import keeps its pages writable uncapped, as vLLM's
+                tier_device = full_sequence_need(self._tier.config, tokens, held_pages=len(hit),
+                                                 hot_missing=bool(hit))[1]
+        if host > self._tier.num_free_host_blocks():
+            return False  # every page of the whole sequence needs a host block (D-HOST-11)
+        inner = self._inner
+        hits = None if device_hit is None else tuple(
+            [int(block.block_id) for block in group] for group in device_hit.blocks)
+        device = inner._core_coordinator.full_sequence_demand(
+            request_id=request.request_id,
+            num_tokens=min(request.num_tokens + num_lookahead_tokens, self.max_model_len),
+            new_computed_blocks=hits if hits and any(hits) else None,
+            num_encoder_tokens=num_encoder_tokens)
+        watermark = 0
+        if has_scheduled_reqs and request.status in _WAITING_STATES:
+            watermark = int(inner.watermark_blocks)
+        return bool(device + tier_device + watermark <= inner.block_pool.get_num_free_blocks())
 
     def _host_hit(self, block_hashes: Any, max_length: int) -> list[Any]:
         """The host cache's hit on these hashes, whole pages up to ``max_length`` tokens."""
