@@ -222,16 +222,60 @@ def test_host_publications_and_evictions_are_cpu_events_of_the_source_group() ->
     assert removed.block_hashes == host[0].block_hashes[1:]
 
 
-def test_hisparse_whole_request_gate_keeps_reserved_and_tier_blocks() -> None:
-    """D-API-48 leaves the HiSparse gate as it was: the tier's step need and
-    ``reserved_blocks`` stay free beside the whole request's device blocks
-    too (``tier_blocks``), since that gate counts no tier page of its own.
-    9 usable blocks; a 128-token request needs 8 indexer blocks in all, its
-    16-token chunk 1 indexer block and 1 resident page. (vLLM 0.33 refuses
-    both calls: its whole-request gate also counts the resident pages of the
-    whole sequence, up to the admission cap; the tier does not, yet.)"""
-    for reserved, expected in ((0, [[1], [1], [2], []]), (1, None)):
-        manager = _manager(num_blocks=10, enable_caching=False)
-        blocks = manager.allocate_slots(_request("r", 128), B, full_sequence_must_fit=True,
-                                        reserved_blocks=reserved)
-        assert (None if blocks is None else [list(group) for group in blocks.get_block_ids()]) == expected, reserved
+def _ids(blocks: Any) -> Any:
+    return None if blocks is None else [list(group) for group in blocks.get_block_ids()]
+
+
+# 128-token requests (8 pages of 16 tokens); each expected result is stock
+# vLLM 0.33's for the same call on the same config (D-HOST-28).
+@pytest.mark.parametrize(("num_blocks", "reserved", "chunk", "max_in_flight", "expected"), [
+    # 8 indexer blocks + 8 resident pages > 9 free: pagedkv admitted before D-HOST-28.
+    (10, 0, B, None, None),
+    (16, 0, 4 * B, None, None),  # 16 > 15 free (also admitted before)
+    (17, 0, B, None, [[1], [1], [2], []]),  # 16 = 16 free
+    (17, 4, B, None, [[1], [1], [2], []]),  # reserved_blocks guards the step only
+    # Admission cap cdiv(48, 16) = 3 resident pages: 8 + 3 = 11 free. pagedkv
+    # refused before (8 + the step's 3 pages + 2 reserved), vLLM admits.
+    (12, 2, 3 * B, 3 * B, [[1, 2, 3], [1, 2, 3], [4, 5, 6], []]),
+    (11, 0, 3 * B, 3 * B, None),
+])
+def test_hisparse_whole_request_gate_counts_resident_pages_as_vllm(
+        num_blocks: int, reserved: int, chunk: int, max_in_flight: int | None, expected: Any) -> None:
+    """D-HOST-28: the whole-request gate counts the device groups' blocks of
+    the whole sequence plus its resident pages up to the admission cap, and
+    keeps only the watermark free; not reserved_blocks nor the step's pages."""
+    manager = _manager(num_blocks=num_blocks, enable_caching=False, max_in_flight_tokens=max_in_flight)
+    blocks = manager.allocate_slots(_request("r", 128), chunk, full_sequence_must_fit=True,
+                                    reserved_blocks=reserved)
+    assert _ids(blocks) == expected
+    if expected is None:  # a refused call changes nothing
+        assert manager.block_pool.get_num_free_blocks() == num_blocks - 1
+        assert manager.get_block_ids("r") == ([], [], [], [])
+
+
+@pytest.mark.parametrize(("num_blocks", "expected"), [(16, None), (17, [[2, 3], [3, 4], [5, 6], []])])
+def test_hisparse_whole_request_gate_counts_what_a_known_request_holds(
+        num_blocks: int, expected: Any) -> None:
+    """A running request's second chunk (stock vLLM 0.33's results): it holds
+    1 indexer block and 1 resident page, the whole sequence needs 7 more of
+    each; 14 > 13 free refuses (pagedkv admitted before D-HOST-28), 14 = 14 fits."""
+    manager = _manager(num_blocks=num_blocks, enable_caching=False)
+    request = _request("r", 128)
+    assert _ids(manager.allocate_slots(request, B)) == [[1], [1], [2], []]
+    request.num_computed_tokens = B
+    assert _ids(manager.allocate_slots(request, 2 * B, full_sequence_must_fit=True,
+                                       reserved_blocks=2)) == expected
+
+
+@pytest.mark.parametrize(("num_blocks", "scheduled", "admitted"),
+                         [(20, True, False), (21, True, True), (17, False, True)])
+def test_hisparse_whole_request_gate_keeps_the_watermark(
+        num_blocks: int, scheduled: bool, admitted: bool) -> None:
+    """vLLM's watermark (20%, a waiting request while others are scheduled)
+    stays free beside the whole request's 16 blocks: 16 + 4 > 19 free, 16 +
+    int(4.2) = 20 free, and 16 = 16 free with no request scheduled (stock
+    vLLM 0.33's results; pagedkv admitted all three before D-HOST-28)."""
+    manager = _manager(num_blocks=num_blocks, enable_caching=False, watermark=0.2)
+    blocks = manager.allocate_slots(_request("r", 128), B, full_sequence_must_fit=True,
+                                    has_scheduled_reqs=scheduled)
+    assert _ids(blocks) == ([[1], [1], [2], []] if admitted else None)
