@@ -279,3 +279,22 @@ def test_hisparse_whole_request_gate_keeps_the_watermark(
     blocks = manager.allocate_slots(_request("r", 128), B, full_sequence_must_fit=True,
                                     has_scheduled_reqs=scheduled)
     assert _ids(blocks) == ([[1], [1], [2], []] if admitted else None)
+
+
+@pytest.mark.parametrize(("argument", "value"), [
+    ("num_new_tokens", 1.5), ("num_new_tokens", -1), ("reserved_blocks", -1),
+    ("num_lookahead_tokens", True), ("num_new_computed_tokens", "16")])
+@pytest.mark.parametrize("whole", [False, True])
+def test_hisparse_malformed_counts_raise_the_typed_error_and_change_nothing(
+        argument: str, value: Any, whole: bool) -> None:
+    """A malformed count raises InvalidTokenCountError naming it, with or
+    without the whole-request gate (which reads the counts before the device
+    groups' adapter would check them), and changes nothing."""
+    from pagedkv.spec.errors import InvalidTokenCountError
+
+    manager = _manager(num_blocks=20, enable_caching=False)
+    args: dict[str, Any] = {"num_new_tokens": B, argument: value}
+    with pytest.raises(InvalidTokenCountError, match=argument):
+        manager.allocate_slots(_request("r", 128), full_sequence_must_fit=whole, **args)
+    assert manager.block_pool.get_num_free_blocks() == 19
+    assert manager.get_block_ids("r") == ([], [], [], [])

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from pagedkv.optimized.hisparse import HostTierManager
+from pagedkv.spec.allocate_args import check_counts
 from pagedkv.spec.hisparse_rules import full_sequence_need
 
 from . import _compat
@@ -234,8 +235,15 @@ class HiSparseKVCacheManager:
         tier's step need and ``reserved_blocks`` are kept free beside the
         step's blocks (``tier_blocks``; the device groups' adapter then gates
         the step only); with ``full_sequence_must_fit`` the whole request is
-        gated here first, as vLLM 0.33 counts it (D-HOST-28)."""
+        gated here first, as vLLM 0.33 counts it (D-HOST-28). Malformed
+        counts raise the core's typed error before either tier reads them."""
         request_id = request.request_id
+        # Check 1a/1b (spec/allocate_args.py) first: the tier's counts and the
+        # whole-request gate run before the device groups' adapter validates.
+        # Whether the request is known is the device adapter's check (1b″).
+        check_counts(request, True, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                     num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
+                     getattr(request, "num_in_flight_tokens", 0) or 0)
         total = min(request.num_computed_tokens + num_new_computed_tokens
                     + num_external_computed_tokens + num_new_tokens + num_lookahead_tokens,
                     self.max_model_len)
