@@ -171,7 +171,7 @@ def main() -> int:
         per_call = {name: (statistics.median(x) * 1e6, 1e6 * sum(v for v in x if v <= TRIM_S) / len(x),
                            1e6 * sum(v for v in x if v <= TRIM_S) / steps)
                     for name, x in samples.items()}
-        figures[variant] = (summed, trimmed, req_s, per_call)
+        figures[variant] = (summed, trimmed, req_s, per_call, steps)
         print(f"{variant:8s} KV-manager µs/step: summed {summed:7.1f} (per round "
               f"{[round(1e6 * r['timing']['kv_seconds'] / r['timing']['steps'], 1) for r in runs]}), "
               f"calls over 1 ms left out {trimmed:6.1f}; req/s {req_s:.2f}")
@@ -183,13 +183,17 @@ def main() -> int:
         a, b = s[3][name], p[3].get(name, (0.0, 0.0, 0.0))
         print(f"  {name:30s} {a[0]:7.2f} {a[1]:7.2f} {a[2]:7.1f}   {b[0]:7.2f} {b[1]:7.2f} {b[2]:7.1f}")
     if BY_KIND:
-        print("allocate_slots by kind, µs per call at p50 / p90 / p99 (stock | pagedkv):")
+        print("allocate_slots by kind, µs per call at p50 / p90 / p99, calls and µs per step "
+              "without calls over 1 ms (stock | pagedkv):")
         for kind in ALLOCATE_KINDS:
             cells = []
             for variant in ("stock", "pagedkv"):
                 xs = sorted(SAMPLES[variant].get(kind, [0.0]))
+                steps = figures[variant][4]
                 cells.append(" / ".join(f"{1e6 * xs[min(len(xs) - 1, int(len(xs) * f))]:6.2f}"
-                                        for f in (0.5, 0.9, 0.99)))
+                                        for f in (0.5, 0.9, 0.99))
+                             + f"  {len(SAMPLES[variant].get(kind, [])) / steps:5.2f} "
+                             f"{1e6 * sum(x for x in xs if x <= TRIM_S) / steps:5.1f}")
             print(f"  {kind:30s} {cells[0]}   |   {cells[1]}")
     return 0
 
