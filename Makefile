@@ -15,7 +15,7 @@ MODULE_LIST := $(VENV)/.modules
 # (2 cores: test and crosshair side by side cut verify's wall time by a third to a half; each
 # gate's output is printed when it finishes). A new gate: add a target below, append it here.
 VERIFY_CHECKS := lint typecheck
-VERIFY_GATES := test crosshair
+VERIFY_GATES := test crosshair test-pure
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,17 @@ $(MODULE_LIST): $(STAMP) FORCE
 
 FORCE:
 
-install: $(MODULE_LIST)
+# The optional C loops (optimized/_native.c, D-PERF-26): rebuilt when the source changes. Without a
+# C compiler the build skips the module and the Python loops run.
+NATIVE_STAMP := $(VENV)/.native
+$(NATIVE_STAMP): optimized/_native.c setup.py $(STAMP)
+	$(PIP) install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+	@$(PY) -c "from pagedkv.optimized.native import build_name; print('pagedkv pool loops:', build_name())"
+	@touch $@
 
-.PHONY: lint test-quick
+install: $(MODULE_LIST) $(NATIVE_STAMP)
+
+.PHONY: lint test-quick test-pure
 
 lint: install
 	$(PY) -m ruff check --no-cache .
@@ -50,6 +58,14 @@ test: install
 # (pytest's cache), stop at the first failure. TEST_ARGS narrows it, e.g. TEST_ARGS="-k free".
 test-quick: install
 	HYPOTHESIS_PROFILE=quick $(PY) -m pytest -q --failed-first -x $(TEST_ARGS)
+
+# The lockstep machines again on the Python loops the C module replaces (D-PERF-26): the build
+# without a C compiler stays checked against the reference (a quarter of the `ci` examples: the same machines).
+LOCKSTEP_TESTS := tests/test_differential.py tests/test_differential_hybrid.py tests/test_mamba_lockstep.py \
+	tests/test_mamba_partial_lockstep.py tests/test_dcp_lockstep.py tests/test_hisparse_lockstep.py \
+	tests/test_optimized_unit.py tests/test_gates.py
+test-pure: install
+	PAGEDKV_PURE_PYTHON=1 HYPOTHESIS_PROFILE=pure $(PY) -m pytest -q -p no:cacheprovider $(LOCKSTEP_TESTS)
 
 crosshair: install
 	$(PY) tests/crosshair_gate.py

@@ -56,6 +56,7 @@ from pagedkv.spec.types import (
 )
 
 from .free_queue import FreeBlockQueue
+from .native import NATIVE
 from .pool_caching import cache_new_run
 from .pool_events import stored_events
 from .pool_recover import recover_pool
@@ -157,6 +158,12 @@ class BlockPool(PoolView):
                 queue.prev[block] = sentinel
                 queue.size -= num_blocks
                 return out
+        if NATIVE is not None:
+            taken = NATIVE.take(ref, hashes if self.enable_caching else None, queue.prev, nxt, sentinel,
+                                num_blocks, self._evict)
+            if taken is not None:
+                queue.size -= num_blocks
+                return taken
         out = [0] * num_blocks
         if self.enable_caching:
             evict = self._evict
@@ -231,6 +238,11 @@ class BlockPool(PoolView):
         queue = self._queue
         prev, nxt = queue.prev, queue.next  # locals: O(1) unlink inlined below
         ref = self._ref
+        if NATIVE is not None and type(blocks) is list:
+            taken = NATIVE.touch(ref, prev, nxt, blocks)
+            if taken is not None:
+                queue.size -= taken
+                return
         removed = 0
         for block in blocks:
             if not block:  # the null block's counters never move (D-POOL-1)
@@ -268,7 +280,7 @@ class BlockPool(PoolView):
         if len(set(ids)) != len(ids):
             self._free_with_duplicates(ids)
         else:
-            self.free_held(filter(None, ids))  # free_held takes no null block
+            self.free_held(ids, with_null=True)
 
     def release_to_back(self, blocks: Iterable[int]) -> None:
         """Drop one reference of each held block (none twice, no null); those at 0 join the
@@ -296,10 +308,9 @@ class BlockPool(PoolView):
             ref[block] = 1
         self.free_held(released)
 
-    def free_held(self, blocks: Iterable[int]) -> None:
+    def free_held(self, blocks: Iterable[int], *, with_null: bool = False) -> None:
         """:meth:`free_blocks` without validation: ids held by the caller,
-        none twice, no null block (callers whose lists hold null blocks
-        filter them out, e.g. with ``filter(None, blocks)``). One fused
+        none twice; null blocks only ``with_null`` (skipped). One fused
         pass: each block's count drops; a block reaching 0 is linked
         straight after the queue's tail if hashed, or gathered for the front
         batch if not (rare: a request's partial last block).
@@ -313,6 +324,13 @@ class BlockPool(PoolView):
         sentinel = queue.sentinel
         ref = self._ref
         gids = self._gid
+        if NATIVE is not None and type(blocks) is list:
+            released = NATIVE.release(ref, gids, prev, nxt, sentinel, blocks)  # skips null blocks
+            if released is not None:
+                queue.size += released
+                return
+        if with_null:
+            blocks = filter(None, blocks)
         tail = prev[sentinel]  # hashed blocks are linked straight after it
         front: list[int] | None = None  # unhashed ones are rare: built lazily
         released = 0

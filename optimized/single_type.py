@@ -280,7 +280,7 @@ class SingleTypeManager:
         blocks.reverse()  # the list is ours and dropped: reversing in place is free
         # Null blocks are never released; a type whose lists hold none
         # skips the filter (the per-request path of full attention).
-        self.block_pool.free_held(filter(None, blocks) if self.holds_null_blocks else blocks)
+        self.block_pool.free_held(blocks, with_null=self.holds_null_blocks)
 
     def get_num_common_prefix_blocks(self, request_id: str, num_requests: int) -> int:
         """Leading blocks of the request held by every known request (0 for

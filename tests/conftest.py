@@ -7,6 +7,7 @@
 - ``ci``: selected when ``CI`` is set; derandomized, no example database,
   prints a reproduction blob on failure.
 - ``thorough``: ``make verify-thorough``; 20x the examples of ``ci``.
+- ``pure``: ``make test-pure`` (the lockstep machines on the Python loops, D-PERF-26).
 - ``mutation``: ``make mutation``; a few derandomized examples per test.
 ``HYPOTHESIS_PROFILE`` overrides the choice.
 """
@@ -33,6 +34,12 @@ settings.register_profile(
 )
 settings.register_profile(
     "thorough", max_examples=2000, deadline=None, print_blob=True,
+    suppress_health_check=_SLOW_OK,
+)
+# ``make test-pure``: the lockstep machines on the Python loops the C module replaces (D-PERF-26);
+# derandomized, so CI replays the start of the ``ci`` run's examples on the other build.
+settings.register_profile(
+    "pure", max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True,
     suppress_health_check=_SLOW_OK,
 )
 # ``make mutation`` runs the suite once per mutant: few examples, reproducible.

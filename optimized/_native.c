@@ -1,0 +1,398 @@
+/* The block pool's per-block loops in C (D-PERF-26): pagedkv.optimized._native.
+ *
+ * Optional: a build without a C compiler leaves this module out and
+ * optimized/block_pool.py runs its own Python loops, which stay the
+ * definition. Each function here is one of those loops, step for step, over
+ * the same plain lists (ref counts, group ids, free-queue links indexed by
+ * block id) and storing the same objects, so the two builds cannot be told
+ * apart from Python (the lockstep tests run against both).
+ *
+ * Memory safety first: every function checks, before its first store, that
+ * it was given exact lists and that every id it will index is an exact int
+ * inside every list it indexes. Anything unexpected (a subclass, a stray
+ * type, an id out of range) makes it return None untouched, and the caller
+ * runs the Python loop, which raises whatever the pure build raises.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Every id, ref count and group id the pool stores is an int of at most one
+ * 30-bit digit, which CPython lays out as a sign and one digit: read it in
+ * place (one load) rather than through the general conversion. COMPACT sets
+ * *ok to 0 for a longer int, which the callers treat as "not the pool's". */
+#if PY_VERSION_HEX >= 0x030C0000
+static inline long
+compact_value(PyObject *item, int *ok)
+{
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        *ok = 0;
+        return 0;
+    }
+    return (long)PyUnstable_Long_CompactValue((PyLongObject *)item);
+}
+#else
+static inline long
+compact_value(PyObject *item, int *ok)
+{
+    Py_ssize_t size = Py_SIZE(item);
+    if (size == 0) {
+        return 0;
+    }
+    if (size == 1) {
+        return (long)((PyLongObject *)item)->ob_digit[0];
+    }
+    if (size == -1) {
+        return -(long)((PyLongObject *)item)->ob_digit[0];
+    }
+    *ok = 0;
+    return 0;
+}
+#endif
+
+/* The int value of an exact int in [0, bound), or -1. */
+static inline Py_ssize_t
+index_in(PyObject *item, Py_ssize_t bound)
+{
+    if (!PyLong_CheckExact(item)) {
+        return -1;
+    }
+    int ok = 1;
+    long value = compact_value(item, &ok);
+    if (!ok || value < 0 || value >= bound) {
+        return -1;
+    }
+    return (Py_ssize_t)value;
+}
+
+/* A small count (ref count, group id) held in a list slot, or LONG_MIN. */
+static inline long
+small_int(PyObject *item)
+{
+    if (!PyLong_CheckExact(item)) {
+        return LONG_MIN;
+    }
+    int ok = 1;
+    long value = compact_value(item, &ok);
+    return ok ? value : LONG_MIN;
+}
+
+/* The value of an int the checks above have accepted. */
+static inline Py_ssize_t
+checked_value(PyObject *item)
+{
+    int ok = 1;
+    return (Py_ssize_t)compact_value(item, &ok);
+}
+
+/* list[i] = value (a new reference, stolen). */
+static inline void
+store(PyObject *list, Py_ssize_t i, PyObject *value)
+{
+    PyObject *old = PyList_GET_ITEM(list, i);
+    PyList_SET_ITEM(list, i, value);
+    Py_DECREF(old);
+}
+
+static int
+store_int(PyObject *list, Py_ssize_t i, long value)
+{
+    PyObject *obj = PyLong_FromLong(value);
+    if (obj == NULL) {
+        return -1;
+    }
+    store(list, i, obj);
+    return 0;
+}
+
+static int
+all_lists(PyObject *const *args, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyList_CheckExact(args[i])) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The shortest of the per-block lists: every id indexed must lie below it. */
+static Py_ssize_t
+common_bound(PyObject *const *args, Py_ssize_t n)
+{
+    Py_ssize_t bound = PY_SSIZE_T_MAX;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = PyList_GET_SIZE(args[i]);
+        if (size < bound) {
+            bound = size;
+        }
+    }
+    return bound;
+}
+
+PyDoc_STRVAR(release_doc,
+"release(ref, gids, prev, next, sentinel, blocks) -> int | None\n\n"
+"BlockPool.free_held's loop: each block's ref count drops; a block reaching\n"
+"0 is linked after the queue's tail if keyed (gids[b] >= 0) or gathered\n"
+"into a batch spliced before the front if not. Null blocks (0) are skipped.\n"
+"Returns the number released, or None (nothing changed) when an argument is\n"
+"not what the pool holds.");
+
+static PyObject *
+release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !all_lists(args, 4) || !PyList_CheckExact(args[5])) {
+        Py_RETURN_NONE;
+    }
+    PyObject *ref = args[0], *gids = args[1], *prev = args[2], *next = args[3];
+    PyObject *blocks = args[5];
+    Py_ssize_t links = common_bound(args + 2, 2);
+    Py_ssize_t bound = common_bound(args, 2);
+    Py_ssize_t sentinel = index_in(args[4], links);
+    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    if (sentinel < 0 || bound > links) {
+        Py_RETURN_NONE;
+    }
+    /* Checks: ids in range, their counts and group ids small ints, the tail a link. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t block = index_in(PyList_GET_ITEM(blocks, i), bound);
+        if (block < 0 || block == sentinel
+                || small_int(PyList_GET_ITEM(ref, block)) == LONG_MIN
+                || small_int(PyList_GET_ITEM(gids, block)) == LONG_MIN) {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *tail_obj = PyList_GET_ITEM(prev, sentinel);
+    Py_ssize_t tail = index_in(tail_obj, links);
+    if (tail < 0 || index_in(PyList_GET_ITEM(next, sentinel), links) < 0) {
+        Py_RETURN_NONE;
+    }
+    /* The loop. */
+    PyObject *front = NULL; /* unkeyed releases, rare: built lazily */
+    Py_ssize_t released = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(blocks, i);
+        Py_ssize_t block = checked_value(item);
+        if (block == 0) {
+            continue; /* the null block is never released (POOL-1) */
+        }
+        long count = small_int(PyList_GET_ITEM(ref, block));
+        if (count != 1) {
+            if (store_int(ref, block, count - 1) < 0) {
+                goto error;
+            }
+            continue;
+        }
+        if (store_int(ref, block, 0) < 0) {
+            goto error;
+        }
+        released++;
+        if (small_int(PyList_GET_ITEM(gids, block)) >= 0) {
+            store(next, tail, Py_NewRef(item));
+            store(prev, block, Py_NewRef(tail_obj));
+            tail = block;
+            tail_obj = item;
+        }
+        else {
+            if (front == NULL && (front = PyList_New(0)) == NULL) {
+                goto error;
+            }
+            if (PyList_Append(front, item) < 0) {
+                goto error;
+            }
+        }
+    }
+    if (released) {
+        PyObject *sentinel_obj = args[4];
+        store(next, tail, Py_NewRef(sentinel_obj));
+        store(prev, sentinel, Py_NewRef(tail_obj));
+        if (front != NULL) {
+            /* Splice the unkeyed batch before the (possibly new) front. */
+            PyObject *old_front = PyList_GET_ITEM(next, sentinel);
+            Py_INCREF(old_front);
+            Py_ssize_t old_front_index = checked_value(old_front);
+            PyObject *last = sentinel_obj;
+            Py_ssize_t last_index = sentinel;
+            Py_ssize_t m = PyList_GET_SIZE(front);
+            for (Py_ssize_t i = 0; i < m; i++) {
+                PyObject *item = PyList_GET_ITEM(front, i);
+                Py_ssize_t block = checked_value(item);
+                store(next, last_index, Py_NewRef(item));
+                store(prev, block, Py_NewRef(last));
+                last = item;
+                last_index = block;
+            }
+            /* old_front is the checked front or a checked id of blocks. */
+            store(next, last_index, old_front); /* the reference taken above */
+            store(prev, old_front_index, Py_NewRef(last));
+        }
+    }
+    Py_XDECREF(front);
+    return PyLong_FromSsize_t(released);
+error:
+    Py_XDECREF(front);
+    return NULL;
+}
+
+PyDoc_STRVAR(touch_doc,
+"touch(ref, prev, next, blocks) -> int | None\n\n"
+"BlockPool.touch_held's loop: each non-null block leaves the free queue if\n"
+"its ref count is 0, then its count rises by one. Returns the number taken\n"
+"off the queue, or None (nothing changed) when an argument is not what the\n"
+"pool holds.");
+
+static PyObject *
+touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !all_lists(args, 4)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *ref = args[0], *prev = args[1], *next = args[2], *blocks = args[3];
+    Py_ssize_t links = common_bound(args + 1, 2);
+    Py_ssize_t bound = PyList_GET_SIZE(ref);
+    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    if (bound > links) {
+        Py_RETURN_NONE;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t block = index_in(PyList_GET_ITEM(blocks, i), bound);
+        if (block < 0 || small_int(PyList_GET_ITEM(ref, block)) == LONG_MIN
+                || index_in(PyList_GET_ITEM(prev, block), links) < 0
+                || index_in(PyList_GET_ITEM(next, block), links) < 0) {
+            Py_RETURN_NONE;
+        }
+    }
+    Py_ssize_t removed = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t block = checked_value(PyList_GET_ITEM(blocks, i));
+        if (block == 0) {
+            continue; /* the null block's counters never move (D-POOL-1) */
+        }
+        long count = small_int(PyList_GET_ITEM(ref, block));
+        if (count == 0) {
+            PyObject *before = PyList_GET_ITEM(prev, block);
+            PyObject *after = PyList_GET_ITEM(next, block);
+            /* Re-checked: an earlier unlink in this call may have stored here. */
+            Py_ssize_t before_index = index_in(before, links);
+            Py_ssize_t after_index = index_in(after, links);
+            if (before_index < 0 || after_index < 0) {
+                PyErr_SetString(PyExc_SystemError, "pagedkv: free-queue link out of range");
+                return NULL;
+            }
+            Py_INCREF(before);
+            Py_INCREF(after);
+            store(next, before_index, after);
+            store(prev, after_index, before);
+            removed++;
+        }
+        if (store_int(ref, block, count + 1) < 0) {
+            return NULL;
+        }
+    }
+    return PyLong_FromSsize_t(removed);
+}
+
+PyDoc_STRVAR(take_doc,
+"take(ref, hashes, prev, next, sentinel, n, evict) -> list | None\n\n"
+"BlockPool.get_new_blocks's loop: the first n blocks of the free queue, in\n"
+"order; evict(block) is called for each whose hash is not None (hashes may\n"
+"be None: caching off), then its ref count becomes 1; the queue's front\n"
+"moves past them. The caller has checked n <= the queue's size. Returns\n"
+"None (nothing changed) when an argument is not what the pool holds.");
+
+static PyObject *
+take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyList_CheckExact(args[0]) || !all_lists(args + 2, 2)
+            || (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
+        Py_RETURN_NONE;
+    }
+    PyObject *ref = args[0], *hashes = args[1], *prev = args[2], *next = args[3];
+    PyObject *evict = args[6];
+    Py_ssize_t links = common_bound(args + 2, 2);
+    Py_ssize_t bound = PyList_GET_SIZE(ref);
+    if (hashes != Py_None && PyList_GET_SIZE(hashes) < bound) {
+        bound = PyList_GET_SIZE(hashes);
+    }
+    Py_ssize_t sentinel = index_in(args[4], links);
+    Py_ssize_t n = PyLong_CheckExact(args[5]) ? PyLong_AsSsize_t(args[5]) : -1;
+    if (sentinel < 0 || n < 0 || bound > links) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    /* Walk the n links first: every id must be a block of the pool. */
+    Py_ssize_t block = index_in(PyList_GET_ITEM(next, sentinel), links);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (block <= 0 || block >= bound || block == sentinel) {
+            Py_RETURN_NONE;
+        }
+        block = index_in(PyList_GET_ITEM(next, block), links);
+    }
+    if (block < 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    PyObject *item = PyList_GET_ITEM(next, sentinel);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* Re-checked as we go: the callback below is Python code. */
+        block = index_in(item, bound);
+        if (block <= 0) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_SystemError, "pagedkv: free-queue link out of range");
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, Py_NewRef(item));
+        if (hashes != Py_None && PyList_GET_ITEM(hashes, block) != Py_None) {
+            /* Eviction drops the key (maps, events): the pool's Python method. */
+            PyObject *result = PyObject_CallOneArg(evict, item);
+            if (result == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(result);
+            if (PyList_GET_SIZE(ref) < bound || PyList_GET_SIZE(hashes) < bound
+                    || PyList_GET_SIZE(next) < links || PyList_GET_SIZE(prev) < links) {
+                Py_DECREF(out);
+                PyErr_SetString(PyExc_SystemError, "pagedkv: a pool list shrank during eviction");
+                return NULL;
+            }
+        }
+        if (store_int(ref, block, 1) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        item = PyList_GET_ITEM(next, block);
+    }
+    block = index_in(item, links);
+    if (block < 0) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_SystemError, "pagedkv: free-queue link out of range");
+        return NULL;
+    }
+    store(next, sentinel, Py_NewRef(item));
+    store(prev, block, Py_NewRef(args[4]));
+    return out;
+}
+
+static PyMethodDef native_methods[] = {
+    {"release", (PyCFunction)(void (*)(void))release, METH_FASTCALL, release_doc},
+    {"touch", (PyCFunction)(void (*)(void))touch, METH_FASTCALL, touch_doc},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, take_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    "pagedkv.optimized._native",
+    "The block pool's per-block loops in C (optional; D-PERF-26).",
+    -1,
+    native_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    return PyModule_Create(&native_module);
+}
