@@ -1,10 +1,40 @@
 """Build hook for the one optional C module (D-PERF-26); everything else is in pyproject.toml.
 
-``optional=True``: without a C compiler the build skips ``pagedkv.optimized._native`` with a
-warning and the package runs its pure-Python loops (the same behaviour, slower).
+The module ``pagedkv.optimized._native`` is built only when a C compiler and Python's headers
+work here: the probe below compiles a one-line file that includes ``Python.h``. Without them
+(or with ``PAGEDKV_NO_NATIVE=1``) the package installs without it and runs its pure-Python
+loops, the same behaviour, slower. (setuptools' own ``optional=True`` is not enough: an
+editable install still tries to copy the module it failed to build, and fails.)
 """
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sysconfig
+import tempfile
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("pagedkv.optimized._native", ["optimized/_native.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+
+def c_compiler_works() -> bool:
+    if os.environ.get("PAGEDKV_NO_NATIVE", "") not in ("", "0"):
+        return False
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "probe.c")
+        with open(source, "w", encoding="utf-8") as handle:
+            handle.write("#include <Python.h>\nint pagedkv_probe(void) { return 0; }\n")
+        command = [*compiler, "-I", sysconfig.get_paths()["include"], "-c", source,
+                   "-o", os.path.join(folder, "probe.o")]
+        try:
+            return subprocess.run(command, capture_output=True, check=False).returncode == 0
+        except OSError:
+            return False
+
+
+NATIVE = Extension("pagedkv.optimized._native", ["optimized/_native.c"], optional=True,
+                   extra_compile_args=["-O2"])
+
+setup(ext_modules=[NATIVE] if c_compiler_works() else [])

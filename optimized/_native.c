@@ -376,10 +376,52 @@ take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+PyDoc_STRVAR(key_run_doc,
+"key_run(hashes, gids, key_tokens, run, keys, group_id, first_count, step) -> bool | None\n\n"
+"pool_caching.cache_new_run's stores for a run of scattered ids: block\n"
+"run[i] gets hash keys[i], group group_id and token count first_count +\n"
+"i * step. The caller has checked the rule (fresh blocks, new keys).\n"
+"Returns True, or None (nothing changed) when an argument is not what the\n"
+"pool holds.");
+
+static PyObject *
+key_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !all_lists(args, 5) || !PyLong_CheckExact(args[5])
+            || !PyLong_CheckExact(args[6]) || !PyLong_CheckExact(args[7])) {
+        Py_RETURN_NONE;
+    }
+    PyObject *hashes = args[0], *gids = args[1], *key_tokens = args[2], *run = args[3], *keys = args[4];
+    PyObject *group = args[5];
+    Py_ssize_t bound = common_bound(args, 3);
+    Py_ssize_t n = PyList_GET_SIZE(run);
+    int ok = 1;
+    long first_count = compact_value(args[6], &ok);
+    long step = compact_value(args[7], &ok);
+    if (!ok || PyList_GET_SIZE(keys) != n || n > (1L << 20)) {
+        Py_RETURN_NONE;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (index_in(PyList_GET_ITEM(run, i), bound) < 0) {
+            Py_RETURN_NONE;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t block = checked_value(PyList_GET_ITEM(run, i));
+        if (store_int(key_tokens, block, first_count + (long)i * step) < 0) {
+            return NULL;
+        }
+        store(hashes, block, Py_NewRef(PyList_GET_ITEM(keys, i)));
+        store(gids, block, Py_NewRef(group));
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef native_methods[] = {
     {"release", (PyCFunction)(void (*)(void))release, METH_FASTCALL, release_doc},
     {"touch", (PyCFunction)(void (*)(void))touch, METH_FASTCALL, touch_doc},
     {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, take_doc},
+    {"key_run", (PyCFunction)(void (*)(void))key_run, METH_FASTCALL, key_run_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from pagedkv.spec.types import BlockHash
+
 __all__ = ["NATIVE", "NativeLoops", "build_name"]
 
 
@@ -30,6 +32,9 @@ class NativeLoops(Protocol):
 
     def take(self, ref: list[int], hashes: Sequence[object] | None, prev: list[int], next: list[int],
              sentinel: int, n: int, evict: Callable[[int], object], /) -> list[int] | None: ...
+
+    def key_run(self, hashes: list[BlockHash | None], gids: list[int], key_tokens: list[int], run: list[int],
+                keys: list[BlockHash], group_id: int, first_count: int, step: int, /) -> bool | None: ...
 
 
 def _load() -> NativeLoops | None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from pagedkv.spec.types import BlockHash
 
+from .native import NATIVE
+
 if TYPE_CHECKING:
     from .block_pool import BlockPool
 
@@ -62,7 +64,8 @@ def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash]
         hashes[first:first + size] = keys
         gids[first:first + size] = [group_id] * size
         key_tokens[first:first + size] = counts
-    else:
+    elif NATIVE is None or type(keys) is not list or type(run) is not list or NATIVE.key_run(
+            hashes, gids, key_tokens, run, keys, group_id, start, block_size) is None:
         for block, key, count in zip(run, keys, counts):
             hashes[block] = key
             gids[block] = group_id

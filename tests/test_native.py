@@ -28,6 +28,7 @@ from hypothesis import given, settings
 
 from pagedkv.optimized import BlockPool
 from pagedkv.optimized import block_pool as block_pool_module
+from pagedkv.optimized import pool_caching as pool_caching_module
 from pagedkv.optimized.hasher import make_block_hasher
 from pagedkv.optimized.native import NATIVE, build_name
 from pagedkv.spec import Request
@@ -38,13 +39,16 @@ needs_native = pytest.mark.skipif(NATIVE is None, reason="built without the C mo
 
 @contextmanager
 def python_loops() -> Iterator[None]:
-    """The pool's Python loops for the duration (the module global the pool reads)."""
-    saved = vars(block_pool_module)["NATIVE"]
-    setattr(block_pool_module, "NATIVE", None)  # noqa: B010 (not re-exported: mypy --strict)
+    """The pool's Python loops for the duration (the module globals the pool reads)."""
+    modules = (block_pool_module, pool_caching_module)
+    saved = [vars(module)["NATIVE"] for module in modules]
+    for module in modules:
+        setattr(module, "NATIVE", None)  # noqa: B010 (not re-exported: mypy --strict)
     try:
         yield
     finally:
-        setattr(block_pool_module, "NATIVE", saved)  # noqa: B010
+        for module, native in zip(modules, saved, strict=True):
+            setattr(module, "NATIVE", native)  # noqa: B010
 
 
 def state(pool: BlockPool) -> tuple[Any, ...]:
@@ -125,8 +129,11 @@ def test_native_and_python_loops_leave_identical_pools(ops: list[tuple[str, int]
                 held.remove(block)
                 held.remove(block)
                 both(native, pure, lambda p, block=block: p.free_blocks([block, block]))
-        elif kind == "cache" and caching and held:
-            blocks = sorted(set(held))[: 1 + seed % 4]
+        elif kind == "cache" and caching and any(native._gid[b] < 0 for b in held):
+            # Mostly unkeyed blocks (the bulk path takes only those), every other one at times:
+            # scattered runs too, not only slices of ids.
+            distinct = sorted(b for b in set(held) if seed % 4 == 0 or native._gid[b] < 0)
+            blocks = (distinct[seed % 2::2] if seed % 3 else distinct)[: 1 + seed % 5] or distinct[:1]
             serial += 1
             request = Request(f"r{serial}", [seed + i for i in range(len(blocks))], block_hasher=hasher)
             both(native, pure, lambda p, blocks=blocks, request=request: p.cache_full_blocks(
@@ -180,6 +187,11 @@ def test_native_loops_refuse_foreign_containers_and_links() -> None:
     refused(lambda: NATIVE.take(ref, pool._hash, prev, nxt, queue.sentinel, -1, pool._evict), pool)
     refused(lambda: NATIVE.take(ref, pool._hash, prev, nxt, queue.sentinel, 2**80, pool._evict), pool)
     refused(lambda: NATIVE.take(ref, (None,) * 8, prev, nxt, queue.sentinel, 1, pool._evict), pool)  # not a list
+    hashes, tokens = pool._hash, pool._key_tokens
+    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 8], [b"a", b"b"], 0, 1, 1), pool)  # 8: no block
+    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 2], [b"a"], 0, 1, 1), pool)  # a key short
+    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 2], [b"a", b"b"], 0, 2**80, 1), pool)
+    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 2.0], [b"a", b"b"], 0, 1, 1), pool)
     # A link that leaves the pool (a corrupted queue): refused before any store.
     nxt[4] = 2**40
     refused(lambda: NATIVE.take(ref, pool._hash, prev, nxt, queue.sentinel, 2, pool._evict), pool)
