@@ -188,10 +188,13 @@ def test_native_loops_refuse_foreign_containers_and_links() -> None:
     refused(lambda: NATIVE.take(ref, pool._hash, prev, nxt, queue.sentinel, 2**80, pool._evict), pool)
     refused(lambda: NATIVE.take(ref, (None,) * 8, prev, nxt, queue.sentinel, 1, pool._evict), pool)  # not a list
     hashes, tokens = pool._hash, pool._key_tokens
-    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 8], [b"a", b"b"], 0, 1, 1), pool)  # 8: no block
-    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 2], [b"a"], 0, 1, 1), pool)  # a key short
-    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 2], [b"a", b"b"], 0, 2**80, 1), pool)
-    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 2.0], [b"a", b"b"], 0, 1, 1), pool)
+    two: Any = [b"a", b"b"]  # keys (any objects to the C side); Any: mypy would want BlockHash
+    one: Any = [b"a"]
+    scattered: Any = [1, 2.0]
+    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 8], two, 0, 1, 1), pool)  # 8: no block
+    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 2], one, 0, 1, 1), pool)  # a key short
+    refused(lambda: NATIVE.key_run(hashes, gids, tokens, [1, 2], two, 0, 2**80, 1), pool)
+    refused(lambda: NATIVE.key_run(hashes, gids, tokens, scattered, two, 0, 1, 1), pool)
     # A link that leaves the pool (a corrupted queue): refused before any store.
     nxt[4] = 2**40
     refused(lambda: NATIVE.take(ref, pool._hash, prev, nxt, queue.sentinel, 2, pool._evict), pool)
