@@ -86,6 +86,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     queue = pool._queue
     ref = pool._ref
     table_get = pool.cached_by_group[0].get
+    hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
     own_blocks = KVCacheBlocks
     zero = 0
 
@@ -174,7 +175,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                             num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
                     cached_of[request_id] = num_full
             # 9. The blocks of step 7.
-            return own_blocks((new_blocks,), pool.block_hashes)
+            return own_blocks((new_blocks,), hashes)
         except BaseException:
             recover(self)
             raise

@@ -161,6 +161,17 @@ class KVCacheManager(StepDrains):
         self._core_coordinator = self._core.coordinator
         self._core_pool = self._core.block_pool
         self._core_empty = self._core_coordinator.empty_blocks
+        self._core_hashes = self._core_pool.block_hashes  # live: cleared in place, never replaced
+        # Whether allocations record no blocks for zeroing (fixed by the config): the decode
+        # and admission fast paths then apply.
+        self._records_no_zeroing = not self._zeroing.groups
+        # Whether new_step_starts has anything to tell the groups (fixed with the groups).
+        self._has_step_hooks = bool(self._core_coordinator._stepped_managers)
+        # The core's single-group decode step, whose no-op branch allocate_slots inlines while
+        # the coordinator still has it (D-PERF-33); None for any other configuration.
+        step = self._core_coordinator.decode_step
+        self._no_op_tables: Any = getattr(step, "no_op_tables", None)
+        self._inlined_decode_step: Any = step if self._no_op_tables is not None else None
         # vLLM's Request counts its tokens as len(all_token_ids): an int >= 1 for a request the
         # core knows (vLLM refuses an empty prompt; tokens are only appended). The decode step
         # then skips that property call (D-PERF-22).
@@ -310,16 +321,41 @@ class KVCacheManager(StepDrains):
                 and reserved_blocks is zero and tier_blocks is zero and not full_sequence_must_fit
                 and type(num_new_tokens) is int and num_new_tokens >= 1):
             decode_step = self._core_coordinator.decode_step
-            if (decode_step is not None and not self._zeroing.groups
+            if (decode_step is not None and self._records_no_zeroing
                     and not self._core_pool.enable_kv_cache_events
                     and not (has_scheduled_reqs and self.watermark_blocks
                              and request.status in _WAITING_STATES)
                     and not request.num_in_flight_tokens):  # vLLM's Request sets it (0.32, 0.33)
+                if decode_step is self._inlined_decode_step:
+                    # The single-group step's no-op branch, inlined (D-PERF-33): its own test
+                    # on its own tables, for vLLM's Request, whose num_tokens it never reads
+                    # (D-PERF-22) and whose request_id is a str. Anything else: the step.
+                    blocks_of, cached_of, block_size, max_model_len, caching = self._no_op_tables
+                    request_id = request.request_id
+                    num_computed = request.num_computed_tokens
+                    try:
+                        blocks = blocks_of[request_id]
+                    except (KeyError, TypeError):  # unknown, or an unhashable id: the step answers
+                        blocks = None
+                    if blocks is not None and type(num_computed) is int:
+                        total = num_computed + num_new_tokens
+                        if (num_new_tokens <= total <= len(blocks) * block_size and total <= max_model_len
+                                and (not caching or delay_cache_blocks
+                                     or total // block_size <= cached_of[request_id])):
+                            return self.empty_kv_cache_blocks
                 result = decode_step(request, num_new_tokens, delay_cache_blocks)
                 if result is not TAKE_GENERAL_PATH:
                     if result is self._core_empty:
                         return self.empty_kv_cache_blocks
-                    return None if result is None else self._vllm_blocks(result)
+                    if result is None:
+                        return None
+                    # One group of new blocks (the only other result of a decode
+                    # step): create_kv_cache_blocks' own case, without its frames (D-PERF-31).
+                    new_ids = result.blocks
+                    if len(new_ids) == 1 and new_ids[0]:
+                        return _compat.KVCacheBlocks(
+                            (list(map(self.block_pool.blocks.__getitem__, new_ids[0])),))
+                    return self._vllm_blocks(result)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
                 num_new_computed_tokens == 0):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
@@ -331,17 +367,16 @@ class KVCacheManager(StepDrains):
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
             # The core takes only its own KVCacheBlocks (D-API-25): rebuild one
             # from the ids of vLLM's block objects (or ids) of the hit.
-            hit = CoreBlocks(tuple(map(hit_block_ids, new_computed_blocks.blocks)),
-                             self._core_pool.block_hashes)
+            hit = CoreBlocks(tuple(map(hit_block_ids, new_computed_blocks.blocks)), self._core_hashes)
         zeroing = self._zeroing
         before: tuple[int, ...] = ()
         if zeroing.groups:
             known = request.request_id in self._core_coordinator.requests
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
         in_flight = getattr(request, "num_in_flight_tokens", 0) or 0
-        new_blocks: Any = TAKE_GENERAL_PATH
-        core_request: Any = None
+        core_request: Any
         if type(request) is _VLLM_REQUEST:
+            new_blocks: Any = TAKE_GENERAL_PATH
             admit_step = self._core_coordinator.admit_step
             if (admit_step is not None and not zeroing.groups and num_lookahead_tokens is zero
                     and num_external_computed_tokens is zero and num_encoder_tokens is zero
@@ -355,18 +390,26 @@ class KVCacheManager(StepDrains):
                     capture_request(request) if self._core_pool.enable_kv_cache_events else request,
                     num_new_tokens, num_new_computed_tokens, hit, delay_cache_blocks, reserved_blocks,
                     watermark, in_flight, full_sequence_must_fit)
-            if new_blocks is TAKE_GENERAL_PATH:
-                # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
-                core_request = capture_request(request)
+            if new_blocks is None:
+                return None
+            if new_blocks is not TAKE_GENERAL_PATH:
+                # One group of new blocks, at least one (an admission allocates past
+                # its hit): create_kv_cache_blocks' own case, without its frames (D-PERF-31).
+                new_ids = new_blocks.blocks
+                if len(new_ids) == 1 and new_ids[0]:
+                    return _compat.KVCacheBlocks(
+                        (list(map(self.block_pool.blocks.__getitem__, new_ids[0])),))
+                return self._vllm_blocks(new_blocks)
+            # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
+            core_request = capture_request(request)
         else:
             core_request = self._request(request)
-        if new_blocks is TAKE_GENERAL_PATH:
-            new_blocks = self._core.allocate_slots(
-                core_request, num_new_tokens, num_new_computed_tokens,
-                hit, num_lookahead_tokens, num_external_computed_tokens,
-                delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
-                reserved_blocks=reserved_blocks, num_in_flight_tokens=in_flight,
-                watermark_blocks=watermark)
+        new_blocks = self._core.allocate_slots(
+            core_request, num_new_tokens, num_new_computed_tokens,
+            hit, num_lookahead_tokens, num_external_computed_tokens,
+            delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
+            reserved_blocks=reserved_blocks, num_in_flight_tokens=in_flight,
+            watermark_blocks=watermark)
         if new_blocks is None:
             return None
         if zeroing.groups:
