@@ -66,9 +66,14 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     construction (a non-empty prompt, tokens only appended): the property
     call would cost the no-op step about a tenth of its time.
 
-    The step carries ``no_op_tables``: ``(req_to_blocks, num_cached_blocks,
-    block_size, max_model_len, enable_caching)``, the tables its no-op
-    branch reads (an adapter may inline that branch, D-PERF-33).
+    The step carries ``inlinable``: ``(req_to_blocks, num_cached_blocks,
+    block_size, max_model_len, enable_caching, fill)``, the tables its no-op
+    branch reads and its filling branch ``fill(request, request_id, blocks,
+    num_new_tokens, total, delay_cache_blocks)``, which it calls for a known
+    request with an int ``num_computed_tokens`` (and a valid ``num_tokens``
+    unless counted) when the no-op test fails, and which answers as the step
+    but with the new blocks as their list of ids: an adapter may inline the
+    step (D-PERF-33, D-PERF-34).
 
     Cost: O(1), or O(new blocks + blocks newly cached).
     """
@@ -112,16 +117,19 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
             if (not caching or delay_cache_blocks
                     or total // block_size <= cached[request_id]):
                 return empty
-        return fill(request, request_id, blocks, num_new_tokens, total, delay_cache_blocks)
+        new_blocks = fill(request, request_id, blocks, num_new_tokens, total, delay_cache_blocks)
+        return KVCacheBlocks((new_blocks,), hashes) if isinstance(new_blocks, list) else new_blocks
 
     def fill(request: RequestView, request_id: str, blocks: list[int], num_new_tokens: int,
-             total: int, delay_cache_blocks: bool) -> KVCacheBlocks | None:
+             total: int, delay_cache_blocks: bool) -> KVCacheBlocks | list[int] | None:
         # A step that fills a block or needs new ones: what the general
         # path does in that case, in the same order, minus the validation
         # and per-group dispatch that cannot apply: nothing to release
         # (full attention skips no token), refuse (None) when the free
         # queue is too short, append the missing blocks from the queue's
-        # front, cache the blocks the step fills, return the new blocks.
+        # front, cache the blocks the step fills, return the new blocks: their
+        # list, which the step wraps (an adapter calling fill itself translates
+        # the list without the core's result object, D-PERF-34).
         # A closure like step (not a function taking the coordinator):
         # this runs about once per step per running request's block, cold
         # after the model's forward, where every frame and attribute chain
@@ -163,18 +171,16 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
                         num_cached_blocks=num_cached, num_full_blocks=num_full,
                         block_size=block_size, group_id=0, mask=None)
                     cached[request_id] = num_full
-            if new_blocks is None:
-                return empty
-            return KVCacheBlocks((new_blocks,), hashes)
+            return empty if new_blocks is None else new_blocks
         except BaseException:
             recover(coordinator)
             raise
 
-    # What the no-op branch reads, in this order, for an adapter that inlines
-    # that branch in its own allocate_slots (one frame fewer on the engine's
-    # commonest call, D-PERF-33): an answer equal to this step's, found
-    # without the call, as long as the coordinator's decode_step is this step.
-    step.no_op_tables = (blocks_of, cached, block_size, max_model_len, caching)  # type: ignore[attr-defined]
+    # What the no-op branch reads, in this order, and the filling branch, for an
+    # adapter that inlines the step in its own allocate_slots (one frame fewer on
+    # the engine's commonest call, D-PERF-33): answers equal to this step's, as
+    # long as the coordinator's decode_step is this step.
+    step.inlinable = (blocks_of, cached, block_size, max_model_len, caching, fill)  # type: ignore[attr-defined]
     return step
 
 def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]) -> DecodeStep:

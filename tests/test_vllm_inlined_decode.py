@@ -3,9 +3,9 @@
 find nothing (D-PERF-32); every answer is the one the core gives.
 
 The core's single-group decode step publishes the tables its no-op branch
-reads (``no_op_tables``); the adapter inlines that branch while the
-coordinator's ``decode_step`` is still that step. Here vLLM's ``Request``
-(inlined branch, then the step) and a trivial subclass of it (the request
+reads and its filling branch (``inlinable``); the adapter inlines the step
+while the coordinator's ``decode_step`` is still that step. Here vLLM's
+``Request`` (the inlined step) and a trivial subclass of it (the request
 view and the core's general path) run the same decode calls on two managers,
 over every edge of the branch: the request's last held slot, one past it,
 max_model_len, a block filled with caching on and off, ``delay_cache_blocks``,
@@ -75,7 +75,7 @@ def _requests(number: int, tokens: list[int]) -> tuple[Any, Any]:
 def test_inlined_no_op_branch_answers_as_the_general_path(caching: bool, delay: bool) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed (make verify-vllm)")
     managers, core_calls = _pair(caching)
-    assert managers[0]._no_op_tables is not None  # the inlined branch applies to this config
+    assert managers[0]._inlined_step is not None  # the inlined branch applies to this config
     number = 0
     # Prompts ending anywhere in a block; each request decodes past its held slots,
     # asking for 1..3 tokens (a chunk or speculative tokens), up to and over max_model_len.
@@ -129,6 +129,10 @@ def test_unknown_request_and_a_dropped_step_take_the_general_path() -> None:
         other.allocate_slots(viewed, 1)
     assert str(raised.value) == str(expected.value)
     assert manager._core.snapshot() == other._core.snapshot()
+    # Freeing an unknown request is a no-op on both paths (D-PERF-34 frees vLLM's Request itself).
+    manager.free(request)
+    other.free(viewed)
+    assert manager._core.snapshot() == other._core.snapshot()
     # A coordinator whose decode step was dropped (as sub-block hits drop it) is not
     # answered from the stale tables: every call reaches the core's allocate_slots.
     known, _ = _requests(2, list(range(3, 23)))
@@ -147,7 +151,7 @@ def test_only_the_single_group_step_publishes_its_tables() -> None:
     hybrid = pagedkv.vllm.KVCacheManager(_config(24, window=True), 96, scheduler_block_size=BLOCK,
                                          hash_block_size=BLOCK)
     assert hybrid._core_coordinator.decode_step is not None  # the probed step
-    assert hybrid._no_op_tables is None and hybrid._inlined_decode_step is None
+    assert hybrid._inlined_step is None and hybrid._inlined_decode_step is None
 
 
 def test_per_step_drains_answer_as_the_core() -> None:

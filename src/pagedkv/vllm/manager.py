@@ -24,6 +24,7 @@ from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
 from pagedkv.optimized.coordinator import UnitaryCoordinator
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
+from pagedkv.optimized.recovery import recover
 from pagedkv.optimized.single_type import FullAttentionManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
@@ -167,11 +168,11 @@ class KVCacheManager(StepDrains):
         self._records_no_zeroing = not self._zeroing.groups
         # Whether new_step_starts has anything to tell the groups (fixed with the groups).
         self._has_step_hooks = bool(self._core_coordinator._stepped_managers)
-        # The core's single-group decode step, whose no-op branch allocate_slots inlines while
-        # the coordinator still has it (D-PERF-33); None for any other configuration.
+        # The core's single-group decode step, which allocate_slots inlines while the
+        # coordinator still has it (D-PERF-33); None for any other configuration.
         step = self._core_coordinator.decode_step
-        self._no_op_tables: Any = getattr(step, "no_op_tables", None)
-        self._inlined_decode_step: Any = step if self._no_op_tables is not None else None
+        self._inlined_step: Any = getattr(step, "inlinable", None)
+        self._inlined_decode_step: Any = step if self._inlined_step is not None else None
         # vLLM's Request counts its tokens as len(all_token_ids): an int >= 1 for a request the
         # core knows (vLLM refuses an empty prompt; tokens are only appended). The decode step
         # then skips that property call (D-PERF-22).
@@ -326,11 +327,12 @@ class KVCacheManager(StepDrains):
                     and not (has_scheduled_reqs and self.watermark_blocks
                              and request.status in _WAITING_STATES)
                     and not request.num_in_flight_tokens):  # vLLM's Request sets it (0.32, 0.33)
+                result: Any = TAKE_GENERAL_PATH
                 if decode_step is self._inlined_decode_step:
-                    # The single-group step's no-op branch, inlined (D-PERF-33): its own test
-                    # on its own tables, for vLLM's Request, whose num_tokens it never reads
-                    # (D-PERF-22) and whose request_id is a str. Anything else: the step.
-                    blocks_of, cached_of, block_size, max_model_len, caching = self._no_op_tables
+                    # The single-group step, inlined (D-PERF-33): its own no-op test on its
+                    # own tables, else its filling branch, for vLLM's Request, whose num_tokens
+                    # the test never reads (a counted class, D-PERF-22). Anything else: the step.
+                    blocks_of, cached_of, block_size, max_model_len, caching, fill = self._inlined_step
                     request_id = request.request_id
                     num_computed = request.num_computed_tokens
                     try:
@@ -343,7 +345,11 @@ class KVCacheManager(StepDrains):
                                 and (not caching or delay_cache_blocks
                                      or total // block_size <= cached_of[request_id])):
                             return self.empty_kv_cache_blocks
-                result = decode_step(request, num_new_tokens, delay_cache_blocks)
+                        result = fill(request, request_id, blocks, num_new_tokens, total, delay_cache_blocks)
+                        if type(result) is list:  # the new blocks' ids, at least one (D-PERF-34)
+                            return _compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, result)),))
+                if result is TAKE_GENERAL_PATH:
+                    result = decode_step(request, num_new_tokens, delay_cache_blocks)
                 if result is not TAKE_GENERAL_PATH:
                     if result is self._core_empty:
                         return self.empty_kv_cache_blocks
@@ -363,11 +369,10 @@ class KVCacheManager(StepDrains):
         watermark = tier_blocks  # plus vLLM's, for a waiting request while others are scheduled (D-VLLM-4)
         if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES:
             watermark += self.watermark_blocks
-        hit: CoreBlocks | None = None
+        hit_ids: tuple[list[int], ...] | None = None
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
-            # The core takes only its own KVCacheBlocks (D-API-25): rebuild one
-            # from the ids of vLLM's block objects (or ids) of the hit.
-            hit = CoreBlocks(tuple(map(hit_block_ids, new_computed_blocks.blocks)), self._core_hashes)
+            # The ids of vLLM's block objects (or ids) of the hit, per group.
+            hit_ids = tuple(map(hit_block_ids, new_computed_blocks.blocks))
         zeroing = self._zeroing
         before: tuple[int, ...] = ()
         if zeroing.groups:
@@ -376,34 +381,34 @@ class KVCacheManager(StepDrains):
         in_flight = getattr(request, "num_in_flight_tokens", 0) or 0
         core_request: Any
         if type(request) is _VLLM_REQUEST:
-            new_blocks: Any = TAKE_GENERAL_PATH
             admit_step = self._core_coordinator.admit_step
             if (admit_step is not None and not zeroing.groups and num_lookahead_tokens is zero
                     and num_external_computed_tokens is zero and num_encoder_tokens is zero
-                    and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
+                    and (full_sequence_must_fit is False or full_sequence_must_fit is True)
+                    and (hit_ids is None or len(hit_ids) == 1)):
                 # A new request on one full-attention group: the core's admission step, as
                 # its allocate_slots would call it for these arguments (D-PERF-20); it hands
                 # anything else (a known request, a malformed count or hit) back. With events
                 # off it reads four attributes, which vLLM's Request holds as the snapshot
                 # would (D-PERF-23); events read the tokens and LoRA: the snapshot then.
-                new_blocks = admit_step(
+                # Raw: the hit and the new blocks as lists of ids, no core result object
+                # in between (D-PERF-34); a hit of several groups is malformed here: general.
+                new_ids = admit_step(
                     capture_request(request) if self._core_pool.enable_kv_cache_events else request,
-                    num_new_tokens, num_new_computed_tokens, hit, delay_cache_blocks, reserved_blocks,
-                    watermark, in_flight, full_sequence_must_fit)
-            if new_blocks is None:
-                return None
-            if new_blocks is not TAKE_GENERAL_PATH:
-                # One group of new blocks, at least one (an admission allocates past
-                # its hit): create_kv_cache_blocks' own case, without its frames (D-PERF-31).
-                new_ids = new_blocks.blocks
-                if len(new_ids) == 1 and new_ids[0]:
-                    return _compat.KVCacheBlocks(
-                        (list(map(self.block_pool.blocks.__getitem__, new_ids[0])),))
-                return self._vllm_blocks(new_blocks)
+                    num_new_tokens, num_new_computed_tokens, None if hit_ids is None else hit_ids[0],
+                    delay_cache_blocks, reserved_blocks, watermark, in_flight, full_sequence_must_fit, True)
+                if new_ids is None:
+                    return None
+                if new_ids is not TAKE_GENERAL_PATH:
+                    # create_kv_cache_blocks' own answer, without its frames (D-PERF-31).
+                    return (_compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, new_ids)),))
+                            if new_ids else self.empty_kv_cache_blocks)
             # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
             core_request = capture_request(request)
         else:
             core_request = self._request(request)
+        # The core takes only its own KVCacheBlocks (D-API-25): the hit rebuilt from its ids.
+        hit = None if hit_ids is None else CoreBlocks(hit_ids, self._core_hashes)
         new_blocks = self._core.allocate_slots(
             core_request, num_new_tokens, num_new_computed_tokens,
             hit, num_lookahead_tokens, num_external_computed_tokens,
@@ -427,6 +432,18 @@ class KVCacheManager(StepDrains):
 
     def free(self, request: Any) -> None:
         """Release the request's blocks (tail first); an unknown request is a no-op."""
+        if type(request) is _VLLM_REQUEST:
+            # The core's free(request, missing_ok=True) for vLLM's Request, whose id is a
+            # str, without the core's frame (once per finished request, D-PERF-34).
+            request_id = request.request_id
+            coordinator = self._core_coordinator
+            if request_id in coordinator.requests:
+                try:
+                    coordinator.release(request_id)
+                except BaseException:
+                    recover(coordinator)  # as the core's free: a consistent manager (D-API-24)
+                    raise
+            return
         self._core.free(request, missing_ok=True)
 
     def pop_blocks_for_free(self, request: Any) -> list[BlockView]:
