@@ -151,7 +151,8 @@ def test_only_the_single_group_step_publishes_its_tables() -> None:
     hybrid = pagedkv.vllm.KVCacheManager(_config(24, window=True), 96, scheduler_block_size=BLOCK,
                                          hash_block_size=BLOCK)
     assert hybrid._core_coordinator.decode_step is not None  # the probed step
-    assert hybrid._inlined_step is None and hybrid._inlined_decode_step is None
+    assert hybrid._inlined_step is None
+    assert hybrid._inlined_decode_step is not hybrid._core_coordinator.decode_step
 
 
 def test_per_step_drains_answer_as_the_core() -> None:
