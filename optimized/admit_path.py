@@ -27,8 +27,7 @@ state, events and errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from pagedkv.spec.request import RequestFacts
 
@@ -42,12 +41,27 @@ if TYPE_CHECKING:
 
 __all__ = ["AdmitStep", "single_admit_step"]
 
-AdmitStep = Callable[[RequestFacts, int, int, Any, bool, int, int, int, bool], "KVCacheBlocks | None"]
-"""``admit_step(facts, num_new_tokens, num_new_computed_tokens,
-new_computed_blocks, delay_cache_blocks, reserved_blocks, watermark_blocks,
-num_in_flight_tokens, full_sequence_must_fit)``: the result, or
-:data:`TAKE_GENERAL_PATH`. The other arguments of ``allocate_slots`` are at
-their defaults (the facade checks)."""
+class AdmitStep(Protocol):
+    """``admit_step(facts, num_new_tokens, num_new_computed_tokens,
+    new_computed_blocks, delay_cache_blocks, reserved_blocks, watermark_blocks,
+    num_in_flight_tokens, full_sequence_must_fit)``: the result, or
+    :data:`TAKE_GENERAL_PATH`. The other arguments of ``allocate_slots`` are at
+    their defaults (the facade checks). With ``raw`` (an adapter's call,
+    D-PERF-34) the hit is the one group's list of block ids (or ``None``) and
+    the result the list of new block ids instead of a :class:`KVCacheBlocks`;
+    everything else is the same."""
+
+    @overload
+    def __call__(self, facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
+                 new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
+                 watermark_blocks: int, num_in_flight_tokens: int, full_sequence_must_fit: bool,
+                 raw: Literal[False] = False) -> KVCacheBlocks | None: ...
+
+    @overload
+    def __call__(self, facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
+                 new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
+                 watermark_blocks: int, num_in_flight_tokens: int, full_sequence_must_fit: bool,
+                 raw: Literal[True]) -> KVCacheBlocks | list[int] | None: ...
 
 
 def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
@@ -86,13 +100,14 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     queue = pool._queue
     ref = pool._ref
     table_get = pool.cached_by_group[0].get
+    hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
     own_blocks = KVCacheBlocks
     zero = 0
 
     def step(facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
              new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
              watermark_blocks: int, num_in_flight_tokens: int,
-             full_sequence_must_fit: bool) -> KVCacheBlocks | None:
+             full_sequence_must_fit: bool, raw: bool = False) -> Any:
         request_id = facts.request_id
         num_tokens = facts.num_tokens
         # 1a-1b'' (spec.allocate_args.check_counts) for a new request; identity
@@ -108,6 +123,8 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
         # 1c-1f: this manager's blocks, one group, whole blocks covering the hit.
         if new_computed_blocks is None:
             hit: list[int] = []
+        elif raw:
+            hit = new_computed_blocks  # the group's ids: checked below as any hit's
         elif type(new_computed_blocks) is own_blocks and len(new_computed_blocks.blocks) == 1:
             hit = new_computed_blocks.blocks[0]
         else:
@@ -174,7 +191,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                             num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
                     cached_of[request_id] = num_full
             # 9. The blocks of step 7.
-            return own_blocks((new_blocks,), pool.block_hashes)
+            return new_blocks if raw else own_blocks((new_blocks,), hashes)
         except BaseException:
             recover(self)
             raise

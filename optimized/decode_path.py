@@ -19,7 +19,6 @@ change.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pagedkv.spec.request import Request, RequestFacts, RequestView
@@ -31,8 +30,7 @@ from .recovery import recover
 if TYPE_CHECKING:
     from .coordinator import KVCacheCoordinator
 
-__all__ = ["TAKE_GENERAL_PATH", "DecodeStep", "single_decode_step", "decode_single_fill",
-           "probed_decode_step"]
+__all__ = ["TAKE_GENERAL_PATH", "DecodeStep", "single_decode_step", "probed_decode_step"]
 
 TAKE_GENERAL_PATH = KVCacheBlocks((), [])
 """What :meth:`KVCacheCoordinator.decode_step` answers when it does not
@@ -58,7 +56,7 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     holds and fill no new block: nothing to do, O(1), no object
     created. A known request whose step fills a block or needs new ones
     (two decode steps in every block's worth at block size 16, and
-    later prefill chunks): :func:`decode_single_fill`. An unknown
+    later prefill chunks): ``fill`` below. An unknown
     request, or anything the general path would reject (a malformed
     ``num_computed_tokens`` or ``num_tokens``, max_model_len exceeded,
     too few block hashes): :data:`TAKE_GENERAL_PATH`. ``num_tokens`` is
@@ -68,6 +66,15 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     construction (a non-empty prompt, tokens only appended): the property
     call would cost the no-op step about a tenth of its time.
 
+    The step carries ``inlinable``: ``(req_to_blocks, num_cached_blocks,
+    block_size, max_model_len, enable_caching, fill)``, the tables its no-op
+    branch reads and its filling branch ``fill(request, request_id, blocks,
+    num_new_tokens, total, delay_cache_blocks)``, which it calls for a known
+    request with an int ``num_computed_tokens`` (and a valid ``num_tokens``
+    unless counted) when the no-op test fails, and which answers as the step
+    but with the new blocks as their list of ids: an adapter may inline the
+    step (D-PERF-33, D-PERF-34).
+
     Cost: O(1), or O(new blocks + blocks newly cached).
     """
     blocks_of = self._blocks0
@@ -76,8 +83,12 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     max_model_len = self.max_model_len
     caching = self.enable_caching
     empty = self.empty_blocks
-    fill = partial(decode_single_fill, self)
     counted = self.counted_request_types  # the set itself: an adapter may add to it later
+    coordinator = self
+    pool = self.block_pool
+    queue = pool._queue
+    hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
+    capture = RequestFacts.capture
 
     def step(request: RequestView, num_new_tokens: int,
              delay_cache_blocks: bool) -> KVCacheBlocks | None:
@@ -106,68 +117,71 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
             if (not caching or delay_cache_blocks
                     or total // block_size <= cached[request_id]):
                 return empty
-        return fill(request, blocks, num_new_tokens, delay_cache_blocks)
+        new_blocks = fill(request, request_id, blocks, num_new_tokens, total, delay_cache_blocks)
+        return KVCacheBlocks((new_blocks,), hashes) if isinstance(new_blocks, list) else new_blocks
 
-    return step
-
-def decode_single_fill(self: KVCacheCoordinator, request: RequestView, blocks: list[int],
-                   num_new_tokens: int, delay_cache_blocks: bool) -> KVCacheBlocks | None:
-    """The single-group decode step (:func:`single_decode_step`) for a
-    step that fills a block or needs new ones: what the general path
-    does in that case, in the same order, minus the validation and
-    per-group dispatch that cannot apply: nothing to release (full
-    attention skips no token), refuse (``None``) when the free queue is
-    too short, append the missing blocks from the queue's front, cache
-    the blocks the step fills, return the new blocks. Cost: O(new blocks + blocks newly cached)."""
-    num_computed = request.num_computed_tokens
-    total = num_computed + num_new_tokens
-    if not num_new_tokens <= total <= self.max_model_len:
-        return TAKE_GENERAL_PATH
-    block_size = self._block_size0
-    cache = self.enable_caching and not delay_cache_blocks
-    num_full = 0
-    # Every read of the engine's object happens before the first change
-    # (spec/operations.md, "Exception safety").
-    request_id = request.request_id
-    num_tokens = request.num_tokens
-    if type(num_tokens) is not int or num_tokens < 1:
-        return TAKE_GENERAL_PATH  # which raises
-    block_hashes = request.block_hashes
-    if cache:
-        num_full = (total if total < num_tokens else num_tokens) // block_size
-        if num_full > len(block_hashes):
+    def fill(request: RequestView, request_id: str, blocks: list[int], num_new_tokens: int,
+             total: int, delay_cache_blocks: bool) -> KVCacheBlocks | list[int] | None:
+        # A step that fills a block or needs new ones: what the general
+        # path does in that case, in the same order, minus the validation
+        # and per-group dispatch that cannot apply: nothing to release
+        # (full attention skips no token), refuse (None) when the free
+        # queue is too short, append the missing blocks from the queue's
+        # front, cache the blocks the step fills, return the new blocks: their
+        # list, which the step wraps (an adapter calling fill itself translates
+        # the list without the core's result object, D-PERF-34).
+        # A closure like step (not a function taking the coordinator):
+        # this runs about once per step per running request's block, cold
+        # after the model's forward, where every frame and attribute chain
+        # costs (D-PERF-31).
+        if not num_new_tokens <= total <= max_model_len:
             return TAKE_GENERAL_PATH
-    pool = self.block_pool
-    if cache and pool.enable_kv_cache_events:
-        request = RequestFacts.capture(request)  # events read tokens and LoRA
-    # The changes: an exception from here on leaves a consistent manager
-    # (D-API-24).
-    try:
-        missing = -(-total // block_size) - len(blocks)
-        new_blocks: list[int] | None = None
-        if missing > 0:
-            if missing > pool._queue.size:  # get_num_free_blocks, without the call
-                return None
-            new_blocks = pool.get_new_blocks(missing)
-            blocks.extend(new_blocks)
+        cache = caching and not delay_cache_blocks
+        num_full = 0
+        # Every read of the engine's object happens before the first change
+        # (spec/operations.md, "Exception safety").
+        num_tokens = request.num_tokens
+        if type(num_tokens) is not int or num_tokens < 1:
+            return TAKE_GENERAL_PATH  # which raises
+        block_hashes = request.block_hashes
         if cache:
-            cached = self._cached0
-            num_cached = cached[request_id]
-            if num_cached < num_full:
-                # Unchecked: caching is on, the group exists, and num_full is
-                # bounded by the hashes (checked above) and by the blocks
-                # (total tokens fit them after the allocation).
-                pool.cache_full_blocks_unchecked(
-                    request, blocks, block_hashes=block_hashes,
-                    num_cached_blocks=num_cached, num_full_blocks=num_full,
-                    block_size=block_size, group_id=0, mask=None)
-                cached[request_id] = num_full
-        if new_blocks is None:
-            return self.empty_blocks
-        return KVCacheBlocks((new_blocks,), pool.block_hashes)
-    except BaseException:
-        recover(self)
-        raise
+            num_full = (total if total < num_tokens else num_tokens) // block_size
+            if num_full > len(block_hashes):
+                return TAKE_GENERAL_PATH
+            if pool.enable_kv_cache_events:
+                request = capture(request)  # events read tokens and LoRA
+        # The changes: an exception from here on leaves a consistent manager
+        # (D-API-24).
+        try:
+            missing = -(-total // block_size) - len(blocks)
+            new_blocks: list[int] | None = None
+            if missing > 0:
+                if missing > queue.size:  # get_num_free_blocks, without the call
+                    return None
+                new_blocks = pool.get_new_blocks(missing)
+                blocks.extend(new_blocks)
+            if cache:
+                num_cached = cached[request_id]
+                if num_cached < num_full:
+                    # Unchecked: caching is on, the group exists, and num_full is
+                    # bounded by the hashes (checked above) and by the blocks
+                    # (total tokens fit them after the allocation).
+                    pool.cache_full_blocks_unchecked(
+                        request, blocks, block_hashes=block_hashes,
+                        num_cached_blocks=num_cached, num_full_blocks=num_full,
+                        block_size=block_size, group_id=0, mask=None)
+                    cached[request_id] = num_full
+            return empty if new_blocks is None else new_blocks
+        except BaseException:
+            recover(coordinator)
+            raise
+
+    # What the no-op branch reads, in this order, and the filling branch, for an
+    # adapter that inlines the step in its own allocate_slots (one frame fewer on
+    # the engine's commonest call, D-PERF-33): answers equal to this step's, as
+    # long as the coordinator's decode_step is this step.
+    step.inlinable = (blocks_of, cached, block_size, max_model_len, caching, fill)  # type: ignore[attr-defined]
+    return step
 
 def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]) -> DecodeStep:
     """The decode step for every other covered configuration (a closure,

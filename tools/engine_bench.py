@@ -182,6 +182,19 @@ def main() -> int:
     for name in sorted((n for n in s[3] if n not in ALLOCATE_KINDS), key=lambda n: -s[3][n][2]):
         a, b = s[3][name], p[3].get(name, (0.0, 0.0, 0.0))
         print(f"  {name:30s} {a[0]:7.2f} {a[1]:7.2f} {a[2]:7.1f}   {b[0]:7.2f} {b[1]:7.2f} {b[2]:7.1f}")
+    # The tail: what calls over 50 µs (a cold path, a collection, another process's time
+    # slice) add per step, by method.
+    print("calls over 50 µs: count per 1000 steps and µs per step, by method (stock | pagedkv):")
+    for name in sorted(s[3]):
+        if name in ALLOCATE_KINDS:
+            continue
+        cells = []
+        for variant in ("stock", "pagedkv"):
+            slow = [x for x in SAMPLES[variant].get(name, []) if x > 50e-6]
+            steps = figures[variant][4]
+            cells.append(f"{1000 * len(slow) / steps:7.1f} {1e6 * sum(slow) / steps:7.1f}")
+        if any(float(c.split()[0]) for c in cells):
+            print(f"  {name:30s} {cells[0]}   |   {cells[1]}")
     if BY_KIND:
         print("allocate_slots by kind, µs per call at p50 / p90 / p99, calls and µs per step "
               "without calls over 1 ms (stock | pagedkv):")

@@ -24,6 +24,7 @@ from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
 from pagedkv.optimized.coordinator import UnitaryCoordinator
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
+from pagedkv.optimized.recovery import recover
 from pagedkv.optimized.single_type import FullAttentionManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
@@ -32,10 +33,10 @@ from . import _compat
 from .blocks import BlockPoolView, BlockView, hit_block_ids
 from .config import translate_config
 from .coordinator import make_coordinator_view
+from .lookups import Lookups
 from .mamba import enable_partial_hits_where_vllm_would
-from .requests import CappedRequest, VllmRequestView, capture_request
+from .requests import VllmRequestView, capture_request
 from .step_drains import StepDrains
-from .truncate import truncated_groups
 from .zeroing import ZeroingRecorder
 
 __all__ = ["KVCacheManager"]
@@ -45,7 +46,7 @@ _WAITING_STATES: tuple[Any, ...] = (_compat.RequestStatus.WAITING,
 _VLLM_REQUEST: Any = _compat.VllmRequest
 
 
-class KVCacheManager(StepDrains):
+class KVCacheManager(Lookups, StepDrains):
     """vLLM 0.33's ``KVCacheManager`` (same constructor and methods) on pagedkv.
 
     Lookahead hashing (``num_hash_lookahead_tokens``) and a multi-module
@@ -161,6 +162,19 @@ class KVCacheManager(StepDrains):
         self._core_coordinator = self._core.coordinator
         self._core_pool = self._core.block_pool
         self._core_empty = self._core_coordinator.empty_blocks
+        self._core_hashes = self._core_pool.block_hashes  # live: cleared in place, never replaced
+        # Whether allocations record no blocks for zeroing (fixed by the config): the decode
+        # and admission fast paths then apply.
+        self._records_no_zeroing = not self._zeroing.groups
+        # Whether new_step_starts has anything to tell the groups (fixed with the groups).
+        self._has_step_hooks = bool(self._core_coordinator._stepped_managers)
+        # The core's single-group decode step, which allocate_slots inlines while the
+        # coordinator still has it (D-PERF-33); None for any other configuration.
+        step = self._core_coordinator.decode_step
+        self._inlined_step: Any = getattr(step, "inlinable", None) if self._records_no_zeroing else None
+        # Compared by identity with the coordinator's step: a fresh object where nothing is
+        # inlined, so that a step dropped to None later never matches.
+        self._inlined_decode_step: Any = step if self._inlined_step is not None else object()
         # vLLM's Request counts its tokens as len(all_token_ids): an int >= 1 for a request the
         # core knows (vLLM refuses an empty prompt; tokens are only appended). The decode step
         # then skips that property call (D-PERF-22).
@@ -225,51 +239,6 @@ class KVCacheManager(StepDrains):
         self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
                                        preempted=request.num_preemptions > 0)
 
-    # ------------------------------------------------------------ lookups
-
-    def get_computed_blocks(self, request: Any,
-                            max_cache_hit_length: int | None = None) -> tuple[Any, int, int]:
-        """The prefix hit: blocks, tokens and the shared-prefix boundary (the
-        leading group's own hit when a sparser group lags it, else 0)."""
-        lookup = self._unitary_lookup
-        if lookup is not None and type(request) is _VLLM_REQUEST and max_cache_hit_length is None:
-            # What the general path below does for this case (D-PERF-13): the one group's
-            # lookup, read from vLLM's own Request as the view reads it; no boundary with
-            # one group; the core keeps no stats (this layer does, record_prefix_cache_stats).
-            if not self.enable_caching or request.skip_reading_prefix_cache:
-                return self.empty_kv_cache_blocks, 0, 0
-            hit = lookup(request.block_hashes, request.num_tokens - 1)
-            if not hit:
-                return self.empty_kv_cache_blocks, 0, 0
-            return (_compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, hit)),)),
-                    len(hit) * self._unitary_block_size, 0)
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        view: Any = (self._request(request) if max_cache_hit_length is None
-                     else CappedRequest(request, max_cache_hit_length))
-        blocks, num_hit_tokens = self._core.get_computed_blocks(view)
-        boundary = (self._core.shared_prefix_boundary(view, num_hit_tokens)
-                    if self.num_kv_cache_groups > 1 else 0)
-        return self._vllm_blocks(blocks), num_hit_tokens, boundary
-
-    def get_computed_blocks_for_connector(
-            self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int, bool]:
-        """A Mamba hybrid with full attention reports the full-attention
-        group's own hit (the connector supplies what lagging groups miss) and
-        whether it ran deeper than another group; otherwise, or when another
-        group hit deeper than full attention, the common hit."""
-        full_group = self.coordinator.full_attention_group_id
-        if (full_group is None or not self.prefix_cache_lookup_enabled(request)
-                or not getattr(self.kv_cache_config, "has_mamba_layers", False)):
-            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
-        view: Any = (self._request(request) if max_cache_hit_length is None
-                     else CappedRequest(request, max_cache_hit_length))
-        blocks, lengths = self._core.get_computed_blocks_per_group(view)
-        num_local = lengths[full_group]
-        if any(length > num_local for length in lengths):
-            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
-        return self._vllm_blocks(blocks), num_local, 0, min(lengths) < num_local
-
     # --------------------------------------------------------- allocation
 
     def allocate_slots(
@@ -308,18 +277,48 @@ class KVCacheManager(StepDrains):
                 and num_new_computed_tokens is zero and num_lookahead_tokens is zero
                 and num_external_computed_tokens is zero and num_encoder_tokens is zero
                 and reserved_blocks is zero and tier_blocks is zero and not full_sequence_must_fit
-                and type(num_new_tokens) is int and num_new_tokens >= 1):
+                and type(num_new_tokens) is int and num_new_tokens >= 1
+                and not self._core_pool.enable_kv_cache_events
+                and not (has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES)
+                and not request.num_in_flight_tokens):  # vLLM's Request sets it (0.32, 0.33)
             decode_step = self._core_coordinator.decode_step
-            if (decode_step is not None and not self._zeroing.groups
-                    and not self._core_pool.enable_kv_cache_events
-                    and not (has_scheduled_reqs and self.watermark_blocks
-                             and request.status in _WAITING_STATES)
-                    and not request.num_in_flight_tokens):  # vLLM's Request sets it (0.32, 0.33)
+            if decode_step is self._inlined_decode_step:  # never None; zeroing off (D-PERF-33)
+                # The single-group step, inlined: its own no-op test on its own tables, else
+                # its filling branch, for vLLM's Request, whose num_tokens the test never
+                # reads (a counted class, D-PERF-22). Anything else: the step.
+                blocks_of, cached_of, block_size, max_model_len, caching, fill = self._inlined_step
+                request_id = request.request_id
+                num_computed = request.num_computed_tokens
+                try:
+                    blocks = blocks_of[request_id]
+                except (KeyError, TypeError):
+                    pass  # unknown, or an unhashable id: the step answers
+                else:
+                    if type(num_computed) is int:
+                        total = num_computed + num_new_tokens
+                        if (num_new_tokens <= total <= len(blocks) * block_size and total <= max_model_len
+                                and (not caching or delay_cache_blocks
+                                     or total // block_size <= cached_of[request_id])):
+                            return self.empty_kv_cache_blocks
+                        filled = fill(request, request_id, blocks, num_new_tokens, total, delay_cache_blocks)
+                        if type(filled) is list:  # the new blocks' ids, at least one (D-PERF-34)
+                            return _compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, filled)),))
+                        if filled is not TAKE_GENERAL_PATH:  # None (no room) or nothing new
+                            return None if filled is None else self.empty_kv_cache_blocks
+            if decode_step is not None and self._records_no_zeroing:
                 result = decode_step(request, num_new_tokens, delay_cache_blocks)
                 if result is not TAKE_GENERAL_PATH:
                     if result is self._core_empty:
                         return self.empty_kv_cache_blocks
-                    return None if result is None else self._vllm_blocks(result)
+                    if result is None:
+                        return None
+                    # One group of new blocks (the only other result of a decode
+                    # step): create_kv_cache_blocks' own case, without its frames (D-PERF-31).
+                    new_ids = result.blocks
+                    if len(new_ids) == 1 and new_ids[0]:
+                        return _compat.KVCacheBlocks(
+                            (list(map(self.block_pool.blocks.__getitem__, new_ids[0])),))
+                    return self._vllm_blocks(result)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
                 num_new_computed_tokens == 0):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
@@ -327,46 +326,52 @@ class KVCacheManager(StepDrains):
         watermark = tier_blocks  # plus vLLM's, for a waiting request while others are scheduled (D-VLLM-4)
         if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES:
             watermark += self.watermark_blocks
-        hit: CoreBlocks | None = None
+        hit_ids: tuple[list[int], ...] | None = None
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
-            # The core takes only its own KVCacheBlocks (D-API-25): rebuild one
-            # from the ids of vLLM's block objects (or ids) of the hit.
-            hit = CoreBlocks(tuple(map(hit_block_ids, new_computed_blocks.blocks)),
-                             self._core_pool.block_hashes)
+            # The ids of vLLM's block objects (or ids) of the hit, per group.
+            hit_ids = tuple(map(hit_block_ids, new_computed_blocks.blocks))
         zeroing = self._zeroing
         before: tuple[int, ...] = ()
         if zeroing.groups:
             known = request.request_id in self._core_coordinator.requests
             before = zeroing.held_lengths(self._core.get_block_ids(request.request_id) if known else None)
         in_flight = getattr(request, "num_in_flight_tokens", 0) or 0
-        new_blocks: Any = TAKE_GENERAL_PATH
-        core_request: Any = None
+        core_request: Any
         if type(request) is _VLLM_REQUEST:
             admit_step = self._core_coordinator.admit_step
             if (admit_step is not None and not zeroing.groups and num_lookahead_tokens is zero
                     and num_external_computed_tokens is zero and num_encoder_tokens is zero
-                    and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
+                    and (full_sequence_must_fit is False or full_sequence_must_fit is True)
+                    and (hit_ids is None or len(hit_ids) == 1)):
                 # A new request on one full-attention group: the core's admission step, as
                 # its allocate_slots would call it for these arguments (D-PERF-20); it hands
                 # anything else (a known request, a malformed count or hit) back. With events
                 # off it reads four attributes, which vLLM's Request holds as the snapshot
                 # would (D-PERF-23); events read the tokens and LoRA: the snapshot then.
-                new_blocks = admit_step(
+                # Raw: the hit and the new blocks as lists of ids, no core result object
+                # in between (D-PERF-34); a hit of several groups is malformed here: general.
+                new_ids = admit_step(
                     capture_request(request) if self._core_pool.enable_kv_cache_events else request,
-                    num_new_tokens, num_new_computed_tokens, hit, delay_cache_blocks, reserved_blocks,
-                    watermark, in_flight, full_sequence_must_fit)
-            if new_blocks is TAKE_GENERAL_PATH:
-                # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
-                core_request = capture_request(request)
+                    num_new_tokens, num_new_computed_tokens, None if hit_ids is None else hit_ids[0],
+                    delay_cache_blocks, reserved_blocks, watermark, in_flight, full_sequence_must_fit, True)
+                if new_ids is None:
+                    return None
+                if new_ids is not TAKE_GENERAL_PATH:
+                    # create_kv_cache_blocks' own answer, without its frames (D-PERF-31).
+                    return (_compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, new_ids)),))
+                            if new_ids else self.empty_kv_cache_blocks)
+            # vLLM's own Request read straight into the core's snapshot (D-PERF-12).
+            core_request = capture_request(request)
         else:
             core_request = self._request(request)
-        if new_blocks is TAKE_GENERAL_PATH:
-            new_blocks = self._core.allocate_slots(
-                core_request, num_new_tokens, num_new_computed_tokens,
-                hit, num_lookahead_tokens, num_external_computed_tokens,
-                delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
-                reserved_blocks=reserved_blocks, num_in_flight_tokens=in_flight,
-                watermark_blocks=watermark)
+        # The core takes only its own KVCacheBlocks (D-API-25): the hit rebuilt from its ids.
+        hit = None if hit_ids is None else CoreBlocks(hit_ids, self._core_hashes)
+        new_blocks = self._core.allocate_slots(
+            core_request, num_new_tokens, num_new_computed_tokens,
+            hit, num_lookahead_tokens, num_external_computed_tokens,
+            delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
+            reserved_blocks=reserved_blocks, num_in_flight_tokens=in_flight,
+            watermark_blocks=watermark)
         if new_blocks is None:
             return None
         if zeroing.groups:
@@ -384,6 +389,18 @@ class KVCacheManager(StepDrains):
 
     def free(self, request: Any) -> None:
         """Release the request's blocks (tail first); an unknown request is a no-op."""
+        if type(request) is _VLLM_REQUEST:
+            # The core's free(request, missing_ok=True) for vLLM's Request, whose id is a
+            # str, without the core's frame (once per finished request, D-PERF-34).
+            request_id = request.request_id
+            coordinator = self._core_coordinator
+            if request_id in coordinator.requests:
+                try:
+                    coordinator.release(request_id)
+                except BaseException:
+                    recover(coordinator)  # as the core's free: a consistent manager (D-API-24)
+                    raise
+            return
         self._core.free(request, missing_ok=True)
 
     def pop_blocks_for_free(self, request: Any) -> list[BlockView]:
@@ -419,59 +436,6 @@ class KVCacheManager(StepDrains):
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         # Deprecated in vLLM 0.33 (cascade attention removed): zeros.
         return [0] * self.num_kv_cache_groups
-
-    # ------------------------------------------------------------ queries
-
-    def get_blocks(self, request_id: str) -> Any:
-        """The request's blocks; empty for a request holding none (as vLLM)."""
-        blocks_of = self._single_blocks_of
-        if blocks_of is not None:
-            # One group: its list is the request's (a known request has one, D-PERF-13).
-            ids = blocks_of.get(request_id)
-            if not ids:
-                return self.empty_kv_cache_blocks
-            return _compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, ids)),))
-        if request_id not in self._core_coordinator.requests:
-            return self.empty_kv_cache_blocks
-        return self.create_kv_cache_blocks(self._core_coordinator.get_blocks(request_id))
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        if request_id not in self._core_coordinator.requests:
-            return tuple([] for _ in range(self.num_kv_cache_groups))
-        return self._core.get_block_ids(request_id)
-
-    def get_block_ids_for_computed_tokens(self, request_id: str,
-                                          num_computed_tokens: int) -> tuple[list[int], ...]:
-        spec_classes = _compat.spec_classes()
-        unclipped = tuple(spec_classes[name] for name in (
-            "CrossAttentionSpec", "EncoderOnlyAttentionSpec") if name in spec_classes)
-        clipped: list[list[int]] = []
-        for group, ids in zip(self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id)):
-            spec = group.kv_cache_spec
-            if not isinstance(spec, spec_classes["AttentionSpec"]) or isinstance(spec, unclipped):
-                clipped.append(ids)
-            else:
-                clipped.append(ids[:-(-num_computed_tokens // spec.block_size)])
-        return tuple(clipped)
-
-    def estimate_cached_tokens(self, request: Any) -> int:
-        """Tokens of the request's cached prefix: the least over the prefix-cacheable groups."""
-        request_id = request.request_id
-        if request_id not in self._core_coordinator.requests:
-            return 0
-        cached: int | None = None
-        for manager, block_size in self._cached_token_groups:
-            tokens = manager.num_cached_blocks[request_id] * block_size
-            if cached is None or tokens < cached:
-                cached = tokens
-        return cached or 0
-
-    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
-        """The lookup result cut at ``num_computed_tokens`` (truncate.py, D-API-42)."""
-        managers = self._core.coordinator.managers
-        return self.create_kv_cache_blocks(truncated_groups(
-            blocks.blocks, [manager.kv_cache_spec for manager in managers],
-            [manager.block_size for manager in managers], num_computed_tokens))
 
     def __repr__(self) -> str:
         return f"pagedkv.vllm.KVCacheManager({self._core!r})"

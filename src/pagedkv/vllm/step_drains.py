@@ -34,14 +34,21 @@ class StepDrains:
     _event_metadata: tuple[tuple[Any, Any], ...]
     num_kv_cache_groups: int
     _zeroing: ZeroingRecorder
+    _records_no_zeroing: bool
+    _has_step_hooks: bool
     coordinator: Any
     block_pool: BlockPoolView
 
     def new_step_starts(self) -> None:
-        self._core.new_step_starts()
+        # Only groups with a step hook (Mamba's) do anything: with none, no call
+        # (once per step, D-PERF-32); the core manager's own hook only forwards.
+        if self._has_step_hooks:
+            self._core_coordinator.new_step_starts()
 
     def take_new_block_ids(self) -> ZeroingBlockIds:
         """Blocks handed out since the last call that the worker zeroes (zeroing.py)."""
+        if self._records_no_zeroing:
+            return []  # nothing is ever recorded (once per step: no call, D-PERF-32)
         return self._zeroing.take()
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
@@ -65,6 +72,8 @@ class StepDrains:
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba ``align`` boundary states cached since the last call (the core's, MOFF-1)."""
+        if not self._core_coordinator.mamba_managers:
+            return {}  # only Mamba groups offer any (once per step: no call, D-PERF-32)
         return self._core.take_boundary_state_offloads()
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
