@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import manager_bench as mb
+from pagedkv.optimized.native import build_name
 from pagedkv.trace import STANDARD, TraceConfig, peak_blocks
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -197,11 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "processor": platform.processor(), "cpus": os.cpu_count()},
         "trace_config": {"num_requests": config.num_requests, "num_blocks": 8192,
                          "block_size": config.block_size},
-        "vllm_0_33": VLLM, "targets": TARGETS,
+        "vllm_0_33": VLLM, "targets": TARGETS, "pool_loops": build_name(),
     }
     print("# pagedkv bench")
     print(f"reproduce: {command}")
-    print(f"machine: Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs")
+    print(f"machine: Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; "
+          f"pool loops: {build_name()} (D-PERF-26)")
     print(f"trace: {config.num_requests} requests, 8192 blocks of {config.block_size} tokens; "
           f"optimized median of {runs} runs, reference median of {ref_runs}; "
           "only manager calls are timed (perf_counter_ns around each call)", flush=True)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import side_driver as sd
+from pagedkv.optimized.native import build_name
 from pagedkv.trace import DEFAULT_NUM_BLOCKS, STANDARD, TraceConfig, TraceDriver, standard_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +143,7 @@ def standard_side_by_side(vllm_python: str, model: str, hash_name: str, runs: in
     theirs, ours = _median(theirs_runs), _median(ours_runs)
     print(f"\n### Standard chat trace, {model}{' (Mamba align)' if model == 'jamba' else ''}, "
           f"{requests} requests, {job['num_blocks']} blocks, hash {hash_name}; median of {runs} "
-          f"alternating run(s); {version} vs pagedkv optimized; hit tokens identical "
+          f"alternating run(s); {version} vs pagedkv optimized ({build_name()} loops); hit tokens identical "
           f"({sum(hits)} in all)")
     print("| figure | vLLM | pagedkv | vLLM/pagedkv |\n|---|---|---|---|")
     for kind in KINDS:
@@ -196,7 +197,7 @@ def long_prompts_side_by_side(vllm_python: str, lengths: Sequence[int], hash_nam
         rows.append("| " + " | ".join(cells) + " |")
     print(f"\n### Long prompts: one full-attention group, block 16, hash {hash_name}; {repeats} timed "
           f"requests per length after a warm-up, half shared; median of {runs} alternating run(s); "
-          f"vLLM {raw['vllm']} vs pagedkv optimized; cells: vLLM / pagedkv ns per unit = ratio")
+          f"vLLM {raw['vllm']} vs pagedkv optimized ({build_name()} loops); cells: vLLM / pagedkv ns per unit = ratio")
     print("| L | hit tokens (both) | creation (ns/token) | get_computed_blocks (ns/hit block) | "
           "allocate_slots (ns/new block) | free (ns/block) |\n|---|---|---|---|---|---|")
     print("\n".join(rows))
@@ -219,7 +220,7 @@ def mooncake_side_by_side(vllm_python: str, path: str, block_size: int, limit: i
                                    f"Mooncake trace {path}")
     print(f"\n### Mooncake trace {Path(path).name}: {len(requests)} requests, block {block_size}, one at a "
           f"time, {num_blocks} blocks (never evicts), hash {hash_name}; median of {runs} alternating "
-          f"run(s); vLLM {raw['vllm']} vs pagedkv optimized; per-request hit tokens identical "
+          f"run(s); vLLM {raw['vllm']} vs pagedkv optimized ({build_name()} loops); per-request hit tokens identical "
           f"({sum(raw['hits'])} of {raw['tokens']} tokens)")
     print("| figure | vLLM | pagedkv | vLLM/pagedkv |\n|---|---|---|---|")
     print(_row("manager total (ms)", theirs["manager_ms"], ours["manager_ms"], 1))
