@@ -33,6 +33,19 @@ def _config(window: bool, num_blocks: int) -> Any:
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
+def count_core_calls(managers: list[Any]) -> list[int]:
+    """Per manager, a count of its core ``allocate_slots`` calls (the adapter's general path), kept live."""
+    core_calls = [0] * len(managers)
+    for index, manager in enumerate(managers):
+        inner = manager._core.allocate_slots
+
+        def counted(*args: Any, _inner: Any = inner, _index: int = index, **kwargs: Any) -> Any:
+            core_calls[_index] += 1
+            return _inner(*args, **kwargs)
+        manager._core.allocate_slots = counted
+    return core_calls
+
+
 def _ids(blocks: Any) -> Any:
     return None if blocks is None else blocks.get_block_ids()
 
@@ -60,14 +73,7 @@ def test_unwrapped_decode_steps_answer_as_the_view(window: bool, events: bool, s
                                             hash_block_size=BLOCK, enable_kv_cache_events=events,
                                             log_stats=True)
                 for _ in range(2)]
-    core_calls = [0, 0]
-    for index, manager in enumerate(managers):
-        inner = manager._core.allocate_slots
-
-        def counted(*args: Any, _inner: Any = inner, _index: int = index, **kwargs: Any) -> Any:
-            core_calls[_index] += 1
-            return _inner(*args, **kwargs)
-        manager._core.allocate_slots = counted
+    core_calls = count_core_calls(managers)
     prefix = [rng.randrange(3, 500) for _ in range(2 * BLOCK)]
     live: list[tuple[Any, Any]] = []
     admissions = 0

@@ -18,23 +18,12 @@ from typing import Any
 
 import pytest
 
-BLOCK = 16
+from tests.test_vllm_decode_fast_path import BLOCK, _ids, count_core_calls
+from tests.test_vllm_decode_fast_path import _config as decode_fast_path_config
 
 
 def _config(num_blocks: int, window: bool = False) -> Any:
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-
-    groups = [KVCacheGroupSpec(["full"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8,
-                                                           dtype=torch.float16))]
-    if window:
-        groups.append(KVCacheGroupSpec(["window"], SlidingWindowSpec(
-            block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float16, sliding_window=40)))
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
-
-
-def _ids(blocks: Any) -> Any:
-    return None if blocks is None else blocks.get_block_ids()
+    return decode_fast_path_config(window, num_blocks)
 
 
 def _pair(caching: bool, max_model_len: int = 96, window: bool = False) -> tuple[list[Any], list[int]]:
@@ -43,14 +32,7 @@ def _pair(caching: bool, max_model_len: int = 96, window: bool = False) -> tuple
     managers = [pagedkv.vllm.KVCacheManager(_config(24, window), max_model_len, scheduler_block_size=BLOCK,
                                             hash_block_size=BLOCK, enable_caching=caching)
                 for _ in range(2)]
-    core_calls = [0, 0]
-    for index, manager in enumerate(managers):
-        inner = manager._core.allocate_slots
-
-        def counted(*args: Any, _inner: Any = inner, _index: int = index, **kwargs: Any) -> Any:
-            core_calls[_index] += 1
-            return _inner(*args, **kwargs)
-        manager._core.allocate_slots = counted
+    core_calls = count_core_calls(managers)
     return managers, core_calls
 
 
