@@ -1,10 +1,10 @@
-"""Build hook for the one optional C module (D-PERF-26); everything else is in pyproject.toml.
+"""Build hook for the optional C modules (D-PERF-26, D-PERF-35); everything else is in pyproject.toml.
 
-The module ``pagedkv.optimized._native`` is built only when a C compiler and Python's headers
+The modules ``pagedkv.optimized._native`` and ``._tokens`` are built only when a C compiler and Python's headers
 work here: the probe below compiles a one-line file that includes ``Python.h``. Without them
-(or with ``PAGEDKV_NO_NATIVE=1``) the package installs without it and runs its pure-Python
+(or with ``PAGEDKV_NO_NATIVE=1``) the package installs without them and runs its pure-Python
 loops, the same behaviour, slower. (setuptools' own ``optional=True`` is not enough: an
-editable install still tries to copy the module it failed to build, and fails.)
+editable install still tries to copy a module it failed to build, and fails.)
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def c_compiler_works() -> bool:
             return False
 
 
-NATIVE = Extension("pagedkv.optimized._native", ["optimized/_native.c"], optional=True,
-                   extra_compile_args=["-O2"])
+# The pool's per-block loops (D-PERF-26) and token checking / prompt hashing (D-PERF-35).
+NATIVE = [Extension(f"pagedkv.optimized.{name}", [f"optimized/{name}.c"], depends=["optimized/_native_int.h"],
+                    optional=True, extra_compile_args=["-O2"])
+          for name in ("_native", "_tokens")]
 
-setup(ext_modules=[NATIVE] if c_compiler_works() else [])
+setup(ext_modules=NATIVE if c_compiler_works() else [])

@@ -13,41 +13,7 @@
  * type, an id out of range) makes it return None untouched, and the caller
  * runs the Python loop, which raises whatever the pure build raises.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-/* Every id, ref count and group id the pool stores is an int of at most one
- * 30-bit digit, which CPython lays out as a sign and one digit: read it in
- * place (one load) rather than through the general conversion. COMPACT sets
- * *ok to 0 for a longer int, which the callers treat as "not the pool's". */
-#if PY_VERSION_HEX >= 0x030C0000
-static inline long
-compact_value(PyObject *item, int *ok)
-{
-    if (!PyUnstable_Long_IsCompact((PyLongObject *)item)) {
-        *ok = 0;
-        return 0;
-    }
-    return (long)PyUnstable_Long_CompactValue((PyLongObject *)item);
-}
-#else
-static inline long
-compact_value(PyObject *item, int *ok)
-{
-    Py_ssize_t size = Py_SIZE(item);
-    if (size == 0) {
-        return 0;
-    }
-    if (size == 1) {
-        return (long)((PyLongObject *)item)->ob_digit[0];
-    }
-    if (size == -1) {
-        return -(long)((PyLongObject *)item)->ob_digit[0];
-    }
-    *ok = 0;
-    return 0;
-}
-#endif
+#include "_native_int.h"
 
 /* The int value of an exact int in [0, bound), or -1. */
 static inline Py_ssize_t

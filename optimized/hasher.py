@@ -55,7 +55,9 @@ from pagedkv.spec.hashing import (
 from pagedkv.spec.request import Request
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["make_block_hasher"]
+from .native import TOKENS, NativeTokens
+
+__all__ = ["make_block_hasher", "REQUEST_TYPE"]
 
 _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 # array('I') is the C unsigned int: 4 bytes on every platform CPython
@@ -173,6 +175,8 @@ def _sha_hasher(name: HashFnName, size: int, root: BlockHash,
         else partial(cbor2.dumps, canonical=True))
 
     by_whole_pickle = name == "sha256" and 4 <= size <= _MAX_WHOLE_PICKLE_BLOCK
+    tokens_c = TOKENS
+    by_c = tokens_c is not None and name == "sha256" and 4 <= size <= _MAX_C_PICKLE_BLOCK
 
     def hash_new_blocks(request: Request) -> list[BlockHash]:
         hashes = request.block_hashes
@@ -190,7 +194,15 @@ def _sha_hasher(name: HashFnName, size: int, root: BlockHash,
             extras = _extra_keys_per_block(request, start, end, size, lookahead)
         else:
             prompt_bytes = getattr(request, "prompt_token_bytes", None)
-            if by_whole_pickle and prompt_bytes is not None and end <= request.num_prompt_tokens:
+            in_prompt = prompt_bytes is not None and end <= request.num_prompt_tokens
+            if tokens_c is not None and by_c:
+                # The C pickling of every block (D-PERF-35); None: a token >= 2**31, use Python.
+                hashed = (tokens_c.sha256_blocks(prompt_bytes, start, end, size, parent, sha256)
+                          if in_prompt and prompt_bytes is not None else
+                          _sha256_packed(tokens_c, tokens[start:end], size, parent))
+                if hashed is not None:
+                    return hashed
+            if by_whole_pickle and in_prompt and prompt_bytes is not None:
                 return _sha256_prompt_blocks(tokens, prompt_bytes, start, end, size, parent)
             extras = [None] * ((end - start) // size)
         # One tuple of the new tokens; a slice of a tuple is a tuple (no second copy per block).
@@ -203,6 +215,17 @@ def _sha_hasher(name: HashFnName, size: int, root: BlockHash,
         return cast("list[BlockHash]", out)
 
     return hash_new_blocks
+
+
+# optimized/_tokens.c pickles blocks of 4 to this many tokens (one pickle frame each).
+_MAX_C_PICKLE_BLOCK = 8192
+
+
+def _sha256_packed(tokens_c: NativeTokens, tokens: list[int], size: int, parent: bytes) -> list[BlockHash] | None:
+    """The C hashes of whole blocks ``tokens`` (not a prompt's: packed here), or None."""
+    packed = tokens_c.pack(tokens)
+    return None if packed is None else tokens_c.sha256_blocks(packed, 0, len(tokens), size, parent,
+                                                              hashlib.sha256)
 
 
 # sha256 hashes pickle.dumps((parent, block tokens, None), protocol 5). For a 32-byte parent and
@@ -256,3 +279,26 @@ def _pickle_heads(size: int) -> tuple[bytes, ...]:
     whose encodings take ``2 * size + i`` bytes, indexed by ``i``."""
     return tuple(_PICKLE_HEAD + (2 * size + extra + 42).to_bytes(8, "little") + _PICKLE_PARENT
                  for extra in range(3 * size + 1))
+
+
+def _request_type() -> type[Request]:
+    tokens_c = TOKENS
+    if tokens_c is None:
+        return Request
+    pack = tokens_c.pack
+
+    class NativeRequest(Request):
+        """:class:`pagedkv.spec.Request`, its token ids checked and packed in C
+        (``optimized/_tokens.c``, D-PERF-35): the same attributes, values and
+        errors."""
+
+        __slots__ = ()
+        pack_tokens = staticmethod(pack)
+
+    return NativeRequest
+
+
+REQUEST_TYPE = _request_type()
+"""The request type ``KVCacheManager.make_request`` builds: spec's
+:class:`pagedkv.spec.Request`, or a subclass checking tokens in C when the
+optional module is built."""

@@ -35,7 +35,7 @@ from . import validation
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
 from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator, make_coordinator
-from .hasher import make_block_hasher
+from .hasher import REQUEST_TYPE, make_block_hasher
 from .manager_reads import ManagerReads
 from .recovery import recover
 from .sub_block_ops import SubBlockOperations
@@ -177,7 +177,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
                 manager holds (D-API-22).
         """
         check_request_options(extra)
-        request = Request(request_id, prompt_token_ids, block_hasher=self._hasher, **extra)
+        request = REQUEST_TYPE(request_id, prompt_token_ids, block_hasher=self._hasher, **extra)
         if request_id in self._coordinator.requests:
             raise InvalidArgumentError(
                 f"request_id {request_id!r} belongs to a live request (allocated, not freed) (D-API-22)")

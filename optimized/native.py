@@ -1,25 +1,32 @@
-"""Which build of the pool's per-block loops runs: the optional C module or
-the Python loops in :mod:`.block_pool` (D-PERF-26).
+"""Which build runs: the optional C modules or the Python code they mirror.
 
-``optimized/_native.c`` is compiled when the package is installed and a C
-compiler is present (``setup.py``, ``optional=True``); without one the
-package still installs and runs the Python loops, which stay the
-definition: each C function is one of those loops, step for step, and hands
-back ``None`` (nothing changed) for anything outside what the pool stores,
-so the caller runs the Python loop on it. Setting the environment variable
-``PAGEDKV_PURE_PYTHON=1`` before import selects the Python loops even when
-the module is built (``make verify`` runs the lockstep tests both ways).
+Two modules, compiled when the package is installed and a C compiler is
+present (``setup.py``):
+
+- ``optimized/_native.c``: the block pool's per-block loops in
+  :mod:`.block_pool` and :mod:`.pool_caching` (D-PERF-26);
+- ``optimized/_tokens.c``: checking and packing a request's token ids
+  (``spec.request.pack_token_ids``) and hashing a prompt's blocks with
+  sha256 (:mod:`.hasher`, D-PERF-35).
+
+Without a compiler the package still installs and runs the Python code,
+which stays the definition: each C function does what its Python
+counterpart does and hands back ``None`` (nothing changed) for anything
+outside what it covers, so the caller runs the Python code on it. Setting
+the environment variable ``PAGEDKV_PURE_PYTHON=1`` before import selects
+the Python code even when the modules are built (``make verify`` runs the
+lockstep tests both ways).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["NATIVE", "NativeLoops", "build_name"]
+__all__ = ["NATIVE", "TOKENS", "NativeLoops", "NativeTokens", "build_name"]
 
 
 class NativeLoops(Protocol):
@@ -37,8 +44,21 @@ class NativeLoops(Protocol):
                 keys: list[BlockHash], group_id: int, first_count: int, step: int, /) -> bool | None: ...
 
 
+class NativeTokens(Protocol):
+    """What ``optimized/_tokens.c`` provides (its docstrings say what each function does)."""
+
+    def pack(self, tokens: list[int], /) -> bytes | None: ...
+
+    def sha256_blocks(self, packed: bytes, start: int, end: int, size: int, parent: bytes,
+                      sha256: Callable[[bytes], Any], /) -> list[BlockHash] | None: ...
+
+
+def _pure() -> bool:
+    return os.environ.get("PAGEDKV_PURE_PYTHON", "") not in ("", "0")
+
+
 def _load() -> NativeLoops | None:
-    if os.environ.get("PAGEDKV_PURE_PYTHON", "") not in ("", "0"):
+    if _pure():
         return None
     try:
         from . import _native
@@ -47,10 +67,27 @@ def _load() -> NativeLoops | None:
     return _native
 
 
+def _load_tokens() -> NativeTokens | None:
+    if _pure():
+        return None
+    try:
+        from . import _tokens
+    except ImportError:  # built without a C compiler
+        return None
+    return _tokens
+
+
 NATIVE = _load()
-"""The C module, or None when the Python loops run."""
+"""The pool's C loops, or None when the Python loops run."""
+
+TOKENS = _load_tokens()
+"""Token checking and prompt hashing in C, or None when the Python code runs."""
 
 
 def build_name() -> str:
-    """``"native"`` or ``"pure-python"``: what the pool's loops run on (for bench output and bug reports)."""
-    return "pure-python" if NATIVE is None else "native"
+    """``"native"`` or ``"pure-python"``: what the pool's loops and the token
+    checks run on (for bench output and bug reports); ``"partial"`` if only
+    one of the two modules loaded (a stale build: ``make install``)."""
+    if NATIVE is None and TOKENS is None:
+        return "pure-python"
+    return "native" if NATIVE is not None and TOKENS is not None else "partial"

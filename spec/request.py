@@ -12,7 +12,7 @@ from __future__ import annotations
 import marshal
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -193,9 +193,14 @@ def pack_token_ids(tokens: list[int]) -> bytes | None:
     return np.frombuffer(written, _MARSHAL_ROW, count, 5)["value"].tobytes()
 
 
-def _check_token_ids(token_ids: object, what: str) -> tuple[list[int], bytes | None]:
-    """The tokens as a new list, and their uint32 bytes when :func:`pack_token_ids`
-    has them; raises on anything but non-negative ints."""
+TokenPacker = Callable[[list[int]], "bytes | None"]
+"""A function with :func:`pack_token_ids`' contract."""
+
+
+def _check_token_ids(token_ids: object, what: str,
+                     pack: TokenPacker = pack_token_ids) -> tuple[list[int], bytes | None]:
+    """The tokens as a new list, and their uint32 bytes when ``pack`` has
+    them; raises on anything but non-negative ints."""
     if isinstance(token_ids, (str, bytes)):
         raise InvalidArgumentError(f"{what} must be a sequence of non-negative ints, got {token_ids!r}")
     try:
@@ -203,7 +208,7 @@ def _check_token_ids(token_ids: object, what: str) -> tuple[list[int], bytes | N
     except TypeError:
         raise InvalidArgumentError(
             f"{what} must be a sequence of non-negative ints, got {token_ids!r}") from None
-    packed = pack_token_ids(tokens)
+    packed = pack(tokens)
     if packed is None:
         # Something outside the packed range: find the first offender (or
         # accept large ints, which are valid token ids) token by token.
@@ -228,6 +233,11 @@ class Request:
         "shared_prefix_boundary",
     )
 
+    #: Checks and packs the token ids (:func:`pack_token_ids`). A subclass may
+    #: set an equivalent function -- same bytes, same ``None`` -- that runs
+    #: faster; the optimized package's C one does (D-PERF-35).
+    pack_tokens: ClassVar[staticmethod[[list[int]], bytes | None]] = staticmethod(pack_token_ids)
+
     def __init__(
         self,
         request_id: str,
@@ -243,7 +253,7 @@ class Request:
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
-        tokens, packed = _check_token_ids(prompt_token_ids, "prompt_token_ids")
+        tokens, packed = _check_token_ids(prompt_token_ids, "prompt_token_ids", self.pack_tokens)
         if not tokens:
             raise InvalidArgumentError(f"request {request_id!r}: prompt_token_ids is empty")
         if lora_id is not None and (type(lora_id) is not int or lora_id < 0):
@@ -324,7 +334,7 @@ class Request:
                 raise InvalidArgumentError(f"output token ids must be non-negative ints, got {token_ids}")
             self._all_token_ids.append(token_ids)
         else:
-            self._all_token_ids.extend(_check_token_ids(token_ids, "output token ids")[0])
+            self._all_token_ids.extend(_check_token_ids(token_ids, "output token ids", self.pack_tokens)[0])
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
 
