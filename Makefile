@@ -34,10 +34,11 @@ $(MODULE_LIST): $(STAMP) FORCE
 FORCE:
 
 # The optional C modules (optimized/_native.c, the pool's loops, D-PERF-26; optimized/_tokens.c,
-# token checking and prompt hashing, D-PERF-35): rebuilt when a source changes. Without a C
-# compiler the build skips them and the Python code runs.
+# token checking and prompt hashing, D-PERF-35; optimized/_decode.c, the decode step's no-op
+# test, D-PERF-39): rebuilt when a source changes. Without a C compiler the build skips them
+# and the Python code runs.
 NATIVE_STAMP := $(VENV)/.native
-$(NATIVE_STAMP): optimized/_native.c optimized/_tokens.c optimized/_native_int.h setup.py $(STAMP)
+$(NATIVE_STAMP): optimized/_native.c optimized/_tokens.c optimized/_decode.c optimized/_native_int.h setup.py $(STAMP)
 	$(PIP) install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
 	@$(PY) -c "from pagedkv.optimized.native import build_name; print('pagedkv pool loops:', build_name())"
 	@touch $@

@@ -1,9 +1,9 @@
-"""Build hook for the optional C modules (D-PERF-26, D-PERF-35); everything else is in pyproject.toml.
+"""Build hook for the optional C modules (D-PERF-26, D-PERF-35, D-PERF-39); everything else is in pyproject.toml.
 
-The modules ``pagedkv.optimized._native`` and ``._tokens`` are built only when a C compiler and Python's headers
-work here: the probe below compiles a one-line file that includes ``Python.h``. Without them
-(or with ``PAGEDKV_NO_NATIVE=1``) the package installs without them and runs its pure-Python
-loops, the same behaviour, slower. (setuptools' own ``optional=True`` is not enough: an
+The modules ``pagedkv.optimized._native``, ``._tokens`` and ``._decode`` are built only when a C
+compiler and Python's headers work here: the probe below compiles a one-line file that includes
+``Python.h``. Without them (or with ``PAGEDKV_NO_NATIVE=1``) the package installs without them and
+runs its pure-Python code, the same behaviour, slower. (setuptools' own ``optional=True`` is not enough: an
 editable install still tries to copy a module it failed to build, and fails.)
 """
 
@@ -34,9 +34,10 @@ def c_compiler_works() -> bool:
             return False
 
 
-# The pool's per-block loops (D-PERF-26) and token checking / prompt hashing (D-PERF-35).
+# The pool's per-block loops (D-PERF-26), token checking / prompt hashing (D-PERF-35) and the
+# decode step's no-op test (D-PERF-39).
 NATIVE = [Extension(f"pagedkv.optimized.{name}", [f"optimized/{name}.c"], depends=["optimized/_native_int.h"],
                     optional=True, extra_compile_args=["-O2"])
-          for name in ("_native", "_tokens")]
+          for name in ("_native", "_tokens", "_decode")]
 
 setup(ext_modules=NATIVE if c_compiler_works() else [])

@@ -258,26 +258,78 @@ touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(take_doc,
-"take(ref, hashes, prev, next, sentinel, n, evict) -> list | None\n\n"
+"take(ref, hashes, prev, next, sentinel, n, evict, maps=None) -> list | None\n\n"
 "BlockPool.get_new_blocks's loop: the first n blocks of the free queue, in\n"
 "order; evict(block) is called for each whose hash is not None (hashes may\n"
 "be None: caching off), then its ref count becomes 1; the queue's front\n"
 "moves past them. The caller has checked n <= the queue's size. Returns\n"
-"None (nothing changed) when an argument is not what the pool holds.");
+"None (nothing changed) when an argument is not what the pool holds.\n\n"
+"maps: (gids, cached_by_group, dup_by_group) when eviction announces\n"
+"nothing (kv-cache events off): a block whose key no other block\n"
+"duplicates is then evicted here, as BlockPool._evict does it (its key\n"
+"leaves its group's map, its hash becomes None and its group id -1),\n"
+"without the call; any other block still goes through evict(block).");
+
+/* BlockPool._evict's common case in place: the block's key leaves its
+ * group's map, no duplicate of it waits, no event. 1: done; 0: not that
+ * case (nothing changed, the caller calls evict); -1: an error is set. */
+static int
+evict_inline(PyObject *maps, PyObject *hashes, Py_ssize_t block)
+{
+    PyObject *gids = PyTuple_GET_ITEM(maps, 0), *tables = PyTuple_GET_ITEM(maps, 1);
+    PyObject *dups = PyTuple_GET_ITEM(maps, 2);
+    PyObject *key = PyList_GET_ITEM(hashes, block);
+    Py_ssize_t group = index_in(PyList_GET_ITEM(gids, block), PyList_GET_SIZE(tables));
+    if (group < 0 || !PyBytes_CheckExact(key) || group >= PyList_GET_SIZE(dups)) {
+        return 0;
+    }
+    PyObject *table = PyList_GET_ITEM(tables, group), *later = PyList_GET_ITEM(dups, group);
+    if (!PyDict_CheckExact(table) || !PyDict_CheckExact(later)) {
+        return 0;
+    }
+    /* An exact bytes key: hashing and comparing it run no Python code. */
+    if (PyDict_GET_SIZE(later) != 0) {
+        PyObject *found = PyDict_GetItemWithError(later, key);
+        if (found != NULL) {
+            return 0;  /* identical blocks share the key: the Python method */
+        }
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    Py_INCREF(key);  /* the list's reference goes below */
+    int deleted = PyDict_DelItem(table, key);
+    Py_DECREF(key);
+    if (deleted < 0) {
+        return -1;  /* the KeyError the Python method would raise */
+    }
+    store(hashes, block, Py_NewRef(Py_None));
+    return store_int(gids, block, -1) < 0 ? -1 : 1;
+}
 
 static PyObject *
 take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyList_CheckExact(args[0]) || !all_lists(args + 2, 2)
+    if (nargs < 7 || nargs > 8 || !PyList_CheckExact(args[0]) || !all_lists(args + 2, 2)
             || (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
         Py_RETURN_NONE;
     }
     PyObject *ref = args[0], *hashes = args[1], *prev = args[2], *next = args[3];
     PyObject *evict = args[6];
+    PyObject *maps = nargs == 8 ? args[7] : Py_None;
     Py_ssize_t links = common_bound(args + 2, 2);
     Py_ssize_t bound = PyList_GET_SIZE(ref);
     if (hashes != Py_None && PyList_GET_SIZE(hashes) < bound) {
         bound = PyList_GET_SIZE(hashes);
+    }
+    if (maps != Py_None) {
+        if (!PyTuple_CheckExact(maps) || PyTuple_GET_SIZE(maps) != 3 || hashes == Py_None
+                || !all_lists(&PyTuple_GET_ITEM(maps, 0), 3)) {
+            Py_RETURN_NONE;
+        }
+        if (PyList_GET_SIZE(PyTuple_GET_ITEM(maps, 0)) < bound) {
+            bound = PyList_GET_SIZE(PyTuple_GET_ITEM(maps, 0));
+        }
     }
     Py_ssize_t sentinel = index_in(args[4], links);
     Py_ssize_t n = PyLong_CheckExact(args[5]) ? PyLong_AsSsize_t(args[5]) : -1;
@@ -311,15 +363,21 @@ take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         PyList_SET_ITEM(out, i, Py_NewRef(item));
         if (hashes != Py_None && PyList_GET_ITEM(hashes, block) != Py_None) {
-            /* Eviction drops the key (maps, events): the pool's Python method. */
-            PyObject *result = PyObject_CallOneArg(evict, item);
-            if (result == NULL) {
+            int evicted = maps == Py_None ? 0 : evict_inline(maps, hashes, block);
+            if (evicted == 0) {
+                /* Eviction drops the key (maps, events): the pool's Python method. */
+                PyObject *result = PyObject_CallOneArg(evict, item);
+                evicted = result == NULL ? -1 : 1;
+                Py_XDECREF(result);
+            }
+            if (evicted < 0) {
                 Py_DECREF(out);
                 return NULL;
             }
-            Py_DECREF(result);
+            /* Python code may have run (the method, or a key's comparison). */
             if (PyList_GET_SIZE(ref) < bound || PyList_GET_SIZE(hashes) < bound
-                    || PyList_GET_SIZE(next) < links || PyList_GET_SIZE(prev) < links) {
+                    || PyList_GET_SIZE(next) < links || PyList_GET_SIZE(prev) < links
+                    || (maps != Py_None && PyList_GET_SIZE(PyTuple_GET_ITEM(maps, 0)) < bound)) {
                 Py_DECREF(out);
                 PyErr_SetString(PyExc_SystemError, "pagedkv: a pool list shrank during eviction");
                 return NULL;

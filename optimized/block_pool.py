@@ -159,8 +159,12 @@ class BlockPool(PoolView):
                 queue.size -= num_blocks
                 return out
         if NATIVE is not None:
+            # Without events an eviction announces nothing: the C loop drops
+            # an unduplicated key itself (maps), the rest through _evict.
             taken = NATIVE.take(ref, hashes if self.enable_caching else None, queue.prev, nxt, sentinel,
-                                num_blocks, self._evict)
+                                num_blocks, self._evict,
+                                None if self.enable_kv_cache_events or not self.enable_caching
+                                else (self._gid, self.cached_by_group, self.dup_by_group))
             if taken is not None:
                 queue.size -= num_blocks
                 return taken

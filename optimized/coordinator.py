@@ -48,6 +48,7 @@ from .dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
 from .decode import decode_probes
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .eagle import apply_eagle_groups
+from .fill_path import probed_fill_step
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
 from .ring import RingManager
@@ -188,7 +189,7 @@ class KVCacheCoordinator(SubBlockCoordination):
         elif managers:
             probes = decode_probes(self.managers)
             if probes is not None:
-                self.decode_step = probed_decode_step(self, probes)
+                self.decode_step = probed_decode_step(self, probes, probed_fill_step(self))
 
     # ------------------------------------------------------- decode fast path
 

@@ -31,7 +31,7 @@ from .ring import RingManager
 from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
-__all__ = ["DecodeProbe", "decode_probes", "is_noop_decode"]
+__all__ = ["DecodeProbe", "decode_probes", "is_noop_decode", "native_rules"]
 
 _NEVER = 1 << 62
 """Cache block size of a group that never caches (Mamba ``none``): no token
@@ -132,3 +132,32 @@ def is_noop_decode(probes: tuple[DecodeProbe, ...], request_id: str, num_compute
                         last >= held or blocks[last]):
                     return False
     return True
+
+
+def native_rules(managers: Sequence[SingleTypeManager],
+                 probes: tuple[DecodeProbe, ...]) -> tuple[tuple[object, ...], ...] | None:
+    """The probes as ``optimized/_decode.c`` reads them (D-PERF-39): each
+    group's skip rule as data, ``(kind, parameter)``, instead of its bound
+    method: 0 none, 1 a sliding window of ``retained`` tokens
+    (:meth:`SlidingWindowManager.skipped_tokens`), 2 chunks
+    (:meth:`ChunkedLocalAttentionManager.skipped_tokens`), 3 a Mamba state
+    (``num_computed - 1``). ``None`` when a group's rule is none of those.
+    Cost: O(groups)."""
+    rules: list[tuple[object, ...]] = []
+    for manager, (blocks_of, cached_of, block_size, extra, cache_size, released, align) in zip(managers, probes):
+        kind = type(manager)
+        skip, param = 0, 0
+        if released is None:
+            pass
+        elif kind is SlidingWindowManager:
+            assert isinstance(manager, SlidingWindowManager)
+            skip, param = 1, manager.retained
+        elif kind is ChunkedLocalAttentionManager:
+            assert isinstance(manager, ChunkedLocalAttentionManager)
+            skip, param = 2, manager.chunk_size
+        elif kind is MambaManager:
+            skip = 3
+        else:
+            return None
+        rules.append((blocks_of, cached_of, block_size, extra, cache_size, skip, param, align))
+    return tuple(rules)

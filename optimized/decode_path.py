@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 from pagedkv.spec.request import Request, RequestFacts, RequestView
 
 from .blocks import KVCacheBlocks
-from .decode import DecodeProbe
+from .decode import DecodeProbe, native_rules
+from .native import DECODE
 from .recovery import recover
 
 if TYPE_CHECKING:
@@ -183,12 +184,19 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     step.inlinable = (blocks_of, cached, block_size, max_model_len, caching, fill)  # type: ignore[attr-defined]
     return step
 
-def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]) -> DecodeStep:
+def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...],
+                       fill: DecodeStep | None = None) -> DecodeStep:
     """The decode step for every other covered configuration (a closure,
     as :func:`single_decode_step`), decided per group by
     :func:`decode.is_noop_decode`: the empty result when no group needs
-    a block, fills one or releases one; else :data:`TAKE_GENERAL_PATH`.
-    Cost: O(groups)."""
+    a block, fills one or releases one; else ``fill(request,
+    num_new_tokens, delay_cache_blocks)`` (``fill_path``, D-PERF-37) when
+    given, or :data:`TAKE_GENERAL_PATH`. Cost: O(groups), or the fill's."""
+    general = TAKE_GENERAL_PATH
+    # The no-op test in C when built (D-PERF-39): True, False, or None for
+    # what it does not cover (then the loop below answers).
+    rules = None if DECODE is None else native_rules(self.managers, probes)
+    noop = None if DECODE is None else DECODE.noop
     max_model_len = self.max_model_len
     caching = self.enable_caching
     hash_block_size = self.hash_block_size
@@ -221,6 +229,12 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
             if cache_tokens // hash_block_size > len(request.block_hashes):
                 return TAKE_GENERAL_PATH
             request_id = request.request_id
+            if rules is not None and noop is not None:
+                verdict = noop(rules, request_id, num_computed, total, cache_tokens)
+                if verdict is True:
+                    return empty
+                if verdict is False:
+                    return general if fill is None else fill(request, num_new_tokens, delay_cache_blocks)
             # decode.is_noop_decode, line for line, inlined: a call (a frame)
             # per step cost the no-op step more than the robustness checks
             # above. test_multi_group_decode_fast_path_is_exactly_a_no_op
@@ -232,23 +246,27 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
                     return TAKE_GENERAL_PATH
                 held = len(blocks)
                 if total + extra > held * block_size:
-                    return TAKE_GENERAL_PATH
+                    break
                 if cache_tokens // cache_size > cached_of[request_id]:
-                    return TAKE_GENERAL_PATH
+                    break
                 if released is not None:
                     skipped = released(num_computed)
                     if skipped >= block_size:
                         index = skipped // block_size
                         if blocks[(index if index < held else held) - 1]:
-                            return TAKE_GENERAL_PATH
+                            break
                     if align is not None:
                         last = align.get(request_id)
                         if last is not None and last < -(-(skipped + 1) // block_size) - 1 and (
                                 last >= held or blocks[last]):
-                            return TAKE_GENERAL_PATH
-            return empty
+                            break
+            else:
+                return empty
         except TypeError:
             return TAKE_GENERAL_PATH  # an unhashable id: the general path raises
+        # Some group has work: the filling step (which checks the request is
+        # known in every group) or the general path.
+        return general if fill is None else fill(request, num_new_tokens, delay_cache_blocks)
 
     return step
 

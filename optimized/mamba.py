@@ -77,8 +77,12 @@ class MambaManager(SingleTypeManager):
         self.drop_eagle_checkpoint = False
         # The checkpoint of the request ``cache_blocks`` is caching, for ``cache_mask``.
         self.caching_checkpoint: tuple[int, int] | None = None
-        # Boundary states offered to a KV connector until taken (MOFF-1).
-        self.offers: list[tuple[str, int, int]] = []
+        # Boundary states offered to a KV connector until taken (MOFF-1):
+        # request -> its (block, tokens) oldest first, requests in the order
+        # of their first offer since the last take. Keyed by request so a
+        # release drops its own offers in O(1), not by scanning every
+        # request's (an engine that never drains them, D-PERF-36).
+        self.offers: dict[str, list[tuple[int, int]]] = {}
         # Sub-block hits (MPART-1..4), switched on by the coordinator: hits
         # are looked up on the hash-block hashes; ``partial_hit`` is the
         # (column, source) a request copies on its next allocation,
@@ -306,7 +310,7 @@ class MambaManager(SingleTypeManager):
                 self.cached_this_step.add(block_hash)  # filled by this step's copy
             tail = self.producer_tail.pop(request_id, None) if self.producer_tail else None
             if tail is not None and tail[0] == source:
-                self.offers.append((request_id, destination, tail[1]))  # the copy keeps it (MOFF-2)
+                self._offer(request_id, destination, tail[1])  # the copy keeps it (MOFF-2)
         else:
             blocks[column] = destination
             pool._ref[destination] += 1
@@ -364,22 +368,39 @@ class MambaManager(SingleTypeManager):
         hashes = self.block_pool.block_hashes
         key_tokens = self.block_pool._key_tokens
         added = self.cached_this_step.add
-        offer = self.offers.append if self.mode == "align" else None
+        offered: list[tuple[int, int]] | None = None
+        if self.mode == "align":
+            offered = self.offers.get(request_id)
+            if offered is None:
+                offered = []
         blocks = self.req_to_blocks[request_id]
         for position in range(before, self.num_cached_blocks[request_id]):
             block = blocks[position]
             block_hash = hashes[block]
             if block and block_hash is not None:
                 added(block_hash)
-                if offer is not None:
-                    offer((request_id, block, key_tokens[block]))  # a checkpoint's: its position
+                if offered is not None:
+                    offered.append((block, key_tokens[block]))  # a checkpoint's: its position
+        if offered and request_id not in self.offers:
+            self.offers[request_id] = offered
         if self.sub_block_hits:
             publish_resume_state(self, request, request_id, num_tokens)
 
+    def _offer(self, request_id: str, block: int, num_tokens: int) -> None:
+        """Offer ``block``'s boundary state (``num_tokens`` tokens) to a KV connector. Cost: O(1)."""
+        offered = self.offers.get(request_id)
+        if offered is None:
+            self.offers[request_id] = [(block, num_tokens)]
+        else:
+            offered.append((block, num_tokens))
+
     def take_offers(self) -> list[tuple[str, int, int]]:
-        """The boundary states offered since the last call, oldest first. Cost: O(1)."""
-        offers, self.offers = self.offers, []
-        return offers
+        """The boundary states offered since the last call: ``(request,
+        block, tokens)``, request by request in the order of their first
+        offer, each request's oldest first. Cost: O(offers)."""
+        offers, self.offers = self.offers, {}
+        return [(request_id, block, num_tokens) for request_id, offered in offers.items()
+                for block, num_tokens in offered]
 
     def finalize_partial_tail(self, request_id: str, num_computed_tokens: int,
                               num_in_flight_tokens: int) -> tuple[int, int] | None:
@@ -390,7 +411,7 @@ class MambaManager(SingleTypeManager):
         """Forget the request's state bookkeeping, then release its blocks.
         Cost: O(blocks held + offers pending)."""
         if self.offers:  # the blocks go back to the pool: drop their offers (MOFF-1)
-            self.offers = [offer for offer in self.offers if offer[0] != request_id]
+            self.offers.pop(request_id, None)
         self.checkpoints.pop(request_id, None)
         if self.partial_hit:
             self.partial_hit.pop(request_id, None)

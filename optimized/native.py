@@ -1,13 +1,15 @@
 """Which build runs: the optional C modules or the Python code they mirror.
 
-Two modules, compiled when the package is installed and a C compiler is
+Three modules, compiled when the package is installed and a C compiler is
 present (``setup.py``):
 
 - ``optimized/_native.c``: the block pool's per-block loops in
   :mod:`.block_pool` and :mod:`.pool_caching` (D-PERF-26);
 - ``optimized/_tokens.c``: checking and packing a request's token ids
   (``spec.request.pack_token_ids``) and hashing a prompt's blocks with
-  sha256 (:mod:`.hasher`, D-PERF-35).
+  sha256 (:mod:`.hasher`, D-PERF-35);
+- ``optimized/_decode.c``: the several-group decode step's no-op test
+  (:func:`.decode.is_noop_decode`, D-PERF-39).
 
 Without a compiler the package still installs and runs the Python code,
 which stays the definition: each C function does what its Python
@@ -26,7 +28,7 @@ from typing import Any, Protocol
 
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["NATIVE", "TOKENS", "NativeLoops", "NativeTokens", "build_name"]
+__all__ = ["DECODE", "NATIVE", "TOKENS", "NativeDecode", "NativeLoops", "NativeTokens", "build_name"]
 
 
 class NativeLoops(Protocol):
@@ -38,7 +40,9 @@ class NativeLoops(Protocol):
     def touch(self, ref: list[int], prev: list[int], next: list[int], blocks: list[int], /) -> int | None: ...
 
     def take(self, ref: list[int], hashes: Sequence[object] | None, prev: list[int], next: list[int],
-             sentinel: int, n: int, evict: Callable[[int], object], /) -> list[int] | None: ...
+             sentinel: int, n: int, evict: Callable[[int], object],
+             maps: tuple[list[int], list[dict[bytes, int]], list[dict[bytes, list[int]]]] | None = None,
+             /) -> list[int] | None: ...
 
     def key_run(self, hashes: list[BlockHash | None], gids: list[int], key_tokens: list[int], run: list[int],
                 keys: list[BlockHash], group_id: int, first_count: int, step: int, /) -> bool | None: ...
@@ -51,6 +55,13 @@ class NativeTokens(Protocol):
 
     def sha256_blocks(self, packed: bytes, start: int, end: int, size: int, parent: bytes,
                       sha256: Callable[[bytes], Any], /) -> list[BlockHash] | None: ...
+
+
+class NativeDecode(Protocol):
+    """What ``optimized/_decode.c`` provides (its docstring says what it does)."""
+
+    def noop(self, rules: tuple[tuple[Any, ...], ...], request_id: str, num_computed: int, total: int,
+             cache_tokens: int, /) -> bool | None: ...
 
 
 def _pure() -> bool:
@@ -77,17 +88,32 @@ def _load_tokens() -> NativeTokens | None:
     return _tokens
 
 
+def _load_decode() -> NativeDecode | None:
+    if _pure():
+        return None
+    try:
+        from . import _decode
+    except ImportError:  # built without a C compiler
+        return None
+    return _decode
+
+
 NATIVE = _load()
 """The pool's C loops, or None when the Python loops run."""
 
 TOKENS = _load_tokens()
 """Token checking and prompt hashing in C, or None when the Python code runs."""
 
+DECODE = _load_decode()
+"""The decode step's no-op test in C, or None when the Python test runs."""
+
 
 def build_name() -> str:
-    """``"native"`` or ``"pure-python"``: what the pool's loops and the token
-    checks run on (for bench output and bug reports); ``"partial"`` if only
-    one of the two modules loaded (a stale build: ``make install``)."""
-    if NATIVE is None and TOKENS is None:
+    """``"native"`` or ``"pure-python"``: what the pool's loops, the token
+    checks and the decode test run on (for bench output and bug reports);
+    ``"partial"`` if only some of the modules loaded (a stale build: ``make
+    install``)."""
+    loaded = [module is not None for module in (NATIVE, TOKENS, DECODE)]
+    if not any(loaded):
         return "pure-python"
-    return "native" if NATIVE is not None and TOKENS is not None else "partial"
+    return "native" if all(loaded) else "partial"

@@ -308,6 +308,10 @@ def check_mamba_checkpoint(manager: Any, request_id: str) -> None:
 def check_offers_dropped(manager: Any, request_id: str) -> None:
     """MOFF-1 after ``free``: no Mamba group still offers the request's blocks."""
     for group in manager.coordinator.managers:
-        if any(offer[0] == request_id for offer in getattr(group, "offers", ())):
+        offers = getattr(group, "offers", ())
+        # The reference keeps (request, block, tokens) triples, the optimized
+        # manager (block, tokens) pairs by request (D-PERF-36).
+        if (offers.get(request_id) if isinstance(offers, dict)
+                else any(offer[0] == request_id for offer in offers)):
             raise _fail("MOFF-1", f"group {group.group_id} still offers a block of freed request "
                         f"{request_id!r}")

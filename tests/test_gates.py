@@ -358,7 +358,10 @@ def _check_offer_kept_after_free(manager: Any, request: Any) -> None:
     checkpointed.free(request)
     postconditions.check_offers_dropped(checkpointed, "a")  # the honest free drops them
     group = surgery.groups[1]
-    group.offers.append(("a", surgery.pool.blocks[1] if surgery.is_reference else 1, 32))
+    if surgery.is_reference:
+        group.offers.append(("a", surgery.pool.blocks[1], 32))
+    else:
+        group.offers.setdefault("a", []).append((1, 32))
     postconditions.check_offers_dropped(checkpointed, "a")
 
 

@@ -201,9 +201,9 @@ def test_native_loops_refuse_foreign_containers_and_links() -> None:
     nxt[4] = 5
 
 
-@needs_native
-def test_take_propagates_an_eviction_error_as_the_python_loop_does() -> None:
-    native, pure = BlockPool(6, True), BlockPool(6, True)
+def _two_keyed_at_the_back(events: bool) -> tuple[BlockPool, BlockPool]:
+    """Two pools of 6 blocks: 3..5 unkeyed at the queue's front, then 2 and 1 keyed."""
+    native, pure = (BlockPool(6, True, enable_kv_cache_events=events) for _ in range(2))
     hasher = make_block_hasher("sha256", 1)
     for pool in (native, pure):
         blocks = pool.get_new_blocks(5)
@@ -211,6 +211,14 @@ def test_take_propagates_an_eviction_error_as_the_python_loop_does() -> None:
         pool.cache_full_blocks(request, blocks, block_hashes=request.block_hashes, num_cached_blocks=0,
                                num_full_blocks=2, block_size=1, group_id=0)
         pool.free_blocks(blocks[::-1])  # 3..5 unkeyed to the front, then 2, 1 keyed at the back
+        pool.take_events()
+    return native, pure
+
+
+@needs_native
+def test_take_propagates_an_eviction_error_as_the_python_loop_does() -> None:
+    # Events on: every eviction goes through the pool's method, here one that fails.
+    native, pure = _two_keyed_at_the_back(events=True)
 
     class FailingEviction(BlockPool):
         __slots__ = ()  # the same layout: the pools below can switch to this class
@@ -220,3 +228,53 @@ def test_take_propagates_an_eviction_error_as_the_python_loop_does() -> None:
 
     native.__class__ = pure.__class__ = FailingEviction
     both(native, pure, lambda p: p.get_new_blocks(5))
+
+
+@needs_native
+def test_take_evicts_in_place_as_the_method_does() -> None:
+    """Events off: the C loop drops an unduplicated key itself (D-PERF-38),
+    leaving what _evict leaves; a key another block duplicates still goes
+    through the method (its later holder takes the map's entry)."""
+    native, pure = _two_keyed_at_the_back(events=False)
+    both(native, pure, lambda p: p.get_new_blocks(5))  # 3..5, then 2 and 1 evicted
+    assert native.cached_by_group == [{}] and native._gid[1:] == [-1] * 5
+    # Duplicates: blocks 1 and 2 keyed alike (one key, two holders), then taken back.
+    native, pure = (BlockPool(6, True) for _ in range(2))
+    hasher = make_block_hasher("sha256", 1)
+    for pool in (native, pure):
+        blocks = pool.get_new_blocks(4)
+        for block in blocks[:2]:
+            request = Request("r", [7], block_hasher=hasher)
+            pool.cache_full_blocks(request, [block], block_hashes=request.block_hashes, num_cached_blocks=0,
+                                   num_full_blocks=1, block_size=1, group_id=0)
+        pool.free_blocks(blocks[::-1])
+    assert native.dup_by_group[0]
+    for n in (4, 1):  # the unkeyed ones and the duplicate's first holder, then the other holder
+        both(native, pure, lambda p, n=n: p.get_new_blocks(n))
+    assert native.cached_by_group == [{}] and native.dup_by_group == [{}]
+
+
+@needs_native
+def test_take_in_place_eviction_of_a_missing_key_fails_as_the_method_does() -> None:
+    """A map corrupted under the pool (a key gone): both builds raise KeyError
+    from the same place and leave the same partial state."""
+    native, pure = _two_keyed_at_the_back(events=False)
+    for pool in (native, pure):
+        pool.cached_by_group[0].clear()
+    both(native, pure, lambda p: p.get_new_blocks(5))
+
+
+@needs_native
+def test_take_refuses_foreign_maps() -> None:
+    assert NATIVE is not None
+    pool = pool_with_queue()
+    queue = pool._queue
+    maps: Any = (pool._gid, pool.cached_by_group)  # two of three
+    refused(lambda: NATIVE.take(pool._ref, pool._hash, queue.prev, queue.next, queue.sentinel, 1, pool._evict,
+                                maps), pool)
+    maps = [pool._gid, pool.cached_by_group, pool.dup_by_group]  # a list, not a tuple
+    refused(lambda: NATIVE.take(pool._ref, pool._hash, queue.prev, queue.next, queue.sentinel, 1, pool._evict,
+                                maps), pool)
+    maps = (pool._gid[:2], pool.cached_by_group, pool.dup_by_group)  # group ids short of the blocks: bound
+    assert NATIVE.take(pool._ref, pool._hash, queue.prev, queue.next, queue.sentinel, 1, pool._evict,
+                       maps) is None
