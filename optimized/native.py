@@ -47,6 +47,11 @@ class NativeLoops(Protocol):
     def key_run(self, hashes: list[BlockHash | None], gids: list[int], key_tokens: list[int], run: list[int],
                 keys: list[BlockHash], group_id: int, first_count: int, step: int, /) -> bool | None: ...
 
+    def map_run(self, table: dict[bytes, int], keys: list[bytes], run: list[int], /) -> bool | None: ...
+
+    def prefix_hits(self, table: dict[bytes, int], hashes: Sequence[bytes], limit: int,
+                    /) -> list[int] | None: ...
+
 
 class NativeTokens(Protocol):
     """What ``optimized/_tokens.c`` provides (its docstrings say what each function does)."""

@@ -49,14 +49,19 @@ def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash]
     elif (0 in run or list(map(gids.__getitem__, run)).count(-1) != size
           or len(set(run)) != size):  # a block twice: its first key only, per block
         return False
-    if not table.keys().isdisjoint(keys):
-        return False  # a key cached already: the duplicate goes apart (D-POOL-5)
-    expected = len(table) + size
-    table.update(zip(keys, run))
-    if len(table) != expected:  # a key twice in the run: the later one goes apart
-        for key in keys:  # all were new: dropping them restores the map
-            table.pop(key, None)
+    mapped = (None if NATIVE is None or type(keys) is not list or type(run) is not list
+              else NATIVE.map_run(table, keys, run))  # one probe per key, not two (D-PERF-40)
+    if mapped is False:
         return False
+    if mapped is None:
+        if not table.keys().isdisjoint(keys):
+            return False  # a key cached already: the duplicate goes apart (D-POOL-5)
+        expected = len(table) + size
+        table.update(zip(keys, run))
+        if len(table) != expected:  # a key twice in the run: the later one goes apart
+            for key in keys:  # all were new: dropping them restores the map
+                table.pop(key, None)
+            return False
     hashes, key_tokens = pool._hash, pool._key_tokens
     start = (first_index + 1) * block_size
     counts = range(start, start + size * block_size, block_size)

@@ -29,6 +29,7 @@ from pagedkv.spec.kv_cache_spec import KVCacheSpec, SinkFullAttentionSpec
 from pagedkv.spec.types import BlockHash
 
 from .block_pool import BlockPool
+from .native import NATIVE
 
 __all__ = [
     "SingleTypeManager",
@@ -156,7 +157,12 @@ class SingleTypeManager:
         Cost: O(L / b)."""
         first = self.first_hit_block(length) if length else 0
         table = self.block_pool.cached_by_group[self.group_id]
-        return [0] * first + [table[view[index]] for index in range(first, length // self.block_size)]
+        end = length // self.block_size
+        if NATIVE is not None and end > first:
+            found = NATIVE.prefix_hits(table, view[first:end] if first else view, end - first)
+            if found is not None and len(found) == end - first:  # else the lookup below raises
+                return [0] * first + found if first else found
+        return [0] * first + [table[view[index]] for index in range(first, end)]
 
     # --------------------------------------------------------------- allocation
 
@@ -177,10 +183,12 @@ class SingleTypeManager:
             return max(required - len(held), 0)
         num_skipped_blocks = self.skipped_tokens(num_total_computed_tokens) // block_size
         num_new = max(required - max(num_skipped_blocks, len(new_computed_blocks)), 0)
-        ref = self.block_pool.ref_counts
-        for block in new_computed_blocks[num_skipped_blocks:]:
-            if block and ref[block] == 0:
-                num_new += 1
+        if len(new_computed_blocks) > num_skipped_blocks:
+            # Hit blocks with no holder (they leave the free queue), in C
+            # loops: the null block's count stays 0 (D-POOL-1), so the null
+            # blocks among them are subtracted from the zero counts.
+            kept = new_computed_blocks[num_skipped_blocks:]
+            num_new += list(map(self.block_pool.ref_counts.__getitem__, kept)).count(0) - kept.count(0)
         return num_new
 
     def admit(self, request_id: str, new_computed_blocks: Sequence[int],
@@ -308,14 +316,20 @@ class FullAttentionManager(SingleTypeManager):
         Cost: O(blocks hit + 1).
         """
         # Probe the raw-hash table directly (no key bytes built per block).
-        table_get = self.block_pool.cached_by_group[self.group_id].get
-        hit: list[int] = []
-        append = hit.append
-        for block_hash in block_hashes[:max_length // self.block_size]:
-            block = table_get(block_hash)  # the key's first holder (an int)
-            if block is None:
-                break
-            append(block)
+        table = self.block_pool.cached_by_group[self.group_id]
+        limit = max_length // self.block_size
+        found = None if NATIVE is None else NATIVE.prefix_hits(table, block_hashes, limit)
+        if found is not None:
+            hit = found  # the same scan in C (D-PERF-41)
+        else:
+            table_get = table.get
+            hit = []
+            append = hit.append
+            for block_hash in block_hashes[:limit]:
+                block = table_get(block_hash)  # the key's first holder (an int)
+                if block is None:
+                    break
+                append(block)
         if self.use_eagle and hit:
             hit.pop()
         return hit
@@ -334,12 +348,17 @@ class FullAttentionManager(SingleTypeManager):
             limit = min(limit, max_length - block_size)
         if limit <= 0:
             return 0
-        get = self.block_pool.cached_by_group[self.group_id].get
-        prefix = 0
-        for block_hash in view[:limit // block_size + shift]:
-            if get(block_hash) is None:
-                break
-            prefix += 1
+        table = self.block_pool.cached_by_group[self.group_id]
+        found = None if NATIVE is None else NATIVE.prefix_hits(table, view, limit // block_size + shift)
+        if found is not None:
+            prefix = len(found)  # the same scan in C (D-PERF-41)
+        else:
+            get = table.get
+            prefix = 0
+            for block_hash in view[:limit // block_size + shift]:
+                if get(block_hash) is None:
+                    break
+                prefix += 1
         limit = min(limit, (prefix - shift) * block_size)
         return max(0, limit // self.alignment * self.alignment)
 

@@ -30,17 +30,17 @@ from pagedkv.spec.mamba_spec import MambaSpec
 BLOCK = 4
 
 
-def _spec(kind: str) -> KVCacheSpec:
+def _spec(kind: str, block_size: int = BLOCK, window: int = 6, chunk: int = 8) -> KVCacheSpec:
     if kind == "full":
-        return FullAttentionSpec(BLOCK, 1, 1, "float16")
+        return FullAttentionSpec(block_size, 1, 1, "float16")
     if kind == "sliding":
-        return SlidingWindowSpec(BLOCK, 1, 1, "float16", sliding_window=6)
+        return SlidingWindowSpec(block_size, 1, 1, "float16", sliding_window=window)
     if kind == "chunked":
-        return ChunkedLocalAttentionSpec(BLOCK, 1, 1, "float16", attention_chunk_size=8)
+        return ChunkedLocalAttentionSpec(block_size, 1, 1, "float16", attention_chunk_size=chunk)
     if kind == "ring":
-        return CircularBufferSpec(BLOCK, 1, 1, "float16")
+        return CircularBufferSpec(block_size, 1, 1, "float16")
     mode, _, spec_blocks = kind.partition(":")
-    return MambaSpec(BLOCK, shapes=((2,),), dtypes=("float16",), mamba_cache_mode=mode[6:],
+    return MambaSpec(block_size, shapes=((2,),), dtypes=("float16",), mamba_cache_mode=mode[6:],
                      num_speculative_blocks=int(spec_blocks or 0))
 
 

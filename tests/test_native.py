@@ -278,3 +278,76 @@ def test_take_refuses_foreign_maps() -> None:
     maps = (pool._gid[:2], pool.cached_by_group, pool.dup_by_group)  # group ids short of the blocks: bound
     assert NATIVE.take(pool._ref, pool._hash, queue.prev, queue.next, queue.sentinel, 1, pool._evict,
                        maps) is None
+
+
+# ---------------------------------------------------------- map_run, prefix_hits (D-PERF-40, D-PERF-41)
+
+keys_drawn = st.lists(st.binary(min_size=1, max_size=2), max_size=12)
+
+
+def map_run_definition(table: dict[bytes, int], keys: list[bytes], run: list[int]) -> bool:
+    """pool_caching.cache_new_run's map step as the Python code writes it."""
+    if not table.keys().isdisjoint(keys):
+        return False
+    expected = len(table) + len(keys)
+    table.update(zip(keys, run))
+    if len(table) != expected:
+        for key in keys:
+            table.pop(key, None)
+        return False
+    return True
+
+
+@needs_native
+@given(existing=st.dictionaries(st.binary(min_size=1, max_size=2), st.integers(1, 50), max_size=8),
+       keys=keys_drawn)
+def test_map_run_is_the_python_map_step(existing: dict[bytes, int], keys: list[bytes]) -> None:
+    assert NATIVE is not None
+    run = list(range(100, 100 + len(keys)))
+    ours, theirs = dict(existing), dict(existing)
+    assert NATIVE.map_run(ours, keys, run) == map_run_definition(theirs, keys, run)
+    assert list(ours.items()) == list(theirs.items())  # items and their order
+
+
+@needs_native
+def test_map_run_refuses_what_it_does_not_cover() -> None:
+    assert NATIVE is not None
+    table = {b"a": 1}
+    foreign: list[Any] = [({b"a": 1}, [bytearray(b"x")], [2]), ({b"a": 1}, [b"x"], [2, 3]),
+                          ({b"a": 1}, (b"x",), [2])]
+    for table, keys, run in foreign:
+        before = dict(table)
+        assert NATIVE.map_run(table, keys, run) is None
+        assert table == before
+
+
+@needs_native
+@given(table=st.dictionaries(st.binary(min_size=1, max_size=1), st.integers(0, 9), min_size=1, max_size=10),
+       limit=st.integers(-2, 14), as_tuple=st.booleans(), data=st.data())
+def test_prefix_hits_is_the_python_scan(table: dict[bytes, int], limit: int, as_tuple: bool,
+                                        data: st.DataObject) -> None:
+    assert NATIVE is not None
+    # Mostly cached keys, so long prefixes are common; now and then any key.
+    hashes = data.draw(st.lists(st.one_of(st.sampled_from(sorted(table)), st.sampled_from(sorted(table)),
+                                          st.binary(min_size=1, max_size=1)), max_size=12))
+    expected: list[int] = []
+    for block_hash in hashes[:max(limit, 0)]:
+        if block_hash not in table:
+            break
+        expected.append(table[block_hash])
+    view: Any = tuple(hashes) if as_tuple else hashes
+    assert NATIVE.prefix_hits(table, view, limit) == expected
+
+
+@needs_native
+def test_prefix_hits_refuses_foreign_keys_and_containers() -> None:
+    assert NATIVE is not None
+
+    class Key(bytes):
+        pass
+
+    table = {b"a": 1}
+    assert NATIVE.prefix_hits(table, [b"a", Key(b"a")], 2) is None
+    assert NATIVE.prefix_hits(table, [b"a", Key(b"a")], 1) == [1]  # only the scanned items are read
+    assert NATIVE.prefix_hits(table, iter([b"a"]), 1) is None  # type: ignore[arg-type]
+    assert NATIVE.prefix_hits(table, [b"a"], 2**80) is None
