@@ -49,6 +49,7 @@ from .decode import decode_probes
 from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
 from .eagle import apply_eagle_groups
 from .fill_path import probed_fill_step
+from .hasher import REQUEST_TYPE
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
 from .ring import RingManager
@@ -170,7 +171,7 @@ class KVCacheCoordinator(SubBlockCoordination):
         self.num_reprefillable_tokens = 0
         self.decode_step: DecodeStep | None = None
         """The decode fast path for this configuration, or ``None``."""
-        self.counted_request_types: set[type] = {Request}
+        self.counted_request_types: set[type] = {Request, REQUEST_TYPE}
         """Request classes whose ``num_tokens`` is an int >= 1 by
         construction: the single-group decode step does not read it from
         them (D-PERF-22). An adapter may add its engine's class."""

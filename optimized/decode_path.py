@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pagedkv.spec.request import Request, RequestFacts, RequestView
+from pagedkv.spec.request import RequestFacts, RequestView
 
 from .blocks import KVCacheBlocks
 from .decode import DecodeProbe, native_rules
@@ -201,7 +201,7 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
     caching = self.enable_caching
     hash_block_size = self.hash_block_size
     empty = self.empty_blocks
-    own_request = Request
+    counted = self.counted_request_types  # Request and the manager's own subclass (D-PERF-35)
 
     def step(request: RequestView, num_new_tokens: int,
              delay_cache_blocks: bool) -> KVCacheBlocks | None:
@@ -212,7 +212,7 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
             # num_tokens: read where the step needs it (caching), or for the
             # general path's check 1b′ on objects other than pagedkv's own
             # Request (an int >= 1 by construction, as in the single step).
-            if caches or request.__class__ is not own_request:
+            if caches or request.__class__ not in counted:
                 num_tokens = request.num_tokens
         except AttributeError:
             return TAKE_GENERAL_PATH  # not a request: the general path raises

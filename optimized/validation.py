@@ -64,10 +64,12 @@ def _hit_holds(coordinator: KVCacheCoordinator, block_hashes: Sequence[BlockHash
     whole-list operations (the common case: a hit handed back untouched
     from ``get_computed_blocks``). ``False`` means "not shown here": the
     caller then runs the checks one by one, in the spec's order, which
-    decide the error. ``True`` only when every group's blocks are ints and
-    each is the block the group's map serves for the request's hash of its
-    position (the one a lookup returns): such a block lies in the pool, is
-    not the null block and carries that key in that group (CACHE-1).
+    decide the error. ``True`` only when every group's blocks are ints, a
+    leading run of null blocks in a group that can skip positions (not full
+    attention: check 1h′) and after it each the block the group's map serves
+    for the request's hash of its position (the one a lookup returns): such
+    a block lies in the pool, is not the null block and carries that key in
+    that group (CACHE-1).
     Cost: O(hit blocks), in C loops; it reads the map's int values, not
     the blocks' hash objects (a cache miss per block).
     """
@@ -85,9 +87,16 @@ def _hit_holds(coordinator: KVCacheCoordinator, block_hashes: Sequence[BlockHash
         view = views.at(coordinator.block_sizes[group_id])
         if held > len(view):
             return False
-        # Null blocks (windowed hits), later holders of a duplicated key and
-        # stale blocks all differ from the map's value: one by one.
-        if list(map(tables[group_id].get, view[:held])) != group:
+        # A windowed or state group's hit leads with null blocks (skipped
+        # positions, allowed where the group can skip one: check 1h'); the
+        # blocks after them are checked as any hit's (D-PERF-42).
+        skipped = group.count(0)
+        if skipped and (isinstance(coordinator.managers[group_id], FullAttentionManager)
+                        or group[:skipped] != [0] * skipped):
+            return False
+        # Null blocks elsewhere, later holders of a duplicated key and stale
+        # blocks all differ from the map's value: one by one.
+        if list(map(tables[group_id].get, view[skipped:held])) != group[skipped:]:
             return False
     return True
 

@@ -72,3 +72,26 @@ def test_a_counted_class_is_not_read_on_the_no_op_step() -> None:
     assert result is not None and result.get_block_ids() == ([],)
     assert request.reads == 0
     assert manager.snapshot() == before
+
+
+def test_the_managers_own_request_type_is_counted() -> None:
+    """make_request's class (spec's Request, or its subclass with the C token
+    checks, D-PERF-35) is counted in single-group and hybrid coordinators alike:
+    a no-op decode step of a request the manager made reads no num_tokens."""
+    from pagedkv.optimized.hasher import REQUEST_TYPE
+    from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
+
+    full = KVCacheGroupSpec(("full",), FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16"))
+    window = KVCacheGroupSpec(("swa",), SlidingWindowSpec(4, 1, 8, "float16", sliding_window=8))
+    for groups in ((full,), (full, window)):
+        manager = KVCacheManager(KVCacheConfig(num_blocks=32, kv_cache_tensors=(), kv_cache_groups=groups), 64)
+        assert REQUEST_TYPE in manager.coordinator.counted_request_types
+        request = manager.make_request("a", [1, 2, 3, 4, 5])
+        assert type(request) is REQUEST_TYPE
+        assert manager.allocate_slots(request, 5) is not None
+        request.num_computed_tokens = 5
+        request.append_output_token_ids(6)
+        decode_step = manager.coordinator.decode_step
+        assert decode_step is not None
+        # Caching off for the step (delayed): only the counted shortcut keeps num_tokens unread.
+        assert decode_step(request, 1, True) is manager.coordinator.empty_blocks
