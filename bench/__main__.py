@@ -60,6 +60,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-long", action="store_true",
                         help="skip the long-prompt and Mamba-align sections (bench/long_bench.py, "
                              "bench/mamba_partial_bench.py)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="last, every side-by-side figure against vLLM 0.33 and its target "
+                             "(bench/vllm_targets.py; needs vLLM 0.33 in /work/vllm-venv or $VLLM_PYTHON; "
+                             "about 40 minutes, --quick about 10)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, metavar="DIR",
                         help="directory for the JSON results (default bench/results)")
     return parser.parse_args(argv)
@@ -264,6 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["tensor"] = {"error": f"{type(error).__name__}: {error}"}
             status = 1
 
+    if args.vllm:
+        targets = importlib.import_module("bench.vllm_targets")
+        python = os.environ.get("VLLM_PYTHON", targets.sbs.DEFAULT_VLLM_PYTHON)
+        report["vllm_targets"] = [list(row) for row in targets.run(python, quick=quick)]
     report["wall_s"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -125,8 +125,13 @@ def _row(label: str, theirs: float, ours: float, digits: int = 3) -> str:
     return f"| {label} | {theirs:.{digits}f} | {ours:.{digits}f} | {ratio:.2f}× |"
 
 
-def standard_side_by_side(vllm_python: str, model: str, hash_name: str, runs: int, requests: int) -> None:
-    """The standard chat trace on ``model``; prints the table."""
+Figures = dict[str, dict[str, float]]
+"""``{"vllm": {figure: value}, "pagedkv": {figure: value}}``: one workload's medians."""
+
+
+def standard_side_by_side(vllm_python: str, model: str, hash_name: str, runs: int, requests: int) -> Figures:
+    """The standard chat trace on ``model``; prints the table, returns the medians
+    (µs per call by call kind, ``manager_ms``, ``creation_per_token`` in µs)."""
     ours_hash, vllm_hash = HASHES[hash_name]
     config = TraceConfig(num_requests=requests)
     job = {"kind": "trace", "model": model, "block_size": config.block_size, "hash": vllm_hash,
@@ -151,6 +156,7 @@ def standard_side_by_side(vllm_python: str, model: str, hash_name: str, runs: in
     print(_row("manager total (ms)", theirs["manager_ms"], ours["manager_ms"], 1))
     print(_row("request creation (µs/token)", theirs["creation_per_token"], ours["creation_per_token"]))
     print(_row("append_token (µs/call)", theirs["append_token"], ours["append_token"]))
+    return {"vllm": theirs, "pagedkv": ours}
 
 
 def _our_prompts(prompts: Any, block_size: int, num_blocks: int, max_model_len: int, hash_fn: str,
@@ -177,11 +183,13 @@ def _alternate(vllm_python: str, job: dict[str, Any], make_prompts: Any, runs: i
 
 
 def long_prompts_side_by_side(vllm_python: str, lengths: Sequence[int], hash_name: str, runs: int,
-                              repeats: int) -> None:
-    """Long prompts (one full group, block 16); prints ns per block per length."""
+                              repeats: int) -> dict[int, Figures]:
+    """Long prompts (one full group, block 16); prints ns per block per length,
+    returns each length's medians (``side_driver.summarize``'s figures)."""
     ours_hash, vllm_hash = HASHES[hash_name]
     block_size = 16
     rows: list[str] = []
+    figures: dict[int, Figures] = {}
     flat: dict[str, list[float]] = {k: [] for k in ("make_request", *KINDS)}
     for length in lengths:
         num_blocks = (repeats + 1) * (-(-length // block_size)) + 2
@@ -190,6 +198,7 @@ def long_prompts_side_by_side(vllm_python: str, lengths: Sequence[int], hash_nam
                "repeats": repeats, "skip_first": 1, "ours_hash": ours_hash}
         theirs, ours, raw = _alternate(vllm_python, job, lambda n=length: sd.long_prompts(n, repeats), runs,
                                        f"long prompts of {length} tokens")
+        figures[length] = {"vllm": theirs, "pagedkv": ours}
         cells = [f"{length // 1024}k", str(raw["hits"][-1])]
         for kind in ("make_request", *KINDS):
             flat[kind].append(ours[kind])
@@ -204,11 +213,13 @@ def long_prompts_side_by_side(vllm_python: str, lengths: Sequence[int], hash_nam
     if len(lengths) > 1:
         print("pagedkv per-block cost, longest / shortest L: " + ", ".join(
             f"{k} {v[-1] / v[0]:.2f}" for k, v in flat.items()))
+    return figures
 
 
 def mooncake_side_by_side(vllm_python: str, path: str, block_size: int, limit: int | None, hash_name: str,
-                          runs: int) -> None:
-    """A Mooncake trace one request at a time, pool never evicting; prints totals."""
+                          runs: int) -> Figures:
+    """A Mooncake trace one request at a time, pool never evicting; prints totals,
+    returns the medians (``side_driver.summarize``'s figures)."""
     ours_hash, vllm_hash = HASHES[hash_name]
     requests = sd.mooncake_requests(path, limit)
     num_blocks = sum(-(-n // block_size) for n, _ in requests) + 2
@@ -231,6 +242,7 @@ def mooncake_side_by_side(vllm_python: str, path: str, block_size: int, limit: i
                ours["get_computed_blocks"], 0))
     print(_row("allocate_slots (ns/new block)", theirs["allocate_slots"], ours["allocate_slots"], 0))
     print(_row("free (ns/block)", theirs["free"], ours["free"], 0))
+    return {"vllm": theirs, "pagedkv": ours}
 
 
 def _lengths(text: str) -> list[int]:
