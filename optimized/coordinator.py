@@ -24,8 +24,9 @@ facade validates first (``validation.py``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import lcm
+from typing import Any
 
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
@@ -34,7 +35,7 @@ from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
 from pagedkv.spec.registry import manager_kind_for
-from pagedkv.spec.request import Request
+from pagedkv.spec.request import Request, RequestFacts
 from pagedkv.spec.types import BlockHash
 
 from . import group_hits
@@ -175,6 +176,11 @@ class KVCacheCoordinator(SubBlockCoordination):
         """Request classes whose ``num_tokens`` is an int >= 1 by
         construction: the single-group decode step does not read it from
         them (D-PERF-22). An adapter may add its engine's class."""
+        self.fact_capturers: dict[type, Callable[[Any], RequestFacts]] = {}
+        """Per request class, how the decode step's filling branch takes the
+        request's facts (``RequestFacts.capture`` for any other class): an
+        adapter registers its engine's class with the snapshot its own
+        general path builds, so both paths see the same facts (D-PERF-37)."""
         self.admit_step: AdmitStep | None = None
         """The admission fast path (``admit_path``), or ``None``."""
         if (len(managers) == 1 and block_sizes[0] == hash_block_size

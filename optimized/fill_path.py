@@ -105,11 +105,13 @@ def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
     empty = self.empty_blocks
     hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
     capture = RequestFacts.capture
+    capturers = self.fact_capturers  # the dict itself: an adapter may register later
     coordinator = self
 
     def fill(request: RequestView, num_new_tokens: int, delay_cache_blocks: bool) -> KVCacheBlocks | None:
-        # The general path's first act: every read of the engine's object.
-        facts = capture(request)
+        # The general path's first act: every read of the engine's object
+        # (for an adapter's request class, the snapshot its general path takes).
+        facts = capturers.get(request.__class__, capture)(request)
         request_id = facts.request_id
         num_computed = facts.num_computed_tokens
         num_tokens = facts.num_tokens

@@ -22,9 +22,10 @@ lockstep tests both ways).
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pagedkv.spec.types import BlockHash
 
@@ -69,47 +70,29 @@ class NativeDecode(Protocol):
              cache_tokens: int, /) -> bool | None: ...
 
 
-def _pure() -> bool:
-    return os.environ.get("PAGEDKV_PURE_PYTHON", "") not in ("", "0")
-
-
-def _load() -> NativeLoops | None:
-    if _pure():
+def _load(name: str) -> Any:
+    """The built module ``pagedkv.optimized.<name>``, or None: built without
+    a C compiler, or ``PAGEDKV_PURE_PYTHON`` set."""
+    if os.environ.get("PAGEDKV_PURE_PYTHON", "") not in ("", "0"):
         return None
     try:
-        from . import _native
+        return importlib.import_module(f"{__package__}.{name}")
     except ImportError:  # built without a C compiler
         return None
-    return _native
 
 
-def _load_tokens() -> NativeTokens | None:
-    if _pure():
-        return None
-    try:
-        from . import _tokens
-    except ImportError:  # built without a C compiler
-        return None
-    return _tokens
+if TYPE_CHECKING:  # the stubs (_native.pyi, ...) must satisfy the Protocols above
+    from . import _decode, _native, _tokens
 
+    _protocols: tuple[NativeLoops, NativeTokens, NativeDecode] = (_native, _tokens, _decode)
 
-def _load_decode() -> NativeDecode | None:
-    if _pure():
-        return None
-    try:
-        from . import _decode
-    except ImportError:  # built without a C compiler
-        return None
-    return _decode
-
-
-NATIVE = _load()
+NATIVE: NativeLoops | None = _load("_native")
 """The pool's C loops, or None when the Python loops run."""
 
-TOKENS = _load_tokens()
+TOKENS: NativeTokens | None = _load("_tokens")
 """Token checking and prompt hashing in C, or None when the Python code runs."""
 
-DECODE = _load_decode()
+DECODE: NativeDecode | None = _load("_decode")
 """The decode step's no-op test in C, or None when the Python test runs."""
 
 

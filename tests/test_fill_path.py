@@ -17,15 +17,17 @@ ring group, caching off.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 from pagedkv.optimized import KVCacheManager
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
-from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
+from pagedkv.spec import FullAttentionSpec, InvalidArgumentError, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.attention_variants import CircularBufferSpec
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from pagedkv.spec.mamba_spec import MambaSpec
+from tests.twins import drive_twins
 
 BLOCK = 4
 
@@ -77,63 +79,10 @@ CONFIGS = [
 def test_filling_step_equals_the_general_path(kinds: tuple[str, ...], options: dict[str, object],
                                               caching: bool, seed: int) -> None:
     rng = random.Random(repr((kinds, options, caching, seed)))
-    twins = _twins(kinds, caching, num_blocks=rng.choice([14, 24, 60]), **options)
-    fast, general = twins
-    live: dict[str, list[Request]] = {}
-    filled = 0
-    for step in range(250):
-        if not live or rng.random() < 0.08:
-            request_id = f"r{step}"
-            prompt = [rng.randrange(3) for _ in range(rng.randrange(1, 14))]
-            pair = [manager.make_request(request_id, prompt) for manager in twins]
-            results = [manager.allocate_slots(r, len(prompt)) for manager, r in zip(twins, pair)]
-            assert (results[0] is None) == (results[1] is None), step
-            if results[0] is not None:
-                for r in pair:
-                    r.num_computed_tokens = len(prompt)
-                live[request_id] = pair
-            continue
-        request_id = rng.choice(sorted(live))
-        pair = live[request_id]
-        if rng.random() < 0.1:
-            for manager, r in zip(twins, pair):
-                manager.free(r)
-            del live[request_id]
-            continue
-        num_new = rng.choice([1, 1, 1, 2, 5])
-        delay = rng.random() < 0.15
-        malformed = rng.random() < 0.04
-        num_appended = rng.randrange(0, num_new + 1) if step % 2 else num_new
-        appended = [rng.randrange(3) for _ in range(num_appended)]
-        for r in pair:
-            for token in appended:
-                r.append_output_token_ids(token)
-            if malformed:
-                r.num_computed_tokens = -1
-        outcomes: list[object] = []
-        for manager, r in zip(twins, pair):
-            noop_before = manager.snapshot() if manager is fast else None
-            try:
-                result = manager.allocate_slots(r, num_new, delay_cache_blocks=delay)
-                outcomes.append(None if result is None else result.get_block_ids())
-            except Exception as error:  # the same typed error from both
-                outcomes.append(type(error))
-            if manager is fast and noop_before != manager.snapshot():
-                filled += 1
-        assert outcomes[0] == outcomes[1], (step, outcomes)
-        assert fast.snapshot() == general.snapshot(), step
-        assert fast.take_events() == general.take_events(), step
-        if malformed:
-            for r in pair:
-                r.num_computed_tokens = 0
-            for manager, r in zip(twins, pair):  # the general path refused it: drop the request
-                manager.free(r)
-            del live[request_id]
-        elif isinstance(outcomes[0], tuple):
-            for r in pair:
-                r.num_computed_tokens += num_new
-        fast.check_invariants()
-    assert filled >= 20, filled  # the filling branch ran, not only the no-op one
+    fast, general = _twins(kinds, caching, num_blocks=rng.choice([14, 24, 60]), **options)
+    changed = drive_twins(fast, general, rng, steps=250, vocab=3, max_prompt=14, num_new=(1, 1, 1, 2, 5),
+                          fast_step=lambda manager, r, n, delay: manager.allocate_slots(r, n, delay_cache_blocks=delay))
+    assert changed >= 20, changed  # the filling branch ran, not only the no-op one
 
 
 def test_filling_step_takes_the_step_the_probe_declines() -> None:
@@ -152,4 +101,46 @@ def test_filling_step_takes_the_step_the_probe_declines() -> None:
     expected = general.allocate_slots(pair[1], 1)
     assert expected is not None
     assert settled.get_block_ids() == expected.get_block_ids() and any(expected.get_block_ids())
+    assert fast.snapshot() == general.snapshot()
+
+
+def test_filling_step_takes_an_adapters_snapshot_of_its_request_class() -> None:
+    """An adapter registers how to snapshot its engine's request class
+    (``fact_capturers``, as pagedkv.vllm does for vLLM's Request): the filling
+    step takes the facts that way, so a class without every RequestView
+    attribute still fills, as the adapter's general path would serve it."""
+    from pagedkv.spec.request import RequestFacts
+
+    class EngineRequest:
+        """Has what the decode step reads, not lora_id and the rest of RequestView."""
+
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            if name in ("lora_id", "lora_name", "cache_salt"):
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    def snapshot(request: EngineRequest) -> RequestFacts:
+        facts = RequestFacts.capture(request.inner)  # type: ignore[arg-type]
+        return facts
+
+    fast, general = _twins(("sliding", "full"), True, num_blocks=40)
+    pair = [manager.make_request("a", [1, 2, 3, 4]) for manager in (fast, general)]
+    for manager, r in zip((fast, general), pair):
+        assert manager.allocate_slots(r, 4) is not None
+        r.num_computed_tokens = 4
+        r.append_output_token_ids(5)
+    decode_step = fast.coordinator.decode_step
+    assert decode_step is not None
+    engine_request: Any = EngineRequest(pair[0])
+    with pytest.raises(InvalidArgumentError):  # unregistered: the general path's snapshot refuses it
+        decode_step(engine_request, 1, False)
+    assert fast.snapshot() == general.snapshot()  # nothing changed
+    fast.coordinator.fact_capturers[EngineRequest] = snapshot
+    settled = decode_step(engine_request, 1, False)
+    expected = general.allocate_slots(pair[1], 1)
+    assert settled is not None and settled is not TAKE_GENERAL_PATH and expected is not None
+    assert settled.get_block_ids() == expected.get_block_ids()
     assert fast.snapshot() == general.snapshot()

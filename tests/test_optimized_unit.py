@@ -38,6 +38,7 @@ from pagedkv.spec import (
 )
 from pagedkv.spec.hashing import block_extra_keys, hash_block_tokens, need_extra_keys, seed_hash
 from pagedkv.spec.protocols import BlockPoolLike, KVCacheBlocksLike
+from tests.twins import drive_twins
 
 
 def config(num_blocks: int = 16, block_size: int = 4, groups: int = 1) -> KVCacheConfig:
@@ -402,69 +403,21 @@ def test_known_single_group_step_equals_the_general_path(caching: bool, seed: in
     general path on a twin manager whose fast path is switched off: same
     result, state, events and errors, through eviction (a small pool),
     refusals and malformed steps."""
-    from pagedkv.optimized.coordinator import TAKE_GENERAL_PATH
-
     rng = random.Random(seed)
-    twins = [KVCacheManager(config(num_blocks=12), 40, enable_caching=caching, log_stats=True,
-                            enable_kv_cache_events=True) for _ in range(2)]
-    fast, general = twins
+    fast, general = (KVCacheManager(config(num_blocks=12), 40, enable_caching=caching, log_stats=True,
+                                    enable_kv_cache_events=True) for _ in range(2))
     decode_step = fast.coordinator.decode_step
     assert decode_step is not None
     general.coordinator.decode_step = None
-    live: dict[str, list[Request]] = {}
-    shortcut_steps = 0
-    for step in range(300):
-        if not live or rng.random() < 0.08:
-            request_id = f"r{step}"
-            prompt = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
-            pair = [manager.make_request(request_id, prompt) for manager in twins]
-            if all(manager.allocate_slots(r, len(prompt)) is not None
-                   for manager, r in zip(twins, pair)):
-                for r in pair:
-                    r.num_computed_tokens = len(prompt)
-                live[request_id] = pair
-            continue
-        request_id = rng.choice(sorted(live))
-        pair = live[request_id]
-        if rng.random() < 0.1:
-            for manager, r in zip(twins, pair):
-                manager.free(r)
-            del live[request_id]
-            continue
-        num_new = rng.randrange(1, 7)
-        delay = rng.random() < 0.2
-        malformed = rng.random() < 0.05
-        # Odd steps: fewer tokens than scheduled (min(total, num_tokens) caches).
-        num_appended = rng.randrange(0, num_new + 1) if step % 2 else num_new
-        for r in pair:
-            for _ in range(num_appended):
-                r.append_output_token_ids(3)
-            if malformed:
-                r.num_computed_tokens = -1
-        outcomes: list[object] = []
-        for manager, r in zip(twins, pair):
-            try:
-                if manager is fast:
-                    step_result = decode_step(r, num_new, delay)
-                    result = (manager.allocate_slots(r, num_new, delay_cache_blocks=delay)
-                              if step_result is TAKE_GENERAL_PATH else step_result)
-                else:
-                    result = manager.allocate_slots(r, num_new, delay_cache_blocks=delay)
-                outcomes.append(None if result is None else result.get_block_ids())
-            except Exception as error:  # the same typed error from both
-                outcomes.append(type(error))
-        assert outcomes[0] == outcomes[1], (step, outcomes)
-        assert fast.snapshot() == general.snapshot(), step
-        assert fast.take_events() == general.take_events(), step
-        if malformed:
-            for r in pair:
-                r.num_computed_tokens = 0
-        elif isinstance(outcomes[0], tuple):
-            shortcut_steps += 1
-            for r in pair:
-                r.num_computed_tokens += num_new
-        fast.check_invariants()
-    assert shortcut_steps >= 50
+
+    def fast_step(manager: KVCacheManager, request: Request, num_new: int, delay: bool) -> Any:
+        result = decode_step(request, num_new, delay)
+        return (manager.allocate_slots(request, num_new, delay_cache_blocks=delay)
+                if result is TAKE_GENERAL_PATH else result)
+
+    changed = drive_twins(fast, general, rng, steps=300, vocab=4, max_prompt=12, num_new=range(1, 7),
+                          fast_step=fast_step)
+    assert changed >= 50
 
 
 def test_known_single_group_step_hands_errors_to_the_general_path() -> None:

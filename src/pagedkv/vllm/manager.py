@@ -179,6 +179,9 @@ class KVCacheManager(Lookups, StepDrains):
         # core knows (vLLM refuses an empty prompt; tokens are only appended). The decode step
         # then skips that property call (D-PERF-22).
         self._core_coordinator.counted_request_types.add(_VLLM_REQUEST)
+        # The several-group decode step snapshots a request it fills (D-PERF-37): vLLM's
+        # Request the way this adapter's general path does (D-PERF-12).
+        self._core_coordinator.fact_capturers[_VLLM_REQUEST] = capture_request
         # One full-attention group hashed at its block size (the common model): the lookup of a
         # vLLM Request and get_blocks read the group's tables directly (D-PERF-13).
         managers = self._core_coordinator.managers
