@@ -38,7 +38,7 @@ FORCE:
 # test, D-PERF-39): rebuilt when a source changes. Without a C compiler the build skips them
 # and the Python code runs.
 NATIVE_STAMP := $(VENV)/.native
-$(NATIVE_STAMP): optimized/_native.c optimized/_tokens.c optimized/_decode.c optimized/_native_int.h setup.py $(STAMP)
+$(NATIVE_STAMP): $(wildcard optimized/*.c optimized/*.h) setup.py $(STAMP)
 	$(PIP) install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
 	@$(PY) -c "from pagedkv.optimized.native import build_name; print('pagedkv pool loops:', build_name())"
 	@touch $@

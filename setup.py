@@ -36,8 +36,11 @@ def c_compiler_works() -> bool:
 
 # The pool's per-block loops (D-PERF-26), token checking / prompt hashing (D-PERF-35) and the
 # decode step's no-op test (D-PERF-39).
-NATIVE = [Extension(f"pagedkv.optimized.{name}", [f"optimized/{name}.c"], depends=["optimized/_native_int.h"],
+SOURCES = {"_native": ["optimized/_native.c", "optimized/_native_map.c"], "_tokens": ["optimized/_tokens.c"],
+           "_decode": ["optimized/_decode.c"]}
+NATIVE = [Extension(f"pagedkv.optimized.{name}", sources,
+                    depends=["optimized/_native_int.h", "optimized/_native_map.h"],
                     optional=True, extra_compile_args=["-O2"])
-          for name in ("_native", "_tokens", "_decode")]
+          for name, sources in SOURCES.items()]
 
 setup(ext_modules=NATIVE if c_compiler_works() else [])

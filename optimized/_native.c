@@ -14,6 +14,7 @@
  * runs the Python loop, which raises whatever the pure build raises.
  */
 #include "_native_int.h"
+#include "_native_map.h"
 
 /* The int value of an exact int in [0, bound), or -1. */
 static inline Py_ssize_t
@@ -439,122 +440,6 @@ key_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         store(gids, block, Py_NewRef(group));
     }
     Py_RETURN_TRUE;
-}
-
-PyDoc_STRVAR(map_run_doc,
-"map_run(table, keys, run) -> bool | None\n\n"
-"pool_caching.cache_new_run's map step in one pass: table[keys[i]] = run[i]\n"
-"for every i when no key is in table already and none repeats in keys\n"
-"(True); otherwise table is left as it was (False). One insertion per key\n"
-"where the Python code probes each key twice (a disjointness test, then\n"
-"dict.update): in a large map every probe is a cache miss. None (nothing\n"
-"changed) unless table is an exact dict, keys an exact list of exact bytes\n"
-"(their hashing and comparison run no Python code) and run an exact list\n"
-"as long.");
-
-static PyObject *
-map_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2])) {
-        Py_RETURN_NONE;
-    }
-    PyObject *table = args[0], *keys = args[1], *run = args[2];
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (PyList_GET_SIZE(run) != n) {
-        Py_RETURN_NONE;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyBytes_CheckExact(PyList_GET_ITEM(keys, i))) {
-            Py_RETURN_NONE;
-        }
-    }
-    Py_ssize_t i = 0;
-    int clash = 0;
-    for (; i < n; i++) {
-        Py_ssize_t before = PyDict_GET_SIZE(table);
-        if (PyDict_SetDefault(table, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(run, i)) == NULL) {
-            break;  /* out of memory: undone below, the error kept */
-        }
-        if (PyDict_GET_SIZE(table) == before) {
-            clash = 1;  /* cached already, or twice in the run: undone below */
-            break;
-        }
-    }
-    if (i == n) {
-        Py_RETURN_TRUE;
-    }
-    /* Keys 0..i-1 were all new: removing them restores the map's items and order. */
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    for (Py_ssize_t j = 0; j < i; j++) {
-        if (PyDict_DelItem(table, PyList_GET_ITEM(keys, j)) < 0) {
-            PyErr_Clear();  /* cannot happen: the key was just inserted */
-        }
-    }
-    PyErr_Restore(type, value, traceback);
-    if (!clash) {
-        return NULL;
-    }
-    Py_RETURN_FALSE;
-}
-
-PyDoc_STRVAR(prefix_hits_doc,
-"prefix_hits(table, hashes, limit) -> list | None\n\n"
-"The cached prefix of hashes[:limit] in one group's map: [table[h] for each\n"
-"leading h of hashes[:limit] that table holds], stopping at the first it\n"
-"does not. The prefix scan of a full-attention lookup\n"
-"(single_type.FullAttentionManager) without an interpreted iteration per\n"
-"block. None unless table is an exact dict and hashes an exact list or\n"
-"tuple whose scanned items are exact bytes (looked up without running\n"
-"Python code).");
-
-static PyObject *
-prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyLong_CheckExact(args[2])
-            || !(PyList_CheckExact(args[1]) || PyTuple_CheckExact(args[1]))) {
-        Py_RETURN_NONE;
-    }
-    PyObject *table = args[0], *hashes = args[1];
-    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
-    if (limit == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(hashes);
-    if (limit > size) {
-        limit = size;
-    }
-    if (limit < 0) {
-        limit = 0;
-    }
-    PyObject **items = PySequence_Fast_ITEMS(hashes);
-    for (Py_ssize_t i = 0; i < limit; i++) {
-        if (!PyBytes_CheckExact(items[i])) {
-            Py_RETURN_NONE;
-        }
-    }
-    PyObject *out = PyList_New(0);
-    if (out == NULL) {
-        return NULL;
-    }
-    /* No Python code runs below (exact bytes keys, an exact dict): the
-     * sequence cannot change under the loop. */
-    for (Py_ssize_t i = 0; i < limit; i++) {
-        PyObject *block = PyDict_GetItemWithError(table, items[i]);
-        if (block == NULL) {
-            if (PyErr_Occurred()) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            break;
-        }
-        if (PyList_Append(out, block) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
-    }
-    return out;
 }
 
 static PyMethodDef native_methods[] = {

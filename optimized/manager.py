@@ -294,28 +294,25 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         coordinator = self._coordinator
         # A new request on one full-attention group (admit_path, D-PERF-17):
         # settled there unless it hands the call back. It reads four of the
-        # request's attributes, all before any change; with events off a
-        # request of a class this manager counts on (its own Request: every
-        # attribute present, no engine code) goes in without the snapshot
-        # (D-PERF-43), as pagedkv.vllm passes vLLM's own (D-PERF-23).
+        # request's attributes, all before any change: with events off, a
+        # request of a class this manager counts on (its own Request) goes in
+        # without the snapshot (D-PERF-43), as pagedkv.vllm passes vLLM's (D-PERF-23).
         admit_step = coordinator.admit_step
-        captured = False
         if (admit_step is not None and num_lookahead_tokens is zero and num_external_computed_tokens is zero
                 and num_encoder_tokens is zero
                 and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
-            facts: Any = request  # read as RequestFacts are (the four attributes)
-            if self._pool.enable_kv_cache_events or request.__class__ not in coordinator.counted_request_types:
-                # The engine's object is read once, here: no engine code runs once
-                # something has changed (spec/operations.md, "Exception safety").
-                request = facts = RequestFacts.capture(request)
-                captured = True
+            raw = not self._pool.enable_kv_cache_events and request.__class__ in coordinator.counted_request_types
+            if not raw:
+                request = RequestFacts.capture(request)
+            facts: Any = request
             result = admit_step(facts, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                                 delay_cache_blocks, reserved_blocks, watermark_blocks,
                                 num_in_flight_tokens, full_sequence_must_fit)
             if result is not TAKE_GENERAL_PATH:
                 return result
-        if not captured:
-            request = RequestFacts.capture(request)
+        # The engine's object is read once (here, or kept from above): no engine
+        # code runs once something has changed (spec/operations.md, "Exception safety").
+        request = RequestFacts.capture(request)
         request_id = request.request_id
         known = request_id in coordinator.requests
         # 1. Validate (all before any change).
