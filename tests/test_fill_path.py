@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from pagedkv.optimized import KVCacheManager
-from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
-from pagedkv.spec import FullAttentionSpec, InvalidArgumentError, KVCacheConfig, KVCacheGroupSpec
+from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH, DecodeStep
+from pagedkv.spec import FullAttentionSpec, InvalidArgumentError, KVCacheConfig, KVCacheGroupSpec, Request
 from pagedkv.spec.attention_variants import CircularBufferSpec
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from pagedkv.spec.mamba_spec import MambaSpec
@@ -85,9 +85,9 @@ def test_filling_step_equals_the_general_path(kinds: tuple[str, ...], options: d
     assert changed >= 20, changed  # the filling branch ran, not only the no-op one
 
 
-def test_filling_step_takes_the_step_the_probe_declines() -> None:
-    """A step that needs a block in a hybrid is settled by the decode step
-    itself (not handed to the general path), with the general path's answer."""
+def _at_a_block_boundary() -> tuple[KVCacheManager, KVCacheManager, list[Request], DecodeStep]:
+    """Twins (sliding window + full, block 4) each holding request "a" with 4
+    tokens computed and a fifth appended: its next step needs a new block."""
     fast, general = _twins(("sliding", "full"), True, num_blocks=40)
     pair = [manager.make_request("a", [1, 2, 3, 4]) for manager in (fast, general)]
     for manager, r in zip((fast, general), pair):
@@ -96,6 +96,13 @@ def test_filling_step_takes_the_step_the_probe_declines() -> None:
         r.append_output_token_ids(5)
     decode_step = fast.coordinator.decode_step
     assert decode_step is not None
+    return fast, general, pair, decode_step
+
+
+def test_filling_step_takes_the_step_the_probe_declines() -> None:
+    """A step that needs a block in a hybrid is settled by the decode step
+    itself (not handed to the general path), with the general path's answer."""
+    fast, general, pair, decode_step = _at_a_block_boundary()
     settled = decode_step(pair[0], 1, False)
     assert settled is not TAKE_GENERAL_PATH and settled is not None
     expected = general.allocate_slots(pair[1], 1)
@@ -126,14 +133,7 @@ def test_filling_step_takes_an_adapters_snapshot_of_its_request_class() -> None:
         facts = RequestFacts.capture(request.inner)  # type: ignore[arg-type]
         return facts
 
-    fast, general = _twins(("sliding", "full"), True, num_blocks=40)
-    pair = [manager.make_request("a", [1, 2, 3, 4]) for manager in (fast, general)]
-    for manager, r in zip((fast, general), pair):
-        assert manager.allocate_slots(r, 4) is not None
-        r.num_computed_tokens = 4
-        r.append_output_token_ids(5)
-    decode_step = fast.coordinator.decode_step
-    assert decode_step is not None
+    fast, general, pair, decode_step = _at_a_block_boundary()
     engine_request: Any = EngineRequest(pair[0])
     with pytest.raises(InvalidArgumentError):  # unregistered: the general path's snapshot refuses it
         decode_step(engine_request, 1, False)
