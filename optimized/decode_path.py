@@ -210,8 +210,9 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
         try:
             num_computed = request.num_computed_tokens
             # num_tokens: read where the step needs it (caching), or for the
-            # general path's check 1b′ on objects other than pagedkv's own
-            # Request (an int >= 1 by construction, as in the single step).
+            # general path's check 1b′ on classes not in counted_request_types
+            # (pagedkv's own Request classes and any an adapter vouches for: an
+            # int >= 1 by construction, as in the single step, D-PERF-22).
             if caches or request.__class__ not in counted:
                 num_tokens = request.num_tokens
         except AttributeError:
