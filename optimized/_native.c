@@ -449,6 +449,7 @@ static PyMethodDef native_methods[] = {
     {"key_run", (PyCFunction)(void (*)(void))key_run, METH_FASTCALL, key_run_doc},
     {"map_run", (PyCFunction)(void (*)(void))map_run, METH_FASTCALL, map_run_doc},
     {"prefix_hits", (PyCFunction)(void (*)(void))prefix_hits, METH_FASTCALL, prefix_hits_doc},
+    {"same_prefix", (PyCFunction)(void (*)(void))same_prefix, METH_FASTCALL, same_prefix_doc},
     {NULL, NULL, 0, NULL},
 };
 

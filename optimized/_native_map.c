@@ -124,3 +124,31 @@ prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     return out;
 }
+
+const char same_prefix_doc[] =
+"same_prefix(items, prefix) -> bool | None\n\n"
+"True when items starts with the very objects of prefix (identity, not\n"
+"equality: nothing is read but the pointers, so no item's memory is\n"
+"touched); False otherwise, a shorter items included. What the admission\n"
+"step compares a hit and its hashes with the last lookup's by (the pool's\n"
+"lookup memo, D-PERF-44). None unless both are exact lists or tuples.";
+
+PyObject *
+same_prefix(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !(PyList_CheckExact(args[0]) || PyTuple_CheckExact(args[0]))
+            || !(PyList_CheckExact(args[1]) || PyTuple_CheckExact(args[1]))) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(args[1]);
+    if (PySequence_Fast_GET_SIZE(args[0]) < n) {
+        Py_RETURN_FALSE;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(args[0]), **prefix = PySequence_Fast_ITEMS(args[1]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (items[i] != prefix[i]) {
+            Py_RETURN_FALSE;
+        }
+    }
+    Py_RETURN_TRUE;
+}

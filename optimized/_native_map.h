@@ -10,4 +10,7 @@ PyObject *map_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern const char prefix_hits_doc[];
 PyObject *prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+extern const char same_prefix_doc[];
+PyObject *same_prefix(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 #endif

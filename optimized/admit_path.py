@@ -33,6 +33,7 @@ from pagedkv.spec.request import RequestFacts
 
 from .blocks import KVCacheBlocks
 from .decode_path import TAKE_GENERAL_PATH
+from .hit_memo import vouches
 from .pool_caching import cache_new_run
 from .recovery import recover
 
@@ -137,8 +138,10 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
         if held:
             # 1h, 1h', 1i: exactly ints, each the block the map serves for
             # the request's hash at its position (so in the pool, not null,
-            # still keyed there: CACHE-1).
-            if (type(hit) is not list or held > len(block_hashes)
+            # still keyed there: CACHE-1); proven by the lookup's memo when
+            # the hit is the one it found, else probed (D-PERF-44).
+            if not vouches(pool, block_hashes, hit) and (
+                    type(hit) is not list or held > len(block_hashes)
                     or list(map(type, hit)).count(int) != held
                     or list(map(table_get, block_hashes[:held])) != hit):
                 return TAKE_GENERAL_PATH

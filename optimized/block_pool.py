@@ -28,6 +28,11 @@ Representation (everything indexed by block id, plain lists for speed):
   lists, dominate prompt allocation in large pools (D-PERF-10).
 - ``_queue``: :class:`FreeBlockQueue` (its link arrays are read directly in
   the hot loops below, bound to locals).
+- ``map_epoch``: bumped whenever a key leaves a map or a map entry moves to
+  another block (adding keys leaves it), and ``last_hit``, the last
+  full-attention lookup's memo ``(epoch, hashes, hit)``: while the epoch
+  stands, the map still serves that hit for those hashes, so admitting it
+  needs no second probe per block (:mod:`.hit_memo`, D-PERF-44).
 
 Public methods validate their arguments and raise typed errors before any
 change. The ``touch_held`` / ``free_held`` / ``cache_full_blocks_unchecked``
@@ -82,7 +87,7 @@ class BlockPool(PoolView):
     __slots__ = (
         "num_blocks", "enable_caching", "enable_kv_cache_events",
         "num_groups", "_ids", "_ref", "_hash", "_gid", "_key_tokens", "cached_by_group", "dup_by_group",
-        "_queue", "_events", "reserved", "num_hash_lookahead_tokens",
+        "_queue", "_events", "reserved", "num_hash_lookahead_tokens", "map_epoch", "last_hit",
     )
 
     def __init__(
@@ -120,6 +125,8 @@ class BlockPool(PoolView):
         # Tokens after each block its hash covers (spec/hashing.md section 7):
         # events carry them; the manager sets it.
         self.num_hash_lookahead_tokens = 0
+        self.map_epoch = 0
+        self.last_hit: tuple[int, list[BlockHash], list[int]] | None = None
 
     # ------------------------------------------------------------ allocation
 
@@ -161,12 +168,15 @@ class BlockPool(PoolView):
         if NATIVE is not None:
             # Without events an eviction announces nothing: the C loop drops
             # an unduplicated key itself (maps), the rest through _evict.
+            in_place = self.enable_caching and not self.enable_kv_cache_events
+            mapped = sum(map(len, self.cached_by_group)) if in_place else 0
             taken = NATIVE.take(ref, hashes if self.enable_caching else None, queue.prev, nxt, sentinel,
                                 num_blocks, self._evict,
-                                None if self.enable_kv_cache_events or not self.enable_caching
-                                else (self._gid, self.cached_by_group, self.dup_by_group))
+                                (self._gid, self.cached_by_group, self.dup_by_group) if in_place else None)
             if taken is not None:
                 queue.size -= num_blocks
+                if in_place and sum(map(len, self.cached_by_group)) != mapped:
+                    self.map_epoch += 1  # keys evicted in C (the calls to _evict bump it themselves)
                 return taken
         out = [0] * num_blocks
         if self.enable_caching:
@@ -209,6 +219,7 @@ class BlockPool(PoolView):
         assert block_hash is not None
         group_id = self._gid[block]
         table, dups = self.cached_by_group[group_id], self.dup_by_group[group_id]
+        self.map_epoch += 1
         later = dups.get(block_hash) if dups else None  # the rule: no duplicates at all
         if later is None:
             del table[block_hash]
@@ -505,6 +516,7 @@ class BlockPool(PoolView):
             # Some non-null, non-reserved block has ref count > 0 (POOL-2);
             # reserved sink blocks never count as in use (D-SINK-2).
             return False
+        self.map_epoch += 1
         for table in self.cached_by_group:
             table.clear()
         for dups in self.dup_by_group:

@@ -51,6 +51,7 @@ from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, sing
 from .eagle import apply_eagle_groups
 from .fill_path import probed_fill_step
 from .hasher import REQUEST_TYPE
+from .hit_memo import remember
 from .hybrid_search import HashViews, longest_common_hit
 from .mamba import MambaManager
 from .ring import RingManager
@@ -432,6 +433,8 @@ class UnitaryCoordinator(KVCacheCoordinator):
         manager = self.managers[0]
         assert isinstance(manager, FullAttentionManager)
         hit = manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
+        if hit:
+            remember(self.block_pool, block_hashes, hit)  # admitting it probes no more (D-PERF-44)
         return (hit,), len(hit) * manager.block_size
 
 

@@ -39,6 +39,7 @@ def move_key(pool: BlockPool, source: int, destination: int) -> None:
     block_hash = pool._hash[source]
     assert block_hash is not None
     table = pool.cached_by_group[group_id]
+    pool.map_epoch += 1  # a map entry may move to another block (D-PERF-44)
     if table[block_hash] == source:
         table[block_hash] = destination
     else:

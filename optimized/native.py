@@ -53,6 +53,8 @@ class NativeLoops(Protocol):
     def prefix_hits(self, table: dict[bytes, int], hashes: Sequence[bytes], limit: int,
                     /) -> list[int] | None: ...
 
+    def same_prefix(self, items: Sequence[object], prefix: Sequence[object], /) -> bool | None: ...
+
 
 class NativeTokens(Protocol):
     """What ``optimized/_tokens.c`` provides (its docstrings say what each function does)."""

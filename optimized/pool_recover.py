@@ -23,6 +23,7 @@ def recover_pool(pool: BlockPool, holders: Mapping[int, int]) -> None:
     old order as far as it can be walked. Every list is changed in place
     (decode closures hold them). Cost: O(num_blocks + cached keys)."""
     num_blocks, reserved = pool.num_blocks, set(pool.reserved)
+    pool.map_epoch += 1  # the maps are rebuilt: no lookup memo survives (D-PERF-44)
     ref, hashes, gids = pool._ref, pool._hash, pool._gid
     for block in range(num_blocks):
         ref[block] = 0 if block == 0 else holders.get(block, 0) + (block in reserved)

@@ -1,0 +1,128 @@
+"""The pool's lookup memo (``optimized/hit_memo.py``, D-PERF-44).
+
+A full-attention lookup leaves ``(map_epoch, hashes, hit)`` on the pool and
+the admission step admits that very hit without probing the map again. The
+memo is only sound while ``map_epoch`` moves on every change to what a map
+serves: these tests change the map each way it can change between a lookup
+and the admission (an eviction in C or in Python, a reset, a recovery) and
+demand that the stale hit is refused exactly as the general path refuses
+it, and that a fresh hit still goes through. ``same_prefix`` (C and the
+Python fallback) is held to identity, not equality.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pagedkv.optimized import KVCacheManager, hit_memo
+from pagedkv.optimized.native import NATIVE
+from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
+from pagedkv.spec.errors import InvalidArgumentError
+
+BLOCK = 4
+
+
+def _manager(num_blocks: int, events: bool = False) -> KVCacheManager:
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype="float16")
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=(),
+                           kv_cache_groups=(KVCacheGroupSpec(("layer0",), spec),))
+    return KVCacheManager(config, 64, enable_kv_cache_events=events)
+
+
+def _prefill(manager: KVCacheManager, request: Request) -> None:
+    hit, tokens = manager.get_computed_blocks(request)
+    assert manager.allocate_slots(request, request.num_tokens - tokens, tokens, hit) is not None
+
+
+def _cached_then_looked_up(manager: KVCacheManager) -> tuple[Request, Any, int]:
+    """A prompt of 3 full blocks + 1 token cached and freed, then a second
+    request's lookup of it: the memo now vouches for a 3-block hit."""
+    prompt = list(range(1, 3 * BLOCK + 2))
+    first = manager.make_request("first", prompt)
+    _prefill(manager, first)
+    manager.free(first)
+    second = manager.make_request("second", prompt)
+    hit, tokens = manager.get_computed_blocks(second)
+    assert tokens == 3 * BLOCK
+    assert hit_memo.vouches(manager.block_pool, second.block_hashes, hit.blocks[0])
+    return second, hit, tokens
+
+
+def _stale_is_refused(manager: KVCacheManager, request: Request, hit: Any, tokens: int) -> None:
+    assert not hit_memo.vouches(manager.block_pool, request.block_hashes, hit.blocks[0])
+    with pytest.raises(InvalidArgumentError, match="stale|evicted|cache map"):
+        manager.allocate_slots(request, request.num_tokens - tokens, tokens, hit)
+    manager.check_invariants()
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_a_fresh_hit_is_vouched_for_and_admitted(events: bool) -> None:
+    manager = _manager(16, events)
+    request, hit, tokens = _cached_then_looked_up(manager)
+    blocks = list(hit.blocks[0])
+    assert manager.allocate_slots(request, request.num_tokens - tokens, tokens, hit) is not None
+    assert manager.get_block_ids(request.request_id)[0][:3] == blocks
+    manager.check_invariants()
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_an_eviction_between_lookup_and_admission_is_seen(events: bool) -> None:
+    # 1 null + 3 cached free blocks + 1 free: the other request's 4 blocks
+    # evict the hit's blocks (in C when events are off, through _evict when on).
+    manager = _manager(6, events)
+    request, hit, tokens = _cached_then_looked_up(manager)
+    other = manager.make_request("other", list(range(100, 100 + 4 * BLOCK)))
+    assert manager.allocate_slots(other, 4 * BLOCK) is not None
+    _stale_is_refused(manager, request, hit, tokens)
+
+
+def test_a_reset_between_lookup_and_admission_is_seen() -> None:
+    manager = _manager(16)
+    request, hit, tokens = _cached_then_looked_up(manager)
+    assert manager.reset_prefix_cache()
+    _stale_is_refused(manager, request, hit, tokens)
+
+
+def test_a_recovery_between_lookup_and_admission_is_seen() -> None:
+    manager = _manager(16)
+    request, hit, tokens = _cached_then_looked_up(manager)
+    before = manager.block_pool.map_epoch
+    manager.block_pool.recover({})  # the maps are rebuilt from the blocks' own keys
+    assert manager.block_pool.map_epoch != before
+    assert not hit_memo.vouches(manager.block_pool, request.block_hashes, hit.blocks[0])
+    # Nothing was lost, so the probe still admits it (the memo only saves the probe).
+    assert manager.allocate_slots(request, request.num_tokens - tokens, tokens, hit) is not None
+    manager.check_invariants()
+
+
+def test_an_equal_but_not_identical_hit_is_probed_not_vouched() -> None:
+    manager = _manager(16)
+    request, hit, tokens = _cached_then_looked_up(manager)
+    pool = manager.block_pool
+    copied: Any = [float(block) for block in hit.blocks[0]]  # equal ids, other objects (not ints)
+    assert copied == hit.blocks[0]
+    assert not hit_memo.vouches(pool, request.block_hashes, copied)
+    assert not hit_memo.vouches(pool, request.block_hashes, [True, *hit.blocks[0][1:]])
+    assert not hit_memo.vouches(pool, request.block_hashes, hit.blocks[0][:2])
+    rebuilt: Any = [bytes(bytearray(h)) for h in request.block_hashes]  # equal keys, other objects
+    assert not hit_memo.vouches(pool, rebuilt, hit.blocks[0])
+    assert not hit_memo.vouches(pool, request.block_hashes[:2], hit.blocks[0])
+
+
+@pytest.mark.parametrize("implementation", ["python", "c"])
+def test_same_prefix_compares_identity(implementation: str) -> None:
+    if implementation == "c" and NATIVE is None:
+        pytest.skip("built without the C modules")
+    same: Any = NATIVE.same_prefix if implementation == "c" and NATIVE is not None else hit_memo._same_prefix
+    a, b = object(), object()
+    big, also_big = 10**30, int(str(10**30))
+    assert same([a, b, 3], [a, b]) is True
+    assert same((a, b), [a, b]) is True
+    assert same([a, b], []) is True
+    assert same([a], [a, b]) is False  # shorter
+    assert same([b, a], [a, b]) is False
+    assert same([big], [also_big]) is False  # equal, not identical
+    if implementation == "c":
+        assert same(iter([a]), [a]) is None  # not a list or tuple: the Python code decides
