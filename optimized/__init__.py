@@ -20,9 +20,9 @@ groups). Modules, one concept each:
   fixed-point iteration) and per-group hash views.
 - ``admission``: full-sequence admission (``full_sequence_must_fit``).
 - ``decode``: the per-group test of the decode fast path.
-- ``coordinator``: no-prefix-cache, unitary and hybrid coordinators; each
-  builds the per-group managers over the pool the facade built, and holds
-  the decode fast path.
+- ``coordinator``: what every coordinator does; each builds the per-group
+  managers over the pool the facade built, and holds the decode fast path.
+  ``coordinator_kinds``: the no-prefix-cache, unitary and hybrid kinds.
 - ``validation``: argument checks of every public operation but the
   constructor's (``pagedkv.spec.manager_args``, shared).
 - ``manager``: the :class:`KVCacheManager` facade.
@@ -37,14 +37,8 @@ from pagedkv.spec.metrics import PrefixCachingMetrics
 
 from .block_pool import NULL_BLOCK, BlockPool
 from .blocks import KVCacheBlocks
-from .coordinator import (
-    MANAGER_FOR_KIND,
-    HybridCoordinator,
-    KVCacheCoordinator,
-    NoPrefixCacheCoordinator,
-    UnitaryCoordinator,
-    make_coordinator,
-)
+from .coordinator import MANAGER_FOR_KIND, KVCacheCoordinator
+from .coordinator_kinds import HybridCoordinator, NoPrefixCacheCoordinator, UnitaryCoordinator, make_coordinator
 from .cross_attention import CrossAttentionManager
 from .free_queue import FreeBlockQueue
 from .hasher import make_block_hasher

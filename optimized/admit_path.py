@@ -34,6 +34,7 @@ from pagedkv.spec.request import RequestFacts
 from .blocks import KVCacheBlocks
 from .decode_path import TAKE_GENERAL_PATH
 from .hit_memo import vouches
+from .native import NATIVE
 from .pool_caching import cache_new_run
 from .recovery import recover
 
@@ -100,10 +101,21 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     pool = self.block_pool
     queue = pool._queue
     ref = pool._ref
-    table_get = pool.cached_by_group[0].get
+    table = pool.cached_by_group[0]
+    table_get = table.get
     hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
     own_blocks = KVCacheBlocks
     zero = 0
+    # The pool's C loops called here directly, past the methods that wrap
+    # them (BlockPool.touch_held, get_new_blocks): the same call with the
+    # same arguments, the method only where the loop declines (D-PERF-45).
+    # The lists are the pool's own, changed in place only (pool_recover).
+    touch = None if NATIVE is None else NATIVE.touch
+    take = None if NATIVE is None else NATIVE.take
+    prev, nxt, sentinel = queue.prev, queue.next, queue.sentinel
+    maps = (pool._gid, pool.cached_by_group, pool.dup_by_group)
+    evict = pool._evict
+    keys_of = pool._hash
 
     def step(facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
              new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
@@ -168,11 +180,25 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             requests.add(request_id)
             blocks = list(hit)
             if held:
-                pool.touch_held(blocks)
+                moved = None if touch is None else touch(ref, prev, nxt, blocks)
+                if moved is None:
+                    pool.touch_held(blocks)
+                else:
+                    queue.size -= moved
             blocks_of[request_id] = blocks
             cached_of[request_id] = held
-            # 7. Allocate.
-            new_blocks = pool.get_new_blocks(missing)
+            # 7. Allocate: the take loop evicts in place only with events
+            # off (then an eviction shows as a smaller map: D-PERF-44's epoch).
+            new_blocks = None
+            if take is not None and missing <= queue.size and not pool.enable_kv_cache_events:
+                mapped = len(table)
+                new_blocks = take(ref, keys_of, prev, nxt, sentinel, missing, evict, maps)
+                if new_blocks is not None:
+                    queue.size -= missing
+                    if len(table) != mapped:
+                        pool.map_epoch += 1
+            if new_blocks is None:
+                new_blocks = pool.get_new_blocks(missing)
             blocks.extend(new_blocks)
             # 8. Cache the blocks the computed tokens fill, as far as the
             # request has hashes (D-API-11).

@@ -8,17 +8,10 @@ before any group allocates, D-API-9), allocate in every group, cache,
 release group by group, and find a prefix hit common to the groups. It also
 holds the decode fast path of ``allocate_slots`` (:meth:`decode_step`),
 beside the tables it reads; what sub-block hits add (hit checks,
-copy-on-write retention) is the mixin in ``coordinator_sub_block``. Kinds:
-
-- :class:`NoPrefixCacheCoordinator`: caching disabled, or zero groups;
-  never finds a hit.
-- :class:`UnitaryCoordinator`: caching on, one full-attention group hashed
-  at its own block size: the prefix scan of the full-attention slice.
-- :class:`HybridCoordinator`: caching on, any number of groups of any
-  types and block sizes (``hybrid_search``).
-
-:func:`make_coordinator` picks the kind. Arguments are assumed valid: the
-facade validates first (``validation.py``).
+copy-on-write retention) is the mixin in ``coordinator_sub_block``. The
+kinds (no prefix cache, unitary, hybrid) and :func:`make_coordinator`,
+which picks one, are in ``coordinator_kinds``. Arguments are assumed valid:
+the facade validates first (``validation.py``).
 """
 
 from __future__ import annotations
@@ -51,8 +44,7 @@ from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, sing
 from .eagle import apply_eagle_groups
 from .fill_path import probed_fill_step
 from .hasher import REQUEST_TYPE
-from .hit_memo import remember
-from .hybrid_search import HashViews, longest_common_hit
+from .hybrid_search import HashViews
 from .mamba import MambaManager
 from .ring import RingManager
 from .rswa import RSWAManager
@@ -61,12 +53,9 @@ from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 __all__ = [
     "KVCacheCoordinator",
-    "NoPrefixCacheCoordinator",
-    "UnitaryCoordinator",
-    "HybridCoordinator",
     "MANAGER_FOR_KIND",
+    "RawHashViews",
     "TAKE_GENERAL_PATH",
-    "make_coordinator",
 ]
 
 MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
@@ -414,53 +403,6 @@ class KVCacheCoordinator(SubBlockCoordination):
             manager.new_step_starts()
 
 
-class NoPrefixCacheCoordinator(KVCacheCoordinator):
-    """Caching disabled (any number of groups), or no groups. Never hits."""
-
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
-                               max_cache_hit_length: int) -> tuple[tuple[list[int], ...], int]:
-        """No hit: empty lists per group, 0 tokens. Cost: O(groups)."""
-        return tuple([] for _ in self.managers), 0
-
-
-class UnitaryCoordinator(KVCacheCoordinator):
-    """Caching on, one full-attention group hashed at its block size."""
-
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
-                               max_cache_hit_length: int) -> tuple[tuple[list[int], ...], int]:
-        """The group's hit and ``blocks * block_size`` tokens.
-        Cost: O(blocks hit + 1)."""
-        manager = self.managers[0]
-        assert isinstance(manager, FullAttentionManager)
-        hit = manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
-        if hit:
-            remember(self.block_pool, block_hashes, hit)  # admitting it probes no more (D-PERF-44)
-        return (hit,), len(hit) * manager.block_size
-
-
-class HybridCoordinator(KVCacheCoordinator):
-    """Caching on, any groups: the longest hit every group can serve
-    (``hybrid_search.longest_common_hit``)."""
-
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
-                               max_cache_hit_length: int) -> tuple[tuple[list[int], ...], int]:
-        """Blocks per group (null blocks where a type no longer reads) and
-        the hit length. Cost: see ``longest_common_hit``, plus the hit blocks."""
-        managers = self.managers
-        cacheable = self.cacheable
-        # With sub-block hits every group reads the hash-block hashes (MPART-1).
-        views = self.views(block_hashes, max_cache_hit_length)
-        # A group outside prefix caching serves every length with no block (PFX-1).
-        peek = self.peek_limit(block_hashes, max_cache_hit_length)
-        length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.hit_unit, peek)
-        if length == 0:
-            return tuple([] for _ in managers), 0
-        hashed = len(block_hashes) * self.hash_block_size
-        return tuple([manager.hit_blocks(views.at(manager.block_size), length,
-                                         manager.lookup_limit(max_cache_hit_length, peek, hashed)) if c else []
-                      for manager, c in zip(managers, cacheable)]), length
-
-
 class RawHashViews(HashViews):
     """Every block size sees the hash-block hashes themselves (sub-block hits)."""
 
@@ -469,31 +411,3 @@ class RawHashViews(HashViews):
     def at(self, block_size: int) -> Sequence[BlockHash]:
         """The request's own list. Cost: O(1)."""
         return self.block_hashes
-
-
-def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
-                     block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
-                     use_eagle: bool, retention_interval: int | None, max_model_len: int,
-                     max_num_batched_tokens: int) -> KVCacheCoordinator:
-    """The coordinator kind for this configuration (arguments as
-    :class:`KVCacheCoordinator`'s).
-
-    Cost: O(groups) (sink groups: plus their blocks).
-
-    Raises:
-        InvalidConfigError: a spec type without a manager.
-    """
-    groups = kv_cache_config.kv_cache_groups
-    kind: type[KVCacheCoordinator]
-    if not enable_caching or not any(prefix_cacheable(group.kv_cache_spec) for group in groups):
-        # Zero groups (an attention-free model): nothing to cache or hit.
-        kind = NoPrefixCacheCoordinator
-    elif (len(groups) == 1 and block_sizes[0] == hash_block_size
-          and manager_kind_for(groups[0].kv_cache_spec) == "full_attention"):
-        kind = UnitaryCoordinator
-    else:
-        kind = HybridCoordinator
-    return kind(kv_cache_config, block_pool=block_pool, block_sizes=block_sizes,
-                hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle,
-                retention_interval=retention_interval,
-                max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)

@@ -34,7 +34,8 @@ from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 from . import validation
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
-from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator, make_coordinator
+from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator
+from .coordinator_kinds import make_coordinator
 from .hasher import REQUEST_TYPE, make_block_hasher
 from .manager_reads import ManagerReads
 from .recovery import recover

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
-from pagedkv.optimized.coordinator import UnitaryCoordinator
+from pagedkv.optimized.coordinator_kinds import UnitaryCoordinator
 from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
 from pagedkv.optimized.recovery import recover
