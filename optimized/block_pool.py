@@ -88,6 +88,7 @@ class BlockPool(PoolView):
         "num_blocks", "enable_caching", "enable_kv_cache_events",
         "num_groups", "_ids", "_ref", "_hash", "_gid", "_key_tokens", "cached_by_group", "dup_by_group",
         "_queue", "_events", "reserved", "num_hash_lookahead_tokens", "map_epoch", "last_hit",
+        "last_scan",
     )
 
     def __init__(
@@ -127,6 +128,9 @@ class BlockPool(PoolView):
         self.num_hash_lookahead_tokens = 0
         self.map_epoch = 0
         self.last_hit: tuple[int, list[BlockHash], list[int]] | None = None
+        # A full-attention group's last prefix scan (epoch, group id, view,
+        # blocks found): its hit blocks reuse it (D-PERF-46).
+        self.last_scan: tuple[int, int, Sequence[BlockHash], list[int]] | None = None
 
     # ------------------------------------------------------------ allocation
 

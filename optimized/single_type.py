@@ -29,6 +29,7 @@ from pagedkv.spec.kv_cache_spec import KVCacheSpec, SinkFullAttentionSpec
 from pagedkv.spec.types import BlockHash
 
 from .block_pool import BlockPool
+from .hit_memo import same_prefix
 from .native import NATIVE
 
 __all__ = [
@@ -156,8 +157,16 @@ class SingleTypeManager:
         hands to the request (its span found cached by :meth:`longest_hit`).
         Cost: O(L / b)."""
         first = self.first_hit_block(length) if length else 0
-        table = self.block_pool.cached_by_group[self.group_id]
+        pool = self.block_pool
+        table = pool.cached_by_group[self.group_id]
         end = length // self.block_size
+        scan = pool.last_scan
+        if (scan is not None and scan[1] == self.group_id and scan[0] == pool.map_epoch
+                and len(scan[3]) >= end and same_prefix(view, scan[2][:end])):
+            # This lookup's own scan of these very hashes (FullAttentionManager.
+            # longest_hit): no key has left the map or moved since, so the
+            # map still serves those blocks (D-PERF-46, as D-PERF-44).
+            return [0] * first + scan[3][first:end] if first else scan[3][:end]
         if NATIVE is not None and end > first:
             found = NATIVE.prefix_hits(table, view[first:end] if first else view, end - first)
             if found is not None and len(found) == end - first:  # else the lookup below raises
@@ -348,10 +357,12 @@ class FullAttentionManager(SingleTypeManager):
             limit = min(limit, max_length - block_size)
         if limit <= 0:
             return 0
-        table = self.block_pool.cached_by_group[self.group_id]
+        pool = self.block_pool
+        table = pool.cached_by_group[self.group_id]
         found = None if NATIVE is None else NATIVE.prefix_hits(table, view, limit // block_size + shift)
         if found is not None:
             prefix = len(found)  # the same scan in C (D-PERF-41)
+            pool.last_scan = (pool.map_epoch, self.group_id, view[:prefix], found)  # for hit_blocks (D-PERF-46)
         else:
             get = table.get
             prefix = 0

@@ -126,3 +126,40 @@ def test_same_prefix_compares_identity(implementation: str) -> None:
     assert same([big], [also_big]) is False  # equal, not identical
     if implementation == "c":
         assert same(iter([a]), [a]) is None  # not a list or tuple: the Python code decides
+
+
+# The scan memo (D-PERF-46): a full-attention group's hit blocks reuse the
+# prefix scan its longest_hit just made, only for those very hashes and while
+# the epoch stands.
+
+def _two_cached_prompts(manager: KVCacheManager) -> tuple[Request, Request]:
+    prompts = [list(range(1, 3 * BLOCK + 2)), list(range(200, 200 + 3 * BLOCK + 1))]
+    made = []
+    for number, prompt in enumerate(prompts):
+        request = manager.make_request(f"cached{number}", prompt)
+        _prefill(manager, request)
+        manager.free(request)
+        made.append(manager.make_request(f"probe{number}", prompt))
+    return made[0], made[1]
+
+
+def test_the_scan_memo_serves_only_the_hashes_it_scanned() -> None:
+    manager = _manager(16)
+    first, second = _two_cached_prompts(manager)
+    group = manager.coordinator.managers[0]
+    assert group.longest_hit(first.block_hashes, 3 * BLOCK, 3 * BLOCK) == 3 * BLOCK
+    expected = [manager.block_pool.cached_by_group[0][key] for key in second.block_hashes[:3]]
+    assert group.hit_blocks(second.block_hashes, 3 * BLOCK) == expected  # not first's blocks
+    copied: Any = [bytes(bytearray(key)) for key in first.block_hashes]
+    assert group.hit_blocks(copied, 3 * BLOCK) == group.hit_blocks(first.block_hashes, 3 * BLOCK)
+
+
+def test_the_scan_memo_ends_with_the_epoch() -> None:
+    manager = _manager(6)  # 1 null + 3 cached free blocks + 1 free, as above
+    request, _, _ = _cached_then_looked_up(manager)
+    group = manager.coordinator.managers[0]
+    assert group.longest_hit(request.block_hashes, 3 * BLOCK, 3 * BLOCK) == 3 * BLOCK
+    other = manager.make_request("other", list(range(100, 100 + 4 * BLOCK)))
+    assert manager.allocate_slots(other, 4 * BLOCK) is not None  # evicts the scanned blocks
+    with pytest.raises(KeyError):
+        group.hit_blocks(request.block_hashes, 3 * BLOCK)  # the map no longer serves them
