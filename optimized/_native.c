@@ -265,11 +265,13 @@ PyDoc_STRVAR(take_doc,
 "be None: caching off), then its ref count becomes 1; the queue's front\n"
 "moves past them. The caller has checked n <= the queue's size. Returns\n"
 "None (nothing changed) when an argument is not what the pool holds.\n\n"
-"maps: (gids, cached_by_group, dup_by_group) when eviction announces\n"
+"maps: (gids, cached_by_group, dup_by_group[, owner]) when eviction announces\n"
 "nothing (kv-cache events off): a block whose key no other block\n"
 "duplicates is then evicted here, as BlockPool._evict does it (its key\n"
 "leaves its group's map, its hash becomes None and its group id -1),\n"
-"without the call; any other block still goes through evict(block).");
+"without the call; any other block still goes through evict(block).\n"
+"With owner given, owner.map_epoch += 1 once when any key was evicted\n"
+"here (the lookup memo's epoch, D-PERF-44), on error paths too.");
 
 /* BlockPool._evict's common case in place: the block's key leaves its
  * group's map, no duplicate of it waits, no event. 1: done; 0: not that
@@ -308,6 +310,41 @@ evict_inline(PyObject *maps, PyObject *hashes, Py_ssize_t block)
     return store_int(gids, block, -1) < 0 ? -1 : 1;
 }
 
+/* `result` (a new reference or NULL with an error set), after moving the
+ * map epoch of maps' owner (its fourth item, when given) if any key was
+ * evicted in place: owner.map_epoch += 1 (D-PERF-44). The epoch moves even
+ * on an error path (keys left the map); an error here replaces the result. */
+static PyObject *
+epoch_moved(PyObject *maps, Py_ssize_t in_place, PyObject *result)
+{
+    if (in_place == 0 || maps == Py_None || PyTuple_GET_SIZE(maps) != 4) {
+        return result;
+    }
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *owner = PyTuple_GET_ITEM(maps, 3);
+    PyObject *epoch = PyObject_GetAttrString(owner, "map_epoch");
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *moved = epoch == NULL || one == NULL ? NULL : PyNumber_Add(epoch, one);
+    Py_XDECREF(one);
+    int failed = moved == NULL || PyObject_SetAttrString(owner, "map_epoch", moved) < 0;
+    Py_XDECREF(epoch);
+    Py_XDECREF(moved);
+    if (result == NULL) {
+        PyErr_Clear();
+        PyErr_Restore(type, value, traceback);  /* the first error wins */
+        return NULL;
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    if (failed) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
 static PyObject *
 take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -324,7 +361,8 @@ take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         bound = PyList_GET_SIZE(hashes);
     }
     if (maps != Py_None) {
-        if (!PyTuple_CheckExact(maps) || PyTuple_GET_SIZE(maps) != 3 || hashes == Py_None
+        if (!PyTuple_CheckExact(maps) || (PyTuple_GET_SIZE(maps) != 3 && PyTuple_GET_SIZE(maps) != 4)
+                || hashes == Py_None
                 || !all_lists(&PyTuple_GET_ITEM(maps, 0), 3)) {
             Py_RETURN_NONE;
         }
@@ -354,17 +392,19 @@ take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *item = PyList_GET_ITEM(next, sentinel);
+    Py_ssize_t in_place = 0;  /* keys evicted here: the owner's epoch moves once (D-PERF-44) */
     for (Py_ssize_t i = 0; i < n; i++) {
         /* Re-checked as we go: the callback below is Python code. */
         block = index_in(item, bound);
         if (block <= 0) {
             Py_DECREF(out);
             PyErr_SetString(PyExc_SystemError, "pagedkv: free-queue link out of range");
-            return NULL;
+            return epoch_moved(maps, in_place, NULL);
         }
         PyList_SET_ITEM(out, i, Py_NewRef(item));
         if (hashes != Py_None && PyList_GET_ITEM(hashes, block) != Py_None) {
             int evicted = maps == Py_None ? 0 : evict_inline(maps, hashes, block);
+            in_place += evicted == 1;
             if (evicted == 0) {
                 /* Eviction drops the key (maps, events): the pool's Python method. */
                 PyObject *result = PyObject_CallOneArg(evict, item);
@@ -373,7 +413,7 @@ take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
             if (evicted < 0) {
                 Py_DECREF(out);
-                return NULL;
+                return epoch_moved(maps, in_place, NULL);
             }
             /* Python code may have run (the method, or a key's comparison). */
             if (PyList_GET_SIZE(ref) < bound || PyList_GET_SIZE(hashes) < bound
@@ -381,12 +421,12 @@ take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     || (maps != Py_None && PyList_GET_SIZE(PyTuple_GET_ITEM(maps, 0)) < bound)) {
                 Py_DECREF(out);
                 PyErr_SetString(PyExc_SystemError, "pagedkv: a pool list shrank during eviction");
-                return NULL;
+                return epoch_moved(maps, in_place, NULL);
             }
         }
         if (store_int(ref, block, 1) < 0) {
             Py_DECREF(out);
-            return NULL;
+            return epoch_moved(maps, in_place, NULL);
         }
         item = PyList_GET_ITEM(next, block);
     }
@@ -394,11 +434,11 @@ take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (block < 0) {
         Py_DECREF(out);
         PyErr_SetString(PyExc_SystemError, "pagedkv: free-queue link out of range");
-        return NULL;
+        return epoch_moved(maps, in_place, NULL);
     }
     store(next, sentinel, Py_NewRef(item));
     store(prev, block, Py_NewRef(args[4]));
-    return out;
+    return epoch_moved(maps, in_place, out);
 }
 
 PyDoc_STRVAR(key_run_doc,

@@ -101,8 +101,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     pool = self.block_pool
     queue = pool._queue
     ref = pool._ref
-    table = pool.cached_by_group[0]
-    table_get = table.get
+    table_get = pool.cached_by_group[0].get
     hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
     own_blocks = KVCacheBlocks
     zero = 0
@@ -113,7 +112,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     touch = None if NATIVE is None else NATIVE.touch
     take = None if NATIVE is None else NATIVE.take
     prev, nxt, sentinel = queue.prev, queue.next, queue.sentinel
-    maps = (pool._gid, pool.cached_by_group, pool.dup_by_group)
+    maps = (pool._gid, pool.cached_by_group, pool.dup_by_group, pool)  # the pool: owner of the epoch
     evict = pool._evict
     keys_of = pool._hash
 
@@ -188,15 +187,12 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             blocks_of[request_id] = blocks
             cached_of[request_id] = held
             # 7. Allocate: the take loop evicts in place only with events
-            # off (then an eviction shows as a smaller map: D-PERF-44's epoch).
+            # off (moving the pool's map epoch itself, D-PERF-44).
             new_blocks = None
             if take is not None and missing <= queue.size and not pool.enable_kv_cache_events:
-                mapped = len(table)
                 new_blocks = take(ref, keys_of, prev, nxt, sentinel, missing, evict, maps)
                 if new_blocks is not None:
                     queue.size -= missing
-                    if len(table) != mapped:
-                        pool.map_epoch += 1
             if new_blocks is None:
                 new_blocks = pool.get_new_blocks(missing)
             blocks.extend(new_blocks)

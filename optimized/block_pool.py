@@ -172,15 +172,13 @@ class BlockPool(PoolView):
         if NATIVE is not None:
             # Without events an eviction announces nothing: the C loop drops
             # an unduplicated key itself (maps), the rest through _evict.
+            # (An eviction in C moves map_epoch itself: the pool is the maps' owner.)
             in_place = self.enable_caching and not self.enable_kv_cache_events
-            mapped = sum(map(len, self.cached_by_group)) if in_place else 0
             taken = NATIVE.take(ref, hashes if self.enable_caching else None, queue.prev, nxt, sentinel,
                                 num_blocks, self._evict,
-                                (self._gid, self.cached_by_group, self.dup_by_group) if in_place else None)
+                                (self._gid, self.cached_by_group, self.dup_by_group, self) if in_place else None)
             if taken is not None:
                 queue.size -= num_blocks
-                if in_place and sum(map(len, self.cached_by_group)) != mapped:
-                    self.map_epoch += 1  # keys evicted in C (the calls to _evict bump it themselves)
                 return taken
         out = [0] * num_blocks
         if self.enable_caching:

@@ -42,7 +42,8 @@ class NativeLoops(Protocol):
 
     def take(self, ref: list[int], hashes: Sequence[object] | None, prev: list[int], next: list[int],
              sentinel: int, n: int, evict: Callable[[int], object],
-             maps: tuple[list[int], list[dict[bytes, int]], list[dict[bytes, list[int]]]] | None = None,
+             maps: tuple[list[int], list[dict[bytes, int]], list[dict[bytes, list[int]]]]
+             | tuple[list[int], list[dict[bytes, int]], list[dict[bytes, list[int]]], object] | None = None,
              /) -> list[int] | None: ...
 
     def key_run(self, hashes: list[BlockHash | None], gids: list[int], key_tokens: list[int], run: list[int],

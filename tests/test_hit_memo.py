@@ -163,3 +163,19 @@ def test_the_scan_memo_ends_with_the_epoch() -> None:
     assert manager.allocate_slots(other, 4 * BLOCK) is not None  # evicts the scanned blocks
     with pytest.raises(KeyError):
         group.hit_blocks(request.block_hashes, 3 * BLOCK)  # the map no longer serves them
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_the_epoch_moves_on_evictions_only(events: bool) -> None:
+    # Taking fresh blocks leaves the epoch; taking keyed ones moves it (once
+    # per take in C with events off, once per key through _evict with them on).
+    manager = _manager(6, events)
+    request, _, _ = _cached_then_looked_up(manager)  # blocks 1-3 keyed and free
+    pool = manager.block_pool
+    start = pool.map_epoch
+    assert pool.get_new_blocks(1) == [4]  # the partial block of the first prompt: no key
+    assert pool.map_epoch == start
+    taken = pool.get_new_blocks(4)  # the rest: block 5 (fresh) and the three keyed ones
+    assert sorted(taken) == [1, 2, 3, 5] and all(pool.cache_key(b) is None for b in taken)
+    assert pool.map_epoch == start + (3 if events else 1)
+    assert not hit_memo.vouches(pool, request.block_hashes, [1, 2, 3])
