@@ -18,6 +18,7 @@ be compared.
 from __future__ import annotations
 
 import argparse
+import ast
 import gc
 import importlib
 import io
@@ -38,15 +39,54 @@ FIGURES = ("make_request", "get_computed_blocks", "allocate_slots", "free", "man
            "manager_and_creation_ms")
 
 
+def _native_sources(rev: str) -> dict[str, list[str]]:
+    """``SOURCES`` of revision ``rev``'s setup.py (module name -> C files), or
+    {} for a revision without C modules."""
+    found = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:setup.py"], capture_output=True, check=False)
+    if found.returncode != 0:
+        return {}
+    for node in ast.parse(found.stdout).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SOURCES" for t in node.targets):
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, dict)
+            return {str(k): [str(f) for f in v] for k, v in value.items()}
+    return {}
+
+
+def _build_native(rev: str, name: str, into: Path) -> None:
+    """Compile revision ``rev``'s C modules into the copied package ``name``
+    under ``into``, as its setup.py would (without them the copy would run
+    its pure-Python code: not the revision as installed). A failure leaves
+    them out; the table then names the build each side ran."""
+    setuptools = importlib.import_module("setuptools")  # untyped: imported as a value
+    build_ext = importlib.import_module("setuptools.command.build_ext").build_ext
+    modules = [setuptools.Extension(f"{name}.{module}", [str(into / name / Path(f).name) for f in files],
+                         extra_compile_args=["-O2"])
+               for module, files in _native_sources(rev).items()]
+    if not modules:
+        return
+    command = build_ext(setuptools.Distribution({"ext_modules": modules}))
+    command.build_lib = str(into)
+    command.build_temp = str(into / "build-temp")
+    try:
+        command.ensure_finalized()
+        command.run()
+    except Exception as error:  # no compiler, or the revision's C does not build here
+        print(f"bench.ab_optimized: {rev}'s C modules did not build ({error}); it runs pure Python",
+              file=sys.stderr)
+
+
 def import_revision(rev: str, into: Path) -> Any:
     """The ``optimized`` package of git revision ``rev``, imported as
-    ``pagedkv_optimized_<rev>`` from a copy under ``into``."""
+    ``pagedkv_optimized_<rev>`` from a copy under ``into``, its C modules
+    compiled as the revision's setup.py lists them."""
     name = "pagedkv_optimized_" + "".join(c if c.isalnum() else "_" for c in rev)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "optimized"],
                              capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     (into / "optimized").rename(into / name)
+    _build_native(rev, name, into)
     sys.path.insert(0, str(into))
     return importlib.import_module(name)
 
@@ -109,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs[side].append(replay(package, make_prompts(), block_size, num_blocks, max_model_len,
                                          skip_first))
     med = {side: {k: statistics.median(r[k] for r in rs) for k in FIGURES} for side, rs in runs.items()}
-    print(f"\n### pagedkv optimized, {args.baseline} vs this checkout: {what}; hash sha256; median of "
+    builds = f"{baseline.native.build_name()} vs {current.native.build_name()} loops"
+    print(f"\n### pagedkv optimized, {args.baseline} vs this checkout ({builds}): {what}; hash sha256; median of "
           f"{max(1, args.runs)} alternating run(s) in one process")
     print(f"| figure | {args.baseline} | this checkout | {args.baseline}/this |\n|---|---|---|---|")
     units = {"make_request": "ns/token", "get_computed_blocks": "ns/hit block",
