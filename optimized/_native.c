@@ -490,6 +490,7 @@ static PyMethodDef native_methods[] = {
     {"map_run", (PyCFunction)(void (*)(void))map_run, METH_FASTCALL, map_run_doc},
     {"prefix_hits", (PyCFunction)(void (*)(void))prefix_hits, METH_FASTCALL, prefix_hits_doc},
     {"same_prefix", (PyCFunction)(void (*)(void))same_prefix, METH_FASTCALL, same_prefix_doc},
+    {"map_probe", (PyCFunction)(void (*)(void))map_probe, METH_FASTCALL, map_probe_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -56,6 +56,8 @@ class NativeLoops(Protocol):
 
     def same_prefix(self, items: Sequence[object], prefix: Sequence[object], /) -> bool | None: ...
 
+    def map_probe(self, table: dict[Any, Any], keys: Sequence[object], /) -> list[int] | None: ...
+
 
 class NativeTokens(Protocol):
     """What ``optimized/_tokens.c`` provides (its docstrings say what each function does)."""
