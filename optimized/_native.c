@@ -14,6 +14,7 @@
  * runs the Python loop, which raises whatever the pure build raises.
  */
 #include "_native_int.h"
+#include "_native_loops.h"
 #include "_native_map.h"
 
 /* The int value of an exact int in [0, bound), or -1. */
@@ -104,8 +105,8 @@ PyDoc_STRVAR(release_doc,
 "Returns the number released, or None (nothing changed) when an argument is\n"
 "not what the pool holds.");
 
-static PyObject *
-release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+pk_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 6 || !all_lists(args, 4) || !PyList_CheckExact(args[5])) {
         Py_RETURN_NONE;
@@ -207,8 +208,8 @@ PyDoc_STRVAR(touch_doc,
 "off the queue, or None (nothing changed) when an argument is not what the\n"
 "pool holds.");
 
-static PyObject *
-touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+pk_touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4 || !all_lists(args, 4)) {
         Py_RETURN_NONE;
@@ -345,8 +346,8 @@ epoch_moved(PyObject *maps, Py_ssize_t in_place, PyObject *result)
     return result;
 }
 
-static PyObject *
-take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+pk_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 7 || nargs > 8 || !PyList_CheckExact(args[0]) || !all_lists(args + 2, 2)
             || (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
@@ -449,8 +450,8 @@ PyDoc_STRVAR(key_run_doc,
 "Returns True, or None (nothing changed) when an argument is not what the\n"
 "pool holds.");
 
-static PyObject *
-key_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+pk_key_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 8 || !all_lists(args, 5) || !PyLong_CheckExact(args[5])
             || !PyLong_CheckExact(args[6]) || !PyLong_CheckExact(args[7])) {
@@ -483,14 +484,15 @@ key_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef native_methods[] = {
-    {"release", (PyCFunction)(void (*)(void))release, METH_FASTCALL, release_doc},
-    {"touch", (PyCFunction)(void (*)(void))touch, METH_FASTCALL, touch_doc},
-    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, take_doc},
-    {"key_run", (PyCFunction)(void (*)(void))key_run, METH_FASTCALL, key_run_doc},
+    {"release", (PyCFunction)(void (*)(void))pk_release, METH_FASTCALL, release_doc},
+    {"touch", (PyCFunction)(void (*)(void))pk_touch, METH_FASTCALL, touch_doc},
+    {"take", (PyCFunction)(void (*)(void))pk_take, METH_FASTCALL, take_doc},
+    {"key_run", (PyCFunction)(void (*)(void))pk_key_run, METH_FASTCALL, key_run_doc},
     {"map_run", (PyCFunction)(void (*)(void))map_run, METH_FASTCALL, map_run_doc},
     {"prefix_hits", (PyCFunction)(void (*)(void))prefix_hits, METH_FASTCALL, prefix_hits_doc},
     {"same_prefix", (PyCFunction)(void (*)(void))same_prefix, METH_FASTCALL, same_prefix_doc},
     {"map_probe", (PyCFunction)(void (*)(void))map_probe, METH_FASTCALL, map_probe_doc},
+    {"admit", (PyCFunction)(void (*)(void))pk_admit, METH_FASTCALL, admit_doc},
     {NULL, NULL, 0, NULL},
 };
 

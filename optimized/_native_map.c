@@ -72,22 +72,60 @@ map_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 const char prefix_hits_doc[] =
-"prefix_hits(table, hashes, limit) -> list | None\n\n"
+"prefix_hits(table, hashes, limit, owner=None) -> list | None\n\n"
 "The cached prefix of hashes[:limit] in one group's map: [table[h] for each\n"
 "leading h of hashes[:limit] that table holds], stopping at the first it\n"
 "does not. The prefix scan of a full-attention lookup\n"
 "(single_type.FullAttentionManager) without an interpreted iteration per\n"
 "block, its probes prefetched a batch at a time (D-PERF-47). None unless\n"
 "table is an exact dict and hashes an exact list or tuple whose scanned\n"
-"items are exact bytes (looked up without running Python code).";
+"items are exact bytes (looked up without running Python code).\n\n"
+"owner (the pool): when given and the hit is not empty, its lookup memo is\n"
+"left as hit_memo.remember leaves it (D-PERF-44): owner.last_hit =\n"
+"(owner.map_epoch, list(hashes[:len(hit)]), a copy of the hit); the\n"
+"coordinator's lookup then makes no second call (D-PERF-48).";
+
+/* owner.last_hit = (owner.map_epoch, list(items[:n]), hit[:]): 0, or -1 with an error set. */
+static int
+remember(PyObject *owner, PyObject *const *items, PyObject *hit)
+{
+    static PyObject *epoch_name = NULL, *memo_name = NULL;
+    if (epoch_name == NULL && (epoch_name = PyUnicode_InternFromString("map_epoch")) == NULL) {
+        return -1;
+    }
+    if (memo_name == NULL && (memo_name = PyUnicode_InternFromString("last_hit")) == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(hit);
+    PyObject *epoch = PyObject_GetAttr(owner, epoch_name);
+    PyObject *keys = PyList_New(n);
+    PyObject *blocks = PyList_GetSlice(hit, 0, n);
+    PyObject *memo = NULL;
+    if (epoch != NULL && keys != NULL && blocks != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyList_SET_ITEM(keys, i, Py_NewRef(items[i]));
+        }
+        memo = PyTuple_Pack(3, epoch, keys, blocks);
+    }
+    Py_XDECREF(epoch);
+    Py_XDECREF(keys);
+    Py_XDECREF(blocks);
+    if (memo == NULL) {
+        return -1;
+    }
+    int failed = PyObject_SetAttr(owner, memo_name, memo);
+    Py_DECREF(memo);
+    return failed;
+}
 
 PyObject *
 prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyLong_CheckExact(args[2])
+    if (nargs < 3 || nargs > 4 || !PyDict_CheckExact(args[0]) || !PyLong_CheckExact(args[2])
             || !(PyList_CheckExact(args[1]) || PyTuple_CheckExact(args[1]))) {
         Py_RETURN_NONE;
     }
+    PyObject *owner = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
     PyObject *table = args[0], *hashes = args[1];
     Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
     if (limit == -1 && PyErr_Occurred()) {
@@ -129,6 +167,10 @@ prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(out);
             return NULL;
         }
+    }
+    if (owner != NULL && PyList_GET_SIZE(out) > 0 && remember(owner, items, out) < 0) {
+        Py_DECREF(out);
+        return NULL;
     }
     return out;
 }

@@ -105,16 +105,17 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
     own_blocks = KVCacheBlocks
     zero = 0
-    # The pool's C loops called here directly, past the methods that wrap
-    # them (BlockPool.touch_held, get_new_blocks): the same call with the
-    # same arguments, the method only where the loop declines (D-PERF-45).
-    # The lists are the pool's own, changed in place only (pool_recover).
-    touch = None if NATIVE is None else NATIVE.touch
-    take = None if NATIVE is None else NATIVE.take
+    # The pool's work in one C call (D-PERF-48: touch, take, key the fresh
+    # run; the same loops BlockPool.touch_held, get_new_blocks and
+    # cache_new_run run, each declining what it does not cover), where it
+    # applies: events off, as the take loop evicts in place only then
+    # (moving the pool's map epoch itself, D-PERF-44). The lists are the
+    # pool's own, changed in place only (pool_recover).
+    admit = None if NATIVE is None else NATIVE.admit
     prev, nxt, sentinel = queue.prev, queue.next, queue.sentinel
     maps = (pool._gid, pool.cached_by_group, pool.dup_by_group, pool)  # the pool: owner of the epoch
     evict = pool._evict
-    keys_of = pool._hash
+    keys_of, gids, key_tokens, table = pool._hash, pool._gid, pool._key_tokens, pool.cached_by_group[0]
 
     def step(facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
              new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
@@ -178,43 +179,45 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             # 6. Admit: the request's own list, its hit taken (touched).
             requests.add(request_id)
             blocks = list(hit)
-            if held:
-                moved = None if touch is None else touch(ref, prev, nxt, blocks)
-                if moved is None:
-                    pool.touch_held(blocks)
-                else:
-                    queue.size -= moved
             blocks_of[request_id] = blocks
             cached_of[request_id] = held
-            # 7. Allocate: the take loop evicts in place only with events
-            # off (moving the pool's map epoch itself, D-PERF-44).
-            new_blocks = None
-            if take is not None and missing <= queue.size and not pool.enable_kv_cache_events:
-                new_blocks = take(ref, keys_of, prev, nxt, sentinel, missing, evict, maps)
-                if new_blocks is not None:
-                    queue.size -= missing
-            if new_blocks is None:
-                new_blocks = pool.get_new_blocks(missing)
-            blocks.extend(new_blocks)
-            # 8. Cache the blocks the computed tokens fill, as far as the
+            # 8's extent: the blocks the computed tokens fill, as far as the
             # request has hashes (D-API-11).
+            num_full = 0
             if not delay_cache_blocks:
                 num_full = (main if main < num_tokens else num_tokens) // block_size
-                num_hashes = len(block_hashes)
-                if num_full > num_hashes:
-                    num_full = num_hashes
-                if num_full > held:
-                    # Without events, a run of fresh blocks is keyed in bulk
-                    # here (the pool's first attempt, pool_caching.cache_new_run,
-                    # which changes nothing when it declines).
-                    # blocks[held:] are step 7's: fresh from the free queue.
-                    if pool.enable_kv_cache_events or not cache_new_run(
-                            pool, new_blocks[:num_full - held], block_hashes[held:num_full], 0, held,
-                            block_size, True):
-                        pool.cache_full_blocks_unchecked(
-                            facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
-                            num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
-                    cached_of[request_id] = num_full
+                if num_full > len(block_hashes):
+                    num_full = len(block_hashes)
+            done = None if admit is None or pool.enable_kv_cache_events else admit(
+                ref, prev, nxt, sentinel, keys_of, gids, key_tokens, table, evict, maps, blocks, missing,
+                block_hashes, num_full, block_size)
+            keyed = None
+            if done is None:  # 6 and 7 by the methods: the pure build, events on
+                if held:
+                    pool.touch_held(blocks)
+                new_blocks = pool.get_new_blocks(missing)
+                blocks.extend(new_blocks)
+            else:
+                moved, taken, keyed = done
+                queue.size -= moved
+                if taken is None:  # 7. declined by the C loop: the method
+                    new_blocks = pool.get_new_blocks(missing)
+                    blocks.extend(new_blocks)
+                else:
+                    new_blocks = taken
+                    queue.size -= missing
+            # 8. Cache: keyed in the C call already, or a run of fresh blocks
+            # (blocks[held:], step 7's) keyed in bulk without events (the
+            # pool's first attempt, pool_caching.cache_new_run, which changes
+            # nothing when it declines), or block by block.
+            if num_full > held:
+                if keyed is False or keyed is None and (pool.enable_kv_cache_events or not cache_new_run(
+                        pool, new_blocks[:num_full - held], block_hashes[held:num_full], 0, held,
+                        block_size, True)):
+                    pool.cache_full_blocks_unchecked(
+                        facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
+                        num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
+                cached_of[request_id] = num_full
             # 9. The blocks of step 7.
             return new_blocks if raw else own_blocks((new_blocks,), hashes)
         except BaseException:

@@ -50,13 +50,16 @@ class UnitaryCoordinator(KVCacheCoordinator):
         manager = self.managers[0]
         assert isinstance(manager, FullAttentionManager)
         # The group's scan in C called here directly (D-PERF-45), as
-        # FullAttentionManager.find_longest_cache_hit calls it without EAGLE.
+        # FullAttentionManager.find_longest_cache_hit calls it without EAGLE;
+        # it leaves the pool's lookup memo too (admitting the hit then probes
+        # no more, D-PERF-44), in the same call (D-PERF-48).
+        pool = self.block_pool
         hit = (None if NATIVE is None or manager.use_eagle else NATIVE.prefix_hits(
-            self.block_pool.cached_by_group[0], block_hashes, max_cache_hit_length // manager.block_size))
+            pool.cached_by_group[0], block_hashes, max_cache_hit_length // manager.block_size, pool))
         if hit is None:
             hit = manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
-        if hit:
-            remember(self.block_pool, block_hashes, hit)  # admitting it probes no more (D-PERF-44)
+            if hit:
+                remember(pool, block_hashes, hit)
         return (hit,), len(hit) * manager.block_size
 
 

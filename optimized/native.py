@@ -51,12 +51,19 @@ class NativeLoops(Protocol):
 
     def map_run(self, table: dict[bytes, int], keys: list[bytes], run: list[int], /) -> bool | None: ...
 
-    def prefix_hits(self, table: dict[bytes, int], hashes: Sequence[bytes], limit: int,
+    def prefix_hits(self, table: dict[bytes, int], hashes: Sequence[bytes], limit: int, owner: object = None,
                     /) -> list[int] | None: ...
 
     def same_prefix(self, items: Sequence[object], prefix: Sequence[object], /) -> bool | None: ...
 
     def map_probe(self, table: dict[Any, Any], keys: Sequence[object], /) -> list[int] | None: ...
+
+    def admit(self, ref: list[int], prev: list[int], next: list[int], sentinel: int,
+              hashes: list[BlockHash | None], gids: list[int], key_tokens: list[int], table: dict[bytes, int],
+              evict: Callable[[int], object],
+              maps: tuple[list[int], list[dict[bytes, int]], list[dict[bytes, list[int]]], object],
+              blocks: list[int], missing: int, keys: Sequence[BlockHash], num_full: int, block_size: int,
+              /) -> tuple[int, list[int] | None, bool | None] | None: ...
 
 
 class NativeTokens(Protocol):
