@@ -198,6 +198,11 @@ class KVCacheCoordinator(SubBlockCoordination):
         """
         raise NotImplementedError
 
+    def one_group_scan(self) -> tuple[Callable[..., list[int] | None], dict[bytes, int], int, BlockPool] | None:
+        """What the manager may call in place of :meth:`find_longest_cache_hit`
+        (``UnitaryCoordinator``'s; None for the other kinds). Cost: O(1)."""
+        return None
+
     def find_longest_cache_hit_per_group(
             self, block_hashes: Sequence[BlockHash],
             max_cache_hit_length: int) -> tuple[tuple[list[int], ...], tuple[int, ...]]:

@@ -14,7 +14,7 @@ share):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
@@ -62,6 +62,17 @@ class UnitaryCoordinator(KVCacheCoordinator):
                 remember(pool, block_hashes, hit)
         return (hit,), len(hit) * manager.block_size
 
+
+    def one_group_scan(self) -> tuple[Callable[..., list[int] | None], dict[bytes, int], int, BlockPool] | None:
+        """``(prefix_hits, table, block_size, pool)`` when the lookup above
+        is the C scan alone (built, no EAGLE, plain full attention): the
+        manager calls it with them, a call less per lookup (D-PERF-48);
+        otherwise None. Cost: O(1)."""
+        manager = self.managers[0]
+        if NATIVE is None or manager.use_eagle or type(manager) is not FullAttentionManager:
+            return None
+        pool = self.block_pool
+        return NATIVE.prefix_hits, pool.cached_by_group[0], manager.block_size, pool
 
     def release(self, request_id: str) -> None:
         """The base class's release for the one group, its layers called
