@@ -4,9 +4,9 @@ An analysis, not a manager: it replays a Mooncake trace one request at a
 time (as ``bench.vllm_side_by_side --trace`` does) twice, alternating, on
 fresh pools: once through ``KVCacheManager`` and once calling only the
 pool's C loops (``optimized/_native.c``: ``prefix_hits`` for the lookup;
-``touch``, ``take``, ``map_run`` and ``key_run`` for the allocation;
-``release`` for the free), with no validation, no stats, no result objects
-and no layers between them. That second replay is not a correct manager
+``admit``, which runs ``touch``, ``take``, ``map_run`` and ``key_run``,
+for the allocation; ``release`` for the free), with no validation, no
+stats, no result objects and no layers between them. That second replay is not a correct manager
 (it checks nothing and handles no other case); it is the least time the
 present data structures (a dict per group from hash to block id, plain
 lists of ints indexed by block id) can take for the same pool work, so
@@ -62,25 +62,18 @@ def bare_calls(manager: KVCacheManager, block_size: int) -> Calls:
 
     def allocate(request: Any, num_new_tokens: int, hit_tokens: int, hit: list[int]) -> list[int]:
         blocks = list(hit)
-        moved = native.touch(ref, prev, nxt, blocks)
-        assert moved is not None
-        queue.size -= moved
         missing = -(-request.num_tokens // block_size) - len(hit)
-        new = native.take(ref, hashes, prev, nxt, queue.sentinel, missing, pool._evict, maps)
-        assert new is not None
-        queue.size -= missing
-        blocks += new
         full = min(request.num_tokens // block_size, len(request.block_hashes))
-        fresh = full - len(hit)
-        if fresh > 0:
-            keys = request.block_hashes[len(hit):full]
-            if native.map_run(table, keys, new[:fresh]):
-                native.key_run(hashes, gids, key_tokens, new[:fresh], keys, 0, (len(hit) + 1) * block_size,
-                               block_size)
-            else:  # a key cached already (a whole prompt recomputed): the pool's own loop
-                pool.cache_full_blocks_unchecked(request, blocks, block_hashes=request.block_hashes,
-                                                 num_cached_blocks=len(hit), num_full_blocks=full,
-                                                 block_size=block_size, group_id=0, mask=None)
+        done = native.admit(ref, prev, nxt, queue.sentinel, hashes, gids, key_tokens, table, pool._evict, maps,
+                            blocks, missing, request.block_hashes, full, block_size)
+        assert done is not None
+        moved, new, keyed = done
+        assert new is not None
+        queue.size -= moved + missing
+        if full > len(hit) and keyed is not True:  # a key cached already (a whole prompt recomputed)
+            pool.cache_full_blocks_unchecked(request, blocks, block_hashes=request.block_hashes,
+                                             num_cached_blocks=len(hit), num_full_blocks=full,
+                                             block_size=block_size, group_id=0, mask=None)
         held[request.request_id] = blocks
         return new
 

@@ -50,8 +50,9 @@ def same_prefix(items: Sequence[object], prefix: Sequence[object]) -> bool:
 
 
 def remember(pool: BlockPool, block_hashes: Sequence[BlockHash], hit: list[int]) -> None:
-    """Leave the memo of a lookup that found ``hit`` for ``block_hashes``.
-    Cost: O(len(hit)) (two copies)."""
+    """Leave the memo of a lookup that found ``hit`` for ``block_hashes``
+    (the C scan, ``prefix_hits(..., owner=pool)``, leaves the same one itself,
+    D-PERF-48). Cost: O(len(hit)) (two copies)."""
     keys = block_hashes[:len(hit)]
     pool.last_hit = (pool.map_epoch, keys if type(keys) is list else list(keys), hit[:])
 
