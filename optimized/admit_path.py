@@ -33,7 +33,7 @@ from pagedkv.spec.request import RequestFacts
 
 from .blocks import KVCacheBlocks
 from .decode_path import TAKE_GENERAL_PATH
-from .hit_memo import vouches
+from .hit_memo import same_prefix
 from .native import NATIVE
 from .pool_caching import cache_new_run
 from .recovery import recover
@@ -112,6 +112,9 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     # (moving the pool's map epoch itself, D-PERF-44). The lists are the
     # pool's own, changed in place only (pool_recover).
     admit = None if NATIVE is None else NATIVE.admit
+    # hit_memo.same_prefix's C half, called directly (None, for a sequence it
+    # does not read, is not proven: the probes below decide).
+    same = same_prefix if NATIVE is None else NATIVE.same_prefix
     prev, nxt, sentinel = queue.prev, queue.next, queue.sentinel
     maps = (pool._gid, pool.cached_by_group, pool.dup_by_group, pool)  # the pool: owner of the epoch
     evict = pool._evict
@@ -152,7 +155,9 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             # the request's hash at its position (so in the pool, not null,
             # still keyed there: CACHE-1); proven by the lookup's memo when
             # the hit is the one it found, else probed (D-PERF-44).
-            if not vouches(pool, block_hashes, hit) and (
+            memo = pool.last_hit  # hit_memo.vouches, inline: three calls less per admission (D-PERF-48)
+            if not (memo is not None and memo[0] == pool.map_epoch and type(hit) is list
+                    and len(hit) == len(memo[2]) and same(hit, memo[2]) and same(block_hashes, memo[1])) and (
                     type(hit) is not list or held > len(block_hashes)
                     or list(map(type, hit)).count(int) != held
                     or list(map(table_get, block_hashes[:held])) != hit):
