@@ -13,6 +13,7 @@ be compared.
     .venv/bin/python -m bench.ab_optimized --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         --block-size 16 --limit 2000 --runs 3
     .venv/bin/python -m bench.ab_optimized --prompt-length 32k --runs 5
+    .venv/bin/python -m bench.ab_optimized --model jamba --runs 5   # the standard chat trace
 """
 
 from __future__ import annotations
@@ -102,6 +103,21 @@ def replay(package: Any, prompts: Iterable[list[int]], block_size: int, num_bloc
     return sd.summarize(raw)
 
 
+def standard(package: Any, model: str) -> dict[str, float]:
+    """One replay of the standard chat trace (sha256) on a fresh manager of
+    ``package`` for ``model``: µs per call and the manager total in ms."""
+    from bench.vllm_side_by_side import _trace_figures
+    from pagedkv.trace import DEFAULT_NUM_BLOCKS, STANDARD, TraceDriver, standard_trace
+
+    manager = package.KVCacheManager(kv_cache_config(model, DEFAULT_NUM_BLOCKS[model], STANDARD.block_size),
+                                     8192, hash_fn="sha256")
+    driver = TraceDriver(manager)
+    gc.collect()
+    for step in standard_trace(STANDARD):
+        driver.apply(step)
+    return _trace_figures(driver.time_ns, driver.calls, driver.prompt_tokens_hashed)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, run both revisions alternating, print the table."""
     parser = argparse.ArgumentParser(prog="python -m bench.ab_optimized",
@@ -113,8 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="with --trace: first N requests")
     parser.add_argument("--prompt-length", default="32k", metavar="L",
                         help="without --trace: long prompts of L tokens, block 16 (default 32k)")
+    parser.add_argument("--model", choices=("llama3", "gemma3", "jamba"), default=None,
+                        help="the standard chat trace on this model instead (jamba: Mamba align)")
     args = parser.parse_args(argv)
     import pagedkv.optimized as current
+
+    if args.model:
+        return _standard_ab(args, current, argv)
 
     skip_first = 0
     make_prompts: Callable[[], Iterable[list[int]]]
@@ -159,6 +180,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key in FIGURES:
         before, after = med["baseline"][key], med["current"][key]
         print(f"| {key} ({units[key]}) | {before:.1f} | {after:.1f} | {before / after:.2f}× |")
+    print("reproduce: .venv/bin/python -m bench.ab_optimized " + " ".join(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+def _standard_ab(args: argparse.Namespace, current: Any, argv: Sequence[str] | None) -> int:
+    """``--model``: the standard chat trace, both revisions alternating (ABBA), medians."""
+    keys = ("get_computed_blocks", "allocate_slots", "free", "manager_ms")
+    with tempfile.TemporaryDirectory(prefix="pagedkv-ab-") as tmp:
+        baseline = import_revision(args.baseline, Path(tmp))
+        runs: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
+        for index in range(max(1, args.runs)):
+            sides = [("baseline", baseline), ("current", current)]
+            if index % 2:
+                sides.reverse()
+            for side, package in sides:
+                runs[side].append(standard(package, args.model))
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in keys} for side, rs in runs.items()}
+    print(f"\n### pagedkv optimized, {args.baseline} vs this checkout: standard chat trace, {args.model}, "
+          f"sha256; median of {max(1, args.runs)} alternating run(s) in one process")
+    print(f"| figure | {args.baseline} | this checkout | {args.baseline}/this |\n|---|---|---|---|")
+    for key in keys:
+        before, after = med["baseline"][key], med["current"][key]
+        unit = "ms" if key == "manager_ms" else "µs/call"
+        print(f"| {key} ({unit}) | {before:.2f} | {after:.2f} | {before / after:.2f}× |")
     print("reproduce: .venv/bin/python -m bench.ab_optimized " + " ".join(sys.argv[1:] if argv is None else argv))
     return 0
 
