@@ -118,6 +118,24 @@ def standard(package: Any, model: str) -> dict[str, float]:
     return _trace_figures(driver.time_ns, driver.calls, driver.prompt_tokens_hashed)
 
 
+def alternate(rev: str, current: Any, runs: int, keys: Sequence[str],
+              one_run: Callable[[Any], dict[str, float]]) -> tuple[Any, dict[str, dict[str, float]]]:
+    """Import revision ``rev``'s package, run ``one_run`` on it and on
+    ``current`` ``runs`` times each, alternating (ABBA: drift on the machine
+    hits both sides); the baseline package and the medians of ``keys`` per
+    side (``"baseline"``, ``"current"``)."""
+    with tempfile.TemporaryDirectory(prefix="pagedkv-ab-") as tmp:
+        baseline = import_revision(rev, Path(tmp))
+        results: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
+        for index in range(max(1, runs)):
+            sides = [("baseline", baseline), ("current", current)]
+            if index % 2:
+                sides.reverse()
+            for side, package in sides:
+                results[side].append(one_run(package))
+    return baseline, {side: {k: statistics.median(r[k] for r in rs) for k in keys} for side, rs in results.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, run both revisions alternating, print the table."""
     parser = argparse.ArgumentParser(prog="python -m bench.ab_optimized",
@@ -159,17 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def make_prompts() -> Iterable[list[int]]:
             return prompts
-    with tempfile.TemporaryDirectory(prefix="pagedkv-ab-") as tmp:
-        baseline = import_revision(args.baseline, Path(tmp))
-        runs: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
-        for index in range(max(1, args.runs)):
-            sides = [("baseline", baseline), ("current", current)]
-            if index % 2:
-                sides.reverse()  # ABBA: drift on the machine hits both sides
-            for side, package in sides:
-                runs[side].append(replay(package, make_prompts(), block_size, num_blocks, max_model_len,
-                                         skip_first))
-    med = {side: {k: statistics.median(r[k] for r in rs) for k in FIGURES} for side, rs in runs.items()}
+    baseline, med = alternate(args.baseline, current, args.runs, FIGURES, lambda package: replay(
+        package, make_prompts(), block_size, num_blocks, max_model_len, skip_first))
     builds = f"{baseline.native.build_name()} vs {current.native.build_name()} loops"
     print(f"\n### pagedkv optimized, {args.baseline} vs this checkout ({builds}): {what}; hash sha256; median of "
           f"{max(1, args.runs)} alternating run(s) in one process")
@@ -187,16 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _standard_ab(args: argparse.Namespace, current: Any, argv: Sequence[str] | None) -> int:
     """``--model``: the standard chat trace, both revisions alternating (ABBA), medians."""
     keys = ("get_computed_blocks", "allocate_slots", "free", "manager_ms")
-    with tempfile.TemporaryDirectory(prefix="pagedkv-ab-") as tmp:
-        baseline = import_revision(args.baseline, Path(tmp))
-        runs: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
-        for index in range(max(1, args.runs)):
-            sides = [("baseline", baseline), ("current", current)]
-            if index % 2:
-                sides.reverse()
-            for side, package in sides:
-                runs[side].append(standard(package, args.model))
-    med = {side: {k: statistics.median(r[k] for r in rs) for k in keys} for side, rs in runs.items()}
+    _, med = alternate(args.baseline, current, args.runs, keys, lambda package: standard(package, args.model))
     print(f"\n### pagedkv optimized, {args.baseline} vs this checkout: standard chat trace, {args.model}, "
           f"sha256; median of {max(1, args.runs)} alternating run(s) in one process")
     print(f"| figure | {args.baseline} | this checkout | {args.baseline}/this |\n|---|---|---|---|")
