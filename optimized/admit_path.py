@@ -27,9 +27,12 @@ state, events and errors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
 
 from pagedkv.spec.request import RequestFacts
+from pagedkv.spec.types import BlockHash
 
 from .blocks import KVCacheBlocks
 from .decode_path import TAKE_GENERAL_PATH
@@ -120,6 +123,43 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     evict = pool._evict
     keys_of, gids, key_tokens, table = pool._hash, pool._gid, pool._key_tokens, pool.cached_by_group[0]
 
+    def finish(facts: RequestFacts, blocks: list[int], done: tuple[int, list[int] | None, bool | None] | None,
+               held: int, missing: int, num_full: int, block_hashes: Sequence[BlockHash], request_id: str,
+               raw: bool) -> Any:
+        """Steps 6 to 9 after the pool call (``done``: what ``_native.admit``
+        answered, or None when it was not called or declined its first loop),
+        for what that call left undone; the step's tail, also called by the C
+        step (D-PERF-49). An exception propagates to the caller, which recovers."""
+        keyed = None
+        if done is None:  # 6 and 7 by the methods: the pure build, events on
+            if held:
+                pool.touch_held(blocks)
+            new_blocks = pool.get_new_blocks(missing)
+            blocks.extend(new_blocks)
+        else:
+            moved, taken, keyed = done
+            queue.size -= moved
+            if taken is None:  # 7. declined by the C loop: the method
+                new_blocks = pool.get_new_blocks(missing)
+                blocks.extend(new_blocks)
+            else:
+                new_blocks = taken
+                queue.size -= missing
+        # 8. Cache: keyed in the C call already, or a run of fresh blocks
+        # (blocks[held:], step 7's) keyed in bulk without events (the
+        # pool's first attempt, pool_caching.cache_new_run, which changes
+        # nothing when it declines), or block by block.
+        if num_full > held:
+            if keyed is False or keyed is None and (pool.enable_kv_cache_events or not cache_new_run(
+                    pool, new_blocks[:num_full - held], block_hashes[held:num_full], 0, held,
+                    block_size, True)):
+                pool.cache_full_blocks_unchecked(
+                    facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
+                    num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
+            cached_of[request_id] = num_full
+        # 9. The blocks of step 7.
+        return new_blocks if raw else own_blocks((new_blocks,), hashes)
+
     def step(facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
              new_computed_blocks: Any, delay_cache_blocks: bool, reserved_blocks: int,
              watermark_blocks: int, num_in_flight_tokens: int,
@@ -196,37 +236,23 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             done = None if admit is None or pool.enable_kv_cache_events else admit(
                 ref, prev, nxt, sentinel, keys_of, gids, key_tokens, table, evict, maps, blocks, missing,
                 block_hashes, num_full, block_size)
-            keyed = None
-            if done is None:  # 6 and 7 by the methods: the pure build, events on
-                if held:
-                    pool.touch_held(blocks)
-                new_blocks = pool.get_new_blocks(missing)
-                blocks.extend(new_blocks)
-            else:
-                moved, taken, keyed = done
-                queue.size -= moved
-                if taken is None:  # 7. declined by the C loop: the method
-                    new_blocks = pool.get_new_blocks(missing)
-                    blocks.extend(new_blocks)
-                else:
-                    new_blocks = taken
-                    queue.size -= missing
-            # 8. Cache: keyed in the C call already, or a run of fresh blocks
-            # (blocks[held:], step 7's) keyed in bulk without events (the
-            # pool's first attempt, pool_caching.cache_new_run, which changes
-            # nothing when it declines), or block by block.
-            if num_full > held:
-                if keyed is False or keyed is None and (pool.enable_kv_cache_events or not cache_new_run(
-                        pool, new_blocks[:num_full - held], block_hashes[held:num_full], 0, held,
-                        block_size, True)):
-                    pool.cache_full_blocks_unchecked(
-                        facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
-                        num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
-                cached_of[request_id] = num_full
-            # 9. The blocks of step 7.
-            return new_blocks if raw else own_blocks((new_blocks,), hashes)
+            if done is not None and done[1] is not None and (num_full <= held or done[2] is True):
+                # The pool call did 6 to 8 (the common case, as _native.admit_request runs it).
+                queue.size -= done[0] + missing
+                if num_full > held:
+                    cached_of[request_id] = num_full
+                return done[1] if raw else own_blocks((done[1],), hashes)  # 9.
+            return finish(facts, blocks, done, held, missing, num_full, block_hashes, request_id, raw)
         except BaseException:
             recover(self)
             raise
 
-    return step
+    native_step = None if NATIVE is None else NATIVE.admit_request
+    if native_step is None:
+        return step
+    # The common case in C, the rest handed to step and finish (D-PERF-49):
+    # the context's order is _native_step.c's CTX_ enumeration.
+    context = (step, requests, blocks_of, cached_of, pool, queue, ref, prev, nxt, sentinel, keys_of, gids,
+               key_tokens, table, evict, maps, own_blocks, block_size, max_model_len, finish,
+               partial(recover, self))
+    return cast("AdmitStep", partial(native_step, context))

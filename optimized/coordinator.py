@@ -203,6 +203,11 @@ class KVCacheCoordinator(SubBlockCoordination):
         (``UnitaryCoordinator``'s; None for the other kinds). Cost: O(1)."""
         return None
 
+    def native_release(self) -> Callable[[str], None] | None:
+        """What the manager may call in place of :meth:`release` (the C
+        release of ``UnitaryCoordinator``; None for the other kinds). Cost: O(1)."""
+        return None
+
     def find_longest_cache_hit_per_group(
             self, block_hashes: Sequence[BlockHash],
             max_cache_hit_length: int) -> tuple[tuple[list[int], ...], tuple[int, ...]]:

@@ -15,6 +15,7 @@ share):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
@@ -73,6 +74,23 @@ class UnitaryCoordinator(KVCacheCoordinator):
             return None
         pool = self.block_pool
         return NATIVE.prefix_hits, pool.cached_by_group[0], manager.block_size, pool
+
+    def native_release(self) -> Callable[[str], None] | None:
+        """:meth:`release` in C (``_native.release_request``, D-PERF-49) when
+        the group is plain full attention and the C modules are built: the
+        same steps on the same tables, anything unusual handed to the method
+        before any change. Otherwise None. Cost: O(1)."""
+        manager = self.managers[0]
+        if NATIVE is None or type(manager) is not FullAttentionManager:
+            return None
+        pool = self.block_pool
+        queue = pool._queue
+        # The order is _native_calls.c's REL_ enumeration; the method unbound from this
+        # instance's attribute lookup, so the C code never calls itself.
+        context = (partial(UnitaryCoordinator.release, self), self.requests, manager.req_to_blocks,
+                   manager.num_cached_blocks, pool._ref, pool._gid, queue.prev, queue.next, queue.sentinel,
+                   queue, pool.free_held)
+        return partial(NATIVE.release_request, context)
 
     def release(self, request_id: str) -> None:
         """The base class's release for the one group, its layers called

@@ -22,7 +22,8 @@ request on one full-attention group likewise to ``admit_step``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from pagedkv.spec.config import KVCacheConfig
@@ -38,6 +39,7 @@ from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator
 from .coordinator_kinds import make_coordinator
 from .hasher import REQUEST_TYPE, make_block_hasher
 from .manager_reads import ManagerReads
+from .native import NATIVE
 from .recovery import recover
 from .sub_block_ops import SubBlockOperations
 
@@ -143,6 +145,13 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         # The one-group lookup's C scan, called from get_computed_blocks
         # itself: a call less per lookup (D-PERF-48). None: the coordinator's.
         self._scan = self._coordinator.one_group_scan()
+        # The same lookup, its result built, and the release, in C (D-PERF-49): None
+        # where they do not apply (another coordinator kind, the pure build).
+        self._lookup: Callable[[RequestView], tuple[KVCacheBlocks, int] | None] | None = None
+        if self._scan is not None and NATIVE is not None:
+            _, table, block_size, pool = self._scan
+            self._lookup = partial(NATIVE.lookup, (table, block_size, pool, KVCacheBlocks, pool.block_hashes))
+        self._release = self._coordinator.native_release() or self._coordinator.release
 
     # ------------------------------------------------------------ properties
 
@@ -205,6 +214,11 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         if (not self.enable_caching or skip
                 or not self.num_kv_cache_groups):
             return self._empty, 0
+        lookup = self._lookup
+        if lookup is not None and self.prefix_cache_stats is None:
+            answer = lookup(request)
+            if answer is not None:
+                return answer
         scan = self._scan
         found = None
         if scan is not None:  # UnitaryCoordinator.find_longest_cache_hit's scan, memo included
@@ -446,7 +460,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
                 return
             validation.known(coordinator, request_id)
         try:
-            coordinator.release(request_id)
+            self._release(request_id)  # coordinator.release, or the same in C (D-PERF-49)
         except BaseException:
             recover(coordinator)
             raise

@@ -65,6 +65,15 @@ class NativeLoops(Protocol):
               blocks: list[int], missing: int, keys: Sequence[BlockHash], num_full: int, block_size: int,
               /) -> tuple[int, list[int] | None, bool | None] | None: ...
 
+    def admit_request(self, context: tuple[Any, ...], facts: Any, num_new_tokens: int,
+                      num_new_computed_tokens: int, new_computed_blocks: Any, delay_cache_blocks: bool,
+                      reserved_blocks: int, watermark_blocks: int, num_in_flight_tokens: int,
+                      full_sequence_must_fit: bool, raw: bool = False) -> Any: ...
+
+    def lookup(self, context: tuple[Any, ...], request: Any, /) -> tuple[Any, int] | None: ...
+
+    def release_request(self, context: tuple[Any, ...], request_id: str, /) -> None: ...
+
 
 class NativeTokens(Protocol):
     """What ``optimized/_tokens.c`` provides (its docstrings say what each function does)."""

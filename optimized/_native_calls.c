@@ -1,0 +1,169 @@
+/* The one-group manager's lookup and release in C (D-PERF-49), part of
+ * pagedkv.optimized._native (its method table is in _native.c).
+ *
+ * Why: as for the admission step (_native_step.c), replaying a large trace
+ * one request at a time, the interpreted layers around the pool's C loops
+ * (a frame, a few attribute reads, a result object built through its
+ * __init__) cost about a third of what the loops cost, mostly in lines the
+ * work between requests has evicted. These two run those layers for one
+ * full-attention group from C:
+ *
+ * - lookup: KVCacheManager.get_computed_blocks after its checks, without
+ *   statistics: prefix_hits (_native_map.c) and the result;
+ * - release_request: UnitaryCoordinator.release: the request's bookkeeping
+ *   and release (_native.c) of its blocks, tail first.
+ *
+ * Both read and change nothing before deciding whether they apply, and
+ * hand anything else back (None for the lookup, the Python method for the
+ * release), which then runs as before.
+ */
+#include "_native_int.h"
+#include "_native_loops.h"
+#include "_native_map.h"
+
+static PyObject *s_block_hashes, *s_num_tokens, *s_size;
+
+int
+pk_calls_init(void)
+{
+    if (s_block_hashes == NULL && (s_block_hashes = PyUnicode_InternFromString("block_hashes")) == NULL) {
+        return -1;
+    }
+    if (s_num_tokens == NULL && (s_num_tokens = PyUnicode_InternFromString("num_tokens")) == NULL) {
+        return -1;
+    }
+    if (s_size == NULL && (s_size = PyUnicode_InternFromString("size")) == NULL) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The lookup's context, as KVCacheManager builds it. */
+enum { LOOK_TABLE, LOOK_BLOCK_SIZE, LOOK_POOL, LOOK_BLOCKS_TYPE, LOOK_HASHES, LOOK_SIZE };
+
+const char lookup_doc[] =
+"lookup(context, request) -> tuple | None\n\n"
+"KVCacheManager.get_computed_blocks for one full-attention group once its\n"
+"checks have passed, statistics off: (KVCacheBlocks((hit,), hashes), hit\n"
+"tokens), hit = prefix_hits(table, request.block_hashes, (request.num_tokens\n"
+"- 1) // block_size, pool). context: (table, block_size, pool, the\n"
+"KVCacheBlocks type, the pool's hash list). None (nothing changed) when\n"
+"prefix_hits declines or num_tokens is not an exact int; the method then\n"
+"runs its own code. An error reading the request propagates.";
+
+PyObject *
+pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != LOOK_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "lookup: (context, request)");
+        return NULL;
+    }
+    PyObject *ctx = args[0], *request = args[1];
+    /* The method's order: block_hashes, then num_tokens. */
+    PyObject *hashes = PyObject_GetAttr(request, s_block_hashes);
+    if (hashes == NULL) {
+        return NULL;
+    }
+    PyObject *num_tokens = PyObject_GetAttr(request, s_num_tokens);
+    if (num_tokens == NULL) {
+        Py_DECREF(hashes);
+        return NULL;
+    }
+    PyObject *block_size = PyTuple_GET_ITEM(ctx, LOOK_BLOCK_SIZE);
+    int overflow = 0;
+    long long tokens = PyLong_CheckExact(num_tokens) ? PyLong_AsLongLongAndOverflow(num_tokens, &overflow) : 0;
+    long long size = PyLong_AsLongLong(block_size);
+    Py_DECREF(num_tokens);
+    if (tokens < 1 || overflow || size <= 0) {
+        Py_DECREF(hashes);
+        Py_RETURN_NONE;
+    }
+    PyObject *limit = PyLong_FromLongLong((tokens - 1) / size);
+    if (limit == NULL) {
+        Py_DECREF(hashes);
+        return NULL;
+    }
+    PyObject *scan_args[4] = {PyTuple_GET_ITEM(ctx, LOOK_TABLE), hashes, limit, PyTuple_GET_ITEM(ctx, LOOK_POOL)};
+    PyObject *hit = prefix_hits(self, scan_args, 4);
+    Py_DECREF(hashes);
+    Py_DECREF(limit);
+    if (hit == NULL || hit == Py_None) {
+        return hit;
+    }
+    PyObject *blocks = pk_own_blocks(PyTuple_GET_ITEM(ctx, LOOK_BLOCKS_TYPE), hit, PyTuple_GET_ITEM(ctx, LOOK_HASHES));
+    PyObject *tokens_hit = PyLong_FromLongLong((long long)PyList_GET_SIZE(hit) * size);
+    Py_DECREF(hit);
+    PyObject *out = blocks == NULL || tokens_hit == NULL ? NULL : PyTuple_Pack(2, blocks, tokens_hit);
+    Py_XDECREF(blocks);
+    Py_XDECREF(tokens_hit);
+    return out;
+}
+
+/* The release's context, as UnitaryCoordinator builds it. */
+enum {
+    REL_METHOD, REL_REQUESTS, REL_BLOCKS_OF, REL_CACHED_OF, REL_REF, REL_GIDS, REL_PREV, REL_NEXT, REL_SENTINEL,
+    REL_QUEUE, REL_FREE_HELD, REL_SIZE
+};
+
+const char release_request_doc[] =
+"release_request(context, request_id) -> None\n\n"
+"UnitaryCoordinator.release for one full-attention group: the request\n"
+"leaves the request set and both tables, its block list is reversed and\n"
+"released (release(), or the pool's free_held where that declines), the\n"
+"free queue's size moves. context: (the Python method, requests,\n"
+"req_to_blocks, num_cached_blocks, ref, gids, prev, next, sentinel, queue,\n"
+"pool.free_held). A request id that is not an exact str known to all three\n"
+"tables, or a block list that is not an exact list, goes to the method\n"
+"before any change.";
+
+PyObject *
+pk_release_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != REL_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "release_request: (context, request_id)");
+        return NULL;
+    }
+    PyObject *ctx = args[0], *request_id = args[1];
+#define C(i) PyTuple_GET_ITEM(ctx, i)
+    PyObject *blocks_of = C(REL_BLOCKS_OF), *cached_of = C(REL_CACHED_OF), *requests = C(REL_REQUESTS);
+    /* Exact str keys in exact containers: the probes run no Python code. */
+    PyObject *blocks = NULL;
+    if (!PyUnicode_CheckExact(request_id) || !PySet_CheckExact(requests) || !PyDict_CheckExact(blocks_of)
+            || !PyDict_CheckExact(cached_of) || PySet_Contains(requests, request_id) != 1
+            || (blocks = PyDict_GetItemWithError(blocks_of, request_id)) == NULL || !PyList_CheckExact(blocks)
+            || PyDict_GetItemWithError(cached_of, request_id) == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        return PyObject_CallOneArg(C(REL_METHOD), request_id);
+    }
+    Py_INCREF(blocks);  /* the table's reference goes below */
+    if (PySet_Discard(requests, request_id) < 0 || PyDict_DelItem(blocks_of, request_id) < 0
+            || PyDict_DelItem(cached_of, request_id) < 0 || PyList_Reverse(blocks) < 0) {
+        Py_DECREF(blocks);
+        return NULL;
+    }
+    PyObject *release_args[6] = {C(REL_REF), C(REL_GIDS), C(REL_PREV), C(REL_NEXT), C(REL_SENTINEL), blocks};
+    PyObject *released = pk_release(self, release_args, 6);
+    PyObject *result = NULL;
+    if (released == Py_None) {
+        result = PyObject_CallOneArg(C(REL_FREE_HELD), blocks);
+    }
+    else if (released != NULL) {
+        PyObject *size = PyObject_GetAttr(C(REL_QUEUE), s_size);
+        PyObject *grown = size == NULL ? NULL : PyNumber_Add(size, released);
+        if (grown != NULL && PyObject_SetAttr(C(REL_QUEUE), s_size, grown) == 0) {
+            result = Py_NewRef(Py_None);
+        }
+        Py_XDECREF(size);
+        Py_XDECREF(grown);
+    }
+    Py_XDECREF(released);
+    Py_DECREF(blocks);
+    if (result == NULL) {
+        return NULL;
+    }
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+#undef C
+}
