@@ -175,8 +175,140 @@ noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 }
 
+/* The probed decode step's context, as decode_path.probed_decode_step builds it. */
+enum { STEP_PYTHON, STEP_RULES, STEP_COUNTED, STEP_MAX_MODEL_LEN, STEP_CACHING, STEP_HASH_BLOCK_SIZE,
+       STEP_EMPTY, STEP_SIZE };
+
+static PyObject *s_num_computed_tokens, *s_num_tokens, *s_block_hashes, *s_request_id;
+
+/* getattr(request, name) into *out: 1 read, 0 an AttributeError (cleared:
+ * the Python step's `except AttributeError` answers it), -1 another error. */
+static int
+read_attr(PyObject *request, PyObject *name, PyObject **out)
+{
+    *out = PyObject_GetAttr(request, name);
+    if (*out != NULL) {
+        return 1;
+    }
+    if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+PyDoc_STRVAR(decode_step_doc,
+"decode_step(context, request, num_new_tokens, delay_cache_blocks, /)\n\n"
+"decode_path.probed_decode_step's step (context[0]), its no-op case run in\n"
+"C (D-PERF-50): the same reads of the request in the same order, the same\n"
+"checks and noop()'s verdict; True gives the shared empty result (context's\n"
+"last item). Anything else (a verdict other than True, a check the step\n"
+"would fail, an attribute missing, a value of another type) goes to the\n"
+"Python step, which reads and decides again; nothing has changed by then.\n"
+"An error other than a missing attribute propagates, as from the step.");
+
+static PyObject *
+decode_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != STEP_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "decode_step: the context tuple of probed_decode_step comes first");
+        return NULL;
+    }
+    PyObject *ctx = args[0];
+    if (nargs != 4 || (args[3] != Py_True && args[3] != Py_False) || !PyLong_CheckExact(args[2])) {
+        goto python_step;
+    }
+    PyObject *request = args[1];
+    PyObject *computed_obj = NULL, *tokens_obj = NULL, *hashes = NULL, *request_id = NULL, *verdict = NULL;
+    int caches = PyTuple_GET_ITEM(ctx, STEP_CACHING) == Py_True && args[3] == Py_False;
+    int handled = 0, read;
+    /* The step's reads, in its order: num_computed_tokens, then num_tokens
+     * where it caches or the class is not counted. */
+    if ((read = read_attr(request, s_num_computed_tokens, &computed_obj)) <= 0) {
+        goto out;
+    }
+    int counted = PySet_Contains(PyTuple_GET_ITEM(ctx, STEP_COUNTED), (PyObject *)Py_TYPE(request));
+    if (counted < 0) {
+        read = -1;
+        goto out;
+    }
+    long long num_tokens = 1;
+    int ok = 1;
+    if (caches || !counted) {
+        if ((read = read_attr(request, s_num_tokens, &tokens_obj)) <= 0) {
+            goto out;
+        }
+        num_tokens = int_value(tokens_obj, &ok);
+    }
+    long long num_computed = int_value(computed_obj, &ok);
+    long long num_new = int_value(args[2], &ok);
+    long long max_model_len = int_value(PyTuple_GET_ITEM(ctx, STEP_MAX_MODEL_LEN), &ok);
+    long long hash_block_size = int_value(PyTuple_GET_ITEM(ctx, STEP_HASH_BLOCK_SIZE), &ok);
+    /* Counts far from overflow only; anything else is the Python step's. */
+    const long long big = 1LL << 50;
+    if (!ok || num_tokens < 1 || num_computed < 0 || num_computed > big || num_new > big || num_new < 1
+            || hash_block_size <= 0) {
+        goto out;
+    }
+    long long total = num_computed + num_new;
+    if (total > max_model_len) {
+        goto out;
+    }
+    long long cache_tokens = -1;
+    if (caches) {
+        cache_tokens = total < num_tokens ? total : num_tokens;
+    }
+    /* len(request.block_hashes), then request.request_id, as the step reads them. */
+    if ((read = read_attr(request, s_block_hashes, &hashes)) <= 0) {
+        goto out;
+    }
+    if (!PyList_CheckExact(hashes) && !PyTuple_CheckExact(hashes)) {
+        goto out;  /* len() of another type may run Python code: the step's */
+    }
+    if (floor_div(cache_tokens, hash_block_size) > PySequence_Fast_GET_SIZE(hashes)) {
+        goto out;
+    }
+    if ((read = read_attr(request, s_request_id, &request_id)) <= 0) {
+        goto out;
+    }
+    if (!PyUnicode_CheckExact(request_id)) {
+        goto out;
+    }
+    PyObject *total_obj = PyLong_FromLongLong(total);
+    PyObject *cache_obj = total_obj == NULL ? NULL : PyLong_FromLongLong(cache_tokens);
+    if (cache_obj == NULL) {
+        Py_XDECREF(total_obj);
+        read = -1;
+        goto out;
+    }
+    PyObject *noop_args[5] = {PyTuple_GET_ITEM(ctx, STEP_RULES), request_id, computed_obj, total_obj, cache_obj};
+    verdict = noop(self, noop_args, 5);
+    Py_DECREF(total_obj);
+    Py_DECREF(cache_obj);
+    if (verdict == NULL) {
+        read = -1;
+        goto out;
+    }
+    handled = verdict == Py_True;
+out:
+    Py_XDECREF(computed_obj);
+    Py_XDECREF(tokens_obj);
+    Py_XDECREF(hashes);
+    Py_XDECREF(request_id);
+    Py_XDECREF(verdict);
+    if (read < 0) {
+        return NULL;
+    }
+    if (handled) {
+        return Py_NewRef(PyTuple_GET_ITEM(ctx, STEP_EMPTY));
+    }
+python_step:
+    return PyObject_Vectorcall(PyTuple_GET_ITEM(ctx, STEP_PYTHON), args + 1, nargs - 1, NULL);
+}
+
 static PyMethodDef decode_methods[] = {
     {"noop", (PyCFunction)(void (*)(void))noop, METH_FASTCALL, noop_doc},
+    {"decode_step", (PyCFunction)(void (*)(void))decode_step, METH_FASTCALL, decode_step_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -191,5 +323,14 @@ static struct PyModuleDef decode_module = {
 PyMODINIT_FUNC
 PyInit__decode(void)
 {
+    struct { PyObject **slot; const char *name; } names[] = {
+        {&s_num_computed_tokens, "num_computed_tokens"}, {&s_num_tokens, "num_tokens"},
+        {&s_block_hashes, "block_hashes"}, {&s_request_id, "request_id"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL) {
+            return NULL;
+        }
+    }
     return PyModule_Create(&decode_module);
 }

@@ -19,7 +19,8 @@ change.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, cast
 
 from pagedkv.spec.request import RequestFacts, RequestView
 
@@ -269,6 +270,11 @@ def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...]
         # known in every group) or the general path.
         return general if fill is None else fill(request, num_new_tokens, delay_cache_blocks)
 
-    return step
+    if DECODE is None or rules is None:
+        return step
+    # The no-op case in C, everything else handed to step (D-PERF-50); the
+    # context's order is _decode.c's STEP_ enumeration.
+    context = (step, rules, counted, max_model_len, bool(caching), hash_block_size, empty)
+    return cast("DecodeStep", partial(DECODE.decode_step, context))
 
 # ------------------------------------------------------------- the steps

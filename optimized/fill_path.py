@@ -35,7 +35,7 @@ general path would refuse goes back to it before any change
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.spec.request import RequestFacts, RequestView
 
@@ -106,12 +106,21 @@ def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
     hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
     capture = RequestFacts.capture
     capturers = self.fact_capturers  # the dict itself: an adapter may register later
+    counted = self.counted_request_types  # the set itself, likewise
     coordinator = self
 
     def fill(request: RequestView, num_new_tokens: int, delay_cache_blocks: bool) -> KVCacheBlocks | None:
         # The general path's first act: every read of the engine's object
-        # (for an adapter's request class, the snapshot its general path takes).
-        facts = capturers.get(request.__class__, capture)(request)
+        # (for an adapter's request class, the snapshot its general path
+        # takes). pagedkv's own request classes with events off need none, by
+        # D-PERF-43's argument: no engine code behind their attributes, and
+        # nothing reads past what they hold (D-PERF-50).
+        kind = request.__class__
+        facts: Any
+        if kind in counted and kind not in capturers and not pool.enable_kv_cache_events:
+            facts = request
+        else:
+            facts = capturers.get(kind, capture)(request)
         request_id = facts.request_id
         num_computed = facts.num_computed_tokens
         num_tokens = facts.num_tokens

@@ -4,12 +4,15 @@ Three modules, compiled when the package is installed and a C compiler is
 present (``setup.py``):
 
 - ``optimized/_native.c``: the block pool's per-block loops in
-  :mod:`.block_pool` and :mod:`.pool_caching` (D-PERF-26);
+  :mod:`.block_pool` and :mod:`.pool_caching` (D-PERF-26), and, for one
+  full-attention group, the admission step, the lookup and the release
+  around them (:mod:`.admit_path`, D-PERF-49);
 - ``optimized/_tokens.c``: checking and packing a request's token ids
   (``spec.request.pack_token_ids``) and hashing a prompt's blocks with
   sha256 (:mod:`.hasher`, D-PERF-35);
 - ``optimized/_decode.c``: the several-group decode step's no-op test
-  (:func:`.decode.is_noop_decode`, D-PERF-39).
+  (:func:`.decode.is_noop_decode`, D-PERF-39), and that step's no-op case
+  around it (:mod:`.decode_path`, D-PERF-50).
 
 Without a compiler the package still installs and runs the Python code,
 which stays the definition: each C function does what its Python
@@ -89,6 +92,9 @@ class NativeDecode(Protocol):
 
     def noop(self, rules: tuple[tuple[Any, ...], ...], request_id: str, num_computed: int, total: int,
              cache_tokens: int, /) -> bool | None: ...
+
+    def decode_step(self, context: tuple[Any, ...], request: Any, num_new_tokens: int,
+                    delay_cache_blocks: bool, /) -> Any: ...
 
 
 def _load(name: str) -> Any:

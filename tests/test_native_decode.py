@@ -12,12 +12,14 @@ with the reason, in a build without a C compiler.
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import Any
 
 import pytest
 
 from pagedkv.optimized import KVCacheManager
 from pagedkv.optimized.decode import decode_probes, is_noop_decode, native_rules
+from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.native import DECODE
 from pagedkv.spec import KVCacheConfig, KVCacheGroupSpec
 from tests.test_fill_path import _spec
@@ -86,3 +88,68 @@ def test_native_noop_refuses_what_it_does_not_cover() -> None:
     ]
     for args in odd:
         assert DECODE.noop(*args) is None, args
+
+
+def _odd_request(request: Any, drop: str) -> Any:
+    """A stand-in of ``request`` without attribute ``drop`` (an engine's
+    object short of one): the step's AttributeError rules decide."""
+    names = ("request_id", "num_computed_tokens", "num_tokens", "block_hashes", "all_token_ids")
+    return type("Odd", (), {name: getattr(request, name) for name in names if name != drop})()
+
+
+@needs_decode
+@pytest.mark.parametrize("kinds", KINDS, ids=" ".join)
+@pytest.mark.parametrize("caching", [True, False])
+def test_c_decode_step_is_the_python_step(kinds: tuple[str, ...], caching: bool) -> None:
+    """The probed step in C (D-PERF-50) against the Python step it stands in
+    for: twin managers, the same decode steps, the same answers (the shared
+    empty result, blocks, the general path, or the same error) and states."""
+    rng = random.Random(repr((kinds, caching, "step")))
+    config = KVCacheConfig(60, (), tuple(KVCacheGroupSpec((f"layer.{i}",), _spec(kind, 4, 6, 8))
+                                         for i, kind in enumerate(kinds)))
+    # max_model_len 46 (not a whole number of blocks): the script's requests reach it (past it:
+    # the general path), and a step past it may still fit the last block.
+    twins = [KVCacheManager(config, 46, enable_caching=caching) for _ in range(2)]
+    c_step, installed = (manager.coordinator.decode_step for manager in twins)
+    assert isinstance(c_step, partial) and isinstance(installed, partial), "a native build installs the C step"
+    python_step = installed.args[0][0]  # the second twin's own Python step
+    twins[1].coordinator.decode_step = python_step
+    steps = [c_step, python_step]
+    pairs = []
+    for index in range(3):
+        prompt = [rng.randrange(5) for _ in range(rng.randrange(1, 12))]
+        pair = [manager.make_request(f"r{index}", prompt) for manager in twins]
+        for manager, request in zip(twins, pair):
+            assert manager.allocate_slots(request, request.num_tokens) is not None
+            request.num_computed_tokens = request.num_tokens
+        pairs.append(pair)
+    empty_answers = 0
+    for number in range(200):
+        pair = rng.choice(pairs)
+        count = rng.choice([1, 1, 1, 2, 3])
+        delay = rng.random() < 0.2
+        odd = rng.random() < 0.1
+        drop = rng.choice(["request_id", "num_computed_tokens", "num_tokens", "block_hashes"])
+        answers: list[Any] = []
+        for manager, step, request in zip(twins, steps, pair):
+            subject = _odd_request(request, drop) if odd else request
+            try:
+                result = step(subject, count, delay)
+            except AttributeError as error:
+                answers.append(("raised", str(error)))
+                continue
+            if result is manager.coordinator.empty_blocks:
+                answers.append("empty")
+            elif result is TAKE_GENERAL_PATH or result is None:
+                answers.append(result)
+            else:
+                answers.append(("blocks", result.get_block_ids()))
+        assert answers[0] == answers[1], (number, answers)
+        empty_answers += answers[0] == "empty"
+        assert twins[0].snapshot() == twins[1].snapshot(), number
+        if answers[0] not in (None, TAKE_GENERAL_PATH) and not odd and answers[0][0] != "raised":
+            tokens = [rng.randrange(5) for _ in range(count)]
+            for request in pair:  # the step's tokens are computed; more to come
+                request.num_computed_tokens += count
+                request.append_output_token_ids(tokens)
+    assert empty_answers >= 20, empty_answers  # the C no-op branch ran
