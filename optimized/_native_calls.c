@@ -38,6 +38,18 @@ pk_calls_init(void)
     return 0;
 }
 
+/* args[0] when the call is (context, one argument) with a context tuple of
+ * `size` items, else NULL with a TypeError naming the call's `usage`. */
+static PyObject *
+context_of(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t size, const char *usage)
+{
+    if (nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != size) {
+        PyErr_Format(PyExc_TypeError, "%s: the context tuple its builder makes, then one argument", usage);
+        return NULL;
+    }
+    return args[0];
+}
+
 /* The lookup's context, as KVCacheManager builds it. */
 enum { LOOK_TABLE, LOOK_BLOCK_SIZE, LOOK_POOL, LOOK_BLOCKS_TYPE, LOOK_HASHES, LOOK_SIZE };
 
@@ -54,11 +66,11 @@ const char lookup_doc[] =
 PyObject *
 pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != LOOK_SIZE) {
-        PyErr_SetString(PyExc_TypeError, "lookup: (context, request)");
+    PyObject *ctx = context_of(args, nargs, LOOK_SIZE, "lookup(context, request)");
+    if (ctx == NULL) {
         return NULL;
     }
-    PyObject *ctx = args[0], *request = args[1];
+    PyObject *request = args[1];
     /* The method's order: block_hashes, then num_tokens. */
     PyObject *hashes = PyObject_GetAttr(request, s_block_hashes);
     if (hashes == NULL) {
@@ -119,11 +131,11 @@ const char release_request_doc[] =
 PyObject *
 pk_release_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != REL_SIZE) {
-        PyErr_SetString(PyExc_TypeError, "release_request: (context, request_id)");
+    PyObject *ctx = context_of(args, nargs, REL_SIZE, "release_request(context, request_id)");
+    if (ctx == NULL) {
         return NULL;
     }
-    PyObject *ctx = args[0], *request_id = args[1];
+    PyObject *request_id = args[1];
 #define C(i) PyTuple_GET_ITEM(ctx, i)
     PyObject *blocks_of = C(REL_BLOCKS_OF), *cached_of = C(REL_CACHED_OF), *requests = C(REL_REQUESTS);
     /* Exact str keys in exact containers: the probes run no Python code. */
