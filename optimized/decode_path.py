@@ -188,7 +188,9 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
 def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...],
                        fill: DecodeStep | None = None) -> DecodeStep:
     """The decode step for every other covered configuration (a closure,
-    as :func:`single_decode_step`), decided per group by
+    as :func:`single_decode_step`; in a native build the C step
+    ``_decode.decode_step`` bound to it, which answers the no-op case and
+    hands it the rest, D-PERF-50), decided per group by
     :func:`decode.is_noop_decode`: the empty result when no group needs
     a block, fills one or releases one; else ``fill(request,
     num_new_tokens, delay_cache_blocks)`` (``fill_path``, D-PERF-37) when
