@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pagedkv.optimized.tensor.checks import check_int
 from pagedkv.optimized.tensor.memory import KVCacheMemory
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError
 
@@ -40,11 +41,21 @@ def check_block_pairs(pairs: BlockPairs, src_num_blocks: int,
 
     Raises:
         InvalidArgumentError: not ``n`` pairs of ints, the null block as a
-            destination, or a repeated destination.
+            destination, a repeated destination, or a block count that is
+            not an int >= 1.
         UnknownBlockError: a block id out of range.
     """
-    arr = np.asarray(pairs)
-    if arr.size == 0:
+    check_int("src_num_blocks", src_num_blocks, 1)
+    check_int("dst_num_blocks", dst_num_blocks, 1)
+    given: object = pairs
+    if isinstance(given, torch.Tensor):
+        raise InvalidArgumentError(
+            "pairs must be a sequence of (src, dst) int pairs or a numpy array, got a torch.Tensor")
+    try:
+        arr = np.asarray(pairs)
+    except (TypeError, ValueError):  # ragged or not array-like
+        arr = np.asarray(None)
+    if arr.size == 0 and arr.ndim >= 1:
         return np.zeros((0, 2), dtype=np.int64)
     if arr.ndim != 2 or arr.shape[1] != 2 or arr.dtype.kind not in "iu":
         raise InvalidArgumentError(f"pairs must be (src, dst) int pairs, got {pairs!r}")
@@ -60,13 +71,13 @@ def check_block_pairs(pairs: BlockPairs, src_num_blocks: int,
     if bad.any():
         i = int(np.argmax(bad))
         if bad_src[i]:
-            raise UnknownBlockError(f"pair {i}: source block {src[i]} outside [0, {src_num_blocks})")
+            raise UnknownBlockError(f"pairs[{i}]: source block {src[i]} outside [0, {src_num_blocks})")
         if bad_dst[i]:
             raise UnknownBlockError(
-                f"pair {i}: destination block {dst[i]} outside [0, {dst_num_blocks})")
+                f"pairs[{i}]: destination block {dst[i]} outside [0, {dst_num_blocks})")
         if null_dst[i]:
-            raise InvalidArgumentError(f"pair {i}: the null block 0 cannot be a destination")
-        raise InvalidArgumentError(f"pair {i}: destination block {dst[i]} appears twice")
+            raise InvalidArgumentError(f"pairs[{i}]: the null block 0 cannot be a destination")
+        raise InvalidArgumentError(f"pairs[{i}]: destination block {dst[i]} appears twice")
     return arr
 
 
@@ -90,9 +101,11 @@ def copy_blocks(cache: KVCacheMemory, pairs: BlockPairs, group_id: int | None = 
     small host-to-device copy of the indices.
 
     Raises:
-        InvalidArgumentError: see :func:`check_block_pairs`, or a bad group id.
+        InvalidArgumentError: see :func:`check_block_pairs`, ``cache`` is not
+            a ``KVCacheMemory``, or a bad group id.
         UnknownBlockError: see :func:`check_block_pairs`.
     """
+    _check_cache("cache", cache)
     arr = check_block_pairs(pairs, cache.num_blocks, cache.num_blocks)
     if group_id is None:
         wanted = set(range(len(cache.tensors)))
@@ -100,7 +113,7 @@ def copy_blocks(cache: KVCacheMemory, pairs: BlockPairs, group_id: int | None = 
         wanted = set(cache.group_tensors[group_id])
     else:
         raise InvalidArgumentError(
-            f"group_id {group_id!r} outside [0, {len(cache.group_tensors)})")
+            f"group_id {group_id!r} outside [0, {len(cache.group_tensors)}) (or None)")
     if len(arr) == 0:
         return
     index = torch.from_numpy(arr.T.copy()).to(cache.device)
@@ -127,14 +140,21 @@ def copy_blocks(cache: KVCacheMemory, pairs: BlockPairs, group_id: int | None = 
                 arena.pages[r].index_copy_(0, dst, arena.pages[r].index_select(0, src))
 
 
+def _check_cache(name: str, cache: object) -> None:
+    if not isinstance(cache, KVCacheMemory):
+        raise InvalidArgumentError(f"{name} must be a KVCacheMemory, got {type(cache).__name__}")
+
+
 def _check_compatible(a: KVCacheMemory, b: KVCacheMemory) -> None:
     if a.config.kv_cache_groups != b.config.kv_cache_groups or [
             t.shared_by for t in a.config.kv_cache_tensors] != [
             t.shared_by for t in b.config.kv_cache_tensors]:
-        raise InvalidArgumentError("the two caches do not hold the same layers and specs")
+        raise InvalidArgumentError(
+            "src_cache and dst_cache do not hold the same layers and specs")
     if [(x.page_bytes, x.tensor_indices) for x in a.arenas] != [
             (x.page_bytes, x.tensor_indices) for x in b.arenas]:
-        raise InvalidArgumentError("the two caches do not group their tensors the same way")
+        raise InvalidArgumentError(
+            "src_cache and dst_cache do not group their tensors the same way")
 
 
 def swap_blocks(src_cache: KVCacheMemory, dst_cache: KVCacheMemory, pairs: BlockPairs) -> None:
@@ -150,10 +170,12 @@ def swap_blocks(src_cache: KVCacheMemory, dst_cache: KVCacheMemory, pairs: Block
     cache holds the data.
 
     Raises:
-        InvalidArgumentError: see :func:`check_block_pairs`, or the caches
-            differ in layers or layout.
+        InvalidArgumentError: see :func:`check_block_pairs`, a cache is not a
+            ``KVCacheMemory``, or the caches differ in layers or layout.
         UnknownBlockError: see :func:`check_block_pairs`.
     """
+    _check_cache("src_cache", src_cache)
+    _check_cache("dst_cache", dst_cache)
     _check_compatible(src_cache, dst_cache)
     arr = check_block_pairs(pairs, src_cache.num_blocks, dst_cache.num_blocks)
     if len(arr) == 0:

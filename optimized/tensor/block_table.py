@@ -27,10 +27,16 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pagedkv.optimized.tensor.checks import check_device, check_pin_memory, host_ints
 from pagedkv.optimized.tensor.slot_mapping import (
     NULL_BLOCK_ID,
-    slot_mapping_flat,
-    slot_mapping_padded,
+    PAD_SLOT_ID,
+    check_num_padded,
+    check_out,
+    check_token_tensors,
+    check_token_values,
+    slot_mapping_kernel,
+    token_stats,
 )
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError
 
@@ -54,9 +60,17 @@ class BlockTables:
         Cost: O(max_num_reqs * sum(max_blocks_per_req)) memory, host and device.
 
         Raises:
-            InvalidArgumentError: sizes are not positive ints or the group
-                lists differ in length.
+            InvalidArgumentError: sizes are not positive ints, the group
+                lists are not lists or differ in length, ``device`` is not a
+                device present here, ``pin_memory`` is not a bool or is
+                ``True`` without CUDA.
         """
+        given: tuple[tuple[str, object], ...] = (("block_sizes", block_sizes),
+                                                 ("max_blocks_per_req", max_blocks_per_req))
+        for name, sizes in given:
+            if not isinstance(sizes, Sequence) or isinstance(sizes, str):
+                raise InvalidArgumentError(f"{name} must be a sequence of ints (one per group), "
+                                           f"got {sizes!r}")
         if not block_sizes or len(block_sizes) != len(max_blocks_per_req):
             raise InvalidArgumentError(
                 f"need one block size and one max_blocks_per_req per group, got "
@@ -66,7 +80,9 @@ class BlockTables:
                             *[("max_blocks_per_req", m) for m in max_blocks_per_req]]:
             if type(value) is not int or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
-        self.device = torch.device(device)
+        self.device = check_device("device", device)
+        pin_memory = (self.device.type == "cuda" if pin_memory is None
+                      else check_pin_memory("pin_memory", pin_memory))
         self.block_sizes = tuple(block_sizes)
         self.max_num_reqs = max_num_reqs
         self.max_blocks_per_req = tuple(max_blocks_per_req)
@@ -75,8 +91,14 @@ class BlockTables:
         offsets = np.concatenate([[0], np.cumsum(self.max_blocks_per_req)])
         self._offsets: tuple[int, ...] = tuple(int(o) for o in offsets)
         self.width = self._offsets[-1]
-        if pin_memory is None:
-            pin_memory = self.device.type == "cuda"
+        # A position must stay within every group's columns: below the
+        # narrowest width_g * block_size_g (the slot mapping's one bound).
+        narrowest = min(range(self.num_groups),
+                        key=lambda g: self.max_blocks_per_req[g] * self.block_sizes[g])
+        self._position_limit = self.max_blocks_per_req[narrowest] * self.block_sizes[narrowest]
+        self._limit_reason = (f"group {narrowest}: max_blocks_per_req "
+                              f"{self.max_blocks_per_req[narrowest]} * block size "
+                              f"{self.block_sizes[narrowest]}")
         self._host = torch.zeros((max_num_reqs, self.width), dtype=torch.int32,
                                  pin_memory=pin_memory)
         self._host_np: npt.NDArray[np.int32] = self._host.numpy()
@@ -101,23 +123,40 @@ class BlockTables:
 
         A view of the shared matrix (row stride ``self.width``); it reflects
         the updates of the last :meth:`commit`. Cost: O(1).
+
+        Raises:
+            InvalidArgumentError: ``group_id`` is not a group.
         """
-        start, stop = self._offsets[group_id], self._offsets[group_id + 1]
+        g = self._group(group_id)
+        start, stop = self._offsets[g], self._offsets[g + 1]
         return self._device_table[:, start:stop]
 
     def host_table(self, group_id: int) -> npt.NDArray[np.int32]:
         """The host (staging) table of ``group_id``, as a numpy view: what the
-        device table will hold after the next :meth:`commit`. Cost: O(1)."""
-        start, stop = self._offsets[group_id], self._offsets[group_id + 1]
+        device table will hold after the next :meth:`commit`. Cost: O(1).
+
+        Raises:
+            InvalidArgumentError: ``group_id`` is not a group.
+        """
+        g = self._group(group_id)
+        start, stop = self._offsets[g], self._offsets[g + 1]
         return self._host_np[:, start:stop]
 
     def is_occupied(self, row: int) -> bool:
-        """Whether ``row`` holds a request. Cost: O(1)."""
+        """Whether ``row`` holds a request. Cost: O(1).
+
+        Raises:
+            InvalidArgumentError: ``row`` is out of range.
+        """
         return bool(self._occupied[self._row(row)])
 
     def num_blocks_in_row(self, row: int, group_id: int) -> int:
-        """How many blocks of ``group_id`` the request in ``row`` has. Cost: O(1)."""
-        return int(self._lengths[group_id, self._row(row)])
+        """How many blocks of ``group_id`` the request in ``row`` has. Cost: O(1).
+
+        Raises:
+            InvalidArgumentError: ``row`` or ``group_id`` is out of range.
+        """
+        return int(self._lengths[self._group(group_id), self._row(row)])
 
     @property
     def num_occupied(self) -> int:
@@ -177,12 +216,11 @@ class BlockTables:
         r = self._row(row)
         if not self._occupied[r]:
             raise InvalidArgumentError(f"row {r} is free")
-        if type(group_id) is not int or not 0 <= group_id < self.num_groups:
-            raise InvalidArgumentError(f"group_id {group_id!r} outside [0, {self.num_groups})")
+        self._group(group_id)
         length = int(self._lengths[group_id, r])
         if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= length:
             raise InvalidArgumentError(
-                f"range [{start!r}, {stop!r}) outside the row's {length} blocks")
+                f"start, stop [{start!r}, {stop!r}) must be ints within the row's {length} blocks")
         self._before_write(r)
         base = self._offsets[group_id]
         self._host_np[r, base + start:base + stop] = NULL_BLOCK_ID
@@ -280,13 +318,29 @@ class BlockTables:
     def slot_mapping(self, token_rows: torch.Tensor, positions: torch.Tensor,
                      out: torch.Tensor | None = None) -> torch.Tensor:
         """Flat slots ``[num_groups, num_tokens]`` (int64) for tokens at
-        ``positions`` of the requests in ``token_rows``, read from the device
-        tables (commit first). See :func:`slot_mapping_flat`.
+        ``positions`` of the requests in ``token_rows`` (1-D integer tensors
+        on the table's device), read from the device tables (commit first).
+        See :func:`slot_mapping_flat`; with ``out`` (int64 ``[num_groups, >=
+        num_tokens]``) the slots are written into ``out[:, :num_tokens]``.
 
-        Cost: a fixed handful of device ops, independent of the batch size.
+        Cost: a fixed handful of device ops, independent of the batch size,
+        plus the checks' one read of four values (min and max of the rows
+        and positions).
+
+        Raises:
+            InvalidArgumentError: a tensor of the wrong type, dtype, shape or
+                device; a row outside ``[0, max_num_reqs)``; a position
+                negative or at least ``max_blocks_per_req[g] * block_sizes[g]``
+                in some group (it would read another group's or row's
+                entries). A free row, or a position past the row's blocks,
+                reads the null block (see :meth:`check_batch`).
         """
-        return slot_mapping_flat(self._device_table, self._offsets_dev, self._block_sizes_dev,
-                                 token_rows, positions, out=out)
+        rows, pos = self._check_tokens(token_rows, positions)
+        checked_out = None if out is None else check_out(
+            out, self.num_groups, pos.shape[0], self._device_table.device)
+        self._check_token_values(rows, pos)
+        return slot_mapping_kernel(self._device_table, self._offsets_dev, self._block_sizes_dev,
+                                   rows, pos, checked_out)
 
     def slot_mapping_padded(self, token_rows: torch.Tensor, positions: torch.Tensor,
                             out: torch.Tensor, num_padded: int) -> torch.Tensor:
@@ -296,30 +350,50 @@ class BlockTables:
         :func:`slot_mapping_padded`.
 
         Raises:
-            InvalidArgumentError: ``num_padded`` below the number of tokens or
-                above the width of ``out``.
+            InvalidArgumentError: see :meth:`slot_mapping`; ``num_padded`` not
+                an int, below the number of tokens or above the width of ``out``.
         """
-        return slot_mapping_padded(self._device_table, self._offsets_dev, self._block_sizes_dev,
-                                   token_rows, positions, out, num_padded)
+        rows, pos = self._check_tokens(token_rows, positions)
+        checked_out = check_out(out, self.num_groups, pos.shape[0], self._device_table.device)
+        num_tokens = pos.shape[0]
+        check_num_padded(num_padded, num_tokens, checked_out)
+        self._check_token_values(rows, pos)
+        slot_mapping_kernel(self._device_table, self._offsets_dev, self._block_sizes_dev,
+                            rows, pos, checked_out)
+        checked_out[:, num_tokens:num_padded].fill_(PAD_SLOT_ID)
+        return checked_out[:, :num_padded]
 
     def check_batch(self, token_rows: Sequence[int], positions: Sequence[int]) -> None:
         """Raise unless every token falls within its row's blocks in every group
         (a host-side check for debugging and tests; the hot path does none).
 
         Raises:
-            InvalidArgumentError: a row is free or a position past its blocks.
+            InvalidArgumentError: not lists (or arrays, or tensors) of ints
+                of one length, a row out of range or free, or a position
+                negative or past its row's blocks.
         """
-        rows = np.asarray(token_rows, dtype=np.int64)
-        pos = np.asarray(positions, dtype=np.int64)
+        rows = _host_ints_array("token_rows", token_rows)
+        pos = _host_ints_array("positions", positions)
         if rows.shape != pos.shape:
-            raise InvalidArgumentError("token_rows and positions differ in length")
+            raise InvalidArgumentError(
+                f"positions has {pos.size} entries, token_rows has {rows.size}; expected equal lengths")
         if rows.size == 0:
             return
         if rows.min() < 0 or rows.max() >= self.max_num_reqs or not self._occupied[rows].all():
-            raise InvalidArgumentError("a token's row is out of range or free")
+            i = int(np.argmax((rows < 0) | (rows >= self.max_num_reqs)
+                              | ~self._occupied[np.clip(rows, 0, self.max_num_reqs - 1)]))
+            raise InvalidArgumentError(
+                f"token_rows[{i}] is {rows[i]}: out of range [0, {self.max_num_reqs}) or free")
+        if pos.min() < 0:
+            i = int(np.argmax(pos < 0))
+            raise InvalidArgumentError(f"positions[{i}] is {pos[i]}, expected >= 0")
         for g, bs in enumerate(self.block_sizes):
-            if pos.min() < 0 or (pos // bs >= self._lengths[g, rows]).any():
-                raise InvalidArgumentError(f"group {g}: a position is past its row's blocks")
+            past = pos // bs >= self._lengths[g, rows]
+            if past.any():
+                i = int(np.argmax(past))
+                raise InvalidArgumentError(
+                    f"positions[{i}] is {pos[i]}, past the {self._lengths[g, rows[i]]} blocks of "
+                    f"row {rows[i]} in group {g}")
 
     def check_invariants(self) -> None:
         """Assert the table invariants: free rows are all null, every entry past
@@ -334,6 +408,21 @@ class BlockTables:
 
     # -- helpers -------------------------------------------------------------------
 
+    def _group(self, group_id: object) -> int:
+        if type(group_id) is not int or not 0 <= group_id < self.num_groups:
+            raise InvalidArgumentError(f"group_id {group_id!r} outside [0, {self.num_groups})")
+        return group_id
+
+    def _check_tokens(self, token_rows: object, positions: object
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        return check_token_tensors(token_rows, positions, self._device_table.device)
+
+    def _check_token_values(self, rows: torch.Tensor, pos: torch.Tensor) -> None:
+        values = host_ints(token_stats(rows, pos))
+        if values is not None:
+            check_token_values(values, rows, pos, self.max_num_reqs, self._position_limit,
+                               self._limit_reason)
+
     def _row(self, row: object) -> int:
         if type(row) is not int or not 0 <= row < self.max_num_reqs:
             raise InvalidArgumentError(f"row {row!r} outside [0, {self.max_num_reqs})")
@@ -341,23 +430,32 @@ class BlockTables:
 
     def _checked_ids(self, row: int, block_ids: Sequence[Sequence[int]],
                      append: bool) -> list[npt.NDArray[np.int64]]:
+        given: object = block_ids
+        if not isinstance(given, Sequence) or isinstance(given, str):
+            raise InvalidArgumentError(
+                f"block_ids must be one list of ints per group, got {block_ids!r}")
         if len(block_ids) != self.num_groups:
             raise InvalidArgumentError(
                 f"block_ids must have one list per group ({self.num_groups}), got {len(block_ids)}")
         arrays: list[npt.NDArray[np.int64]] = []
         for g, ids in enumerate(block_ids):
-            arr = np.asarray(ids)
-            if arr.size == 0:
+            try:
+                arr = np.asarray(ids)
+            except (TypeError, ValueError):  # ragged or not array-like
+                arr = np.asarray(None)
+            if arr.size == 0 and arr.ndim == 1:
                 arr = np.zeros(0, dtype=np.int64)
             elif arr.ndim != 1 or arr.dtype.kind not in "iu":
-                raise InvalidArgumentError(f"group {g}: block ids must be a list of ints, got {ids!r}")
+                raise InvalidArgumentError(
+                    f"block_ids[{g}] must be a list of ints, got {ids!r}")
             elif arr.min() < 0 or arr.max() >= self.num_blocks:
                 bad = arr[(arr < 0) | (arr >= self.num_blocks)][0]
-                raise UnknownBlockError(f"group {g}: block id {bad} outside [0, {self.num_blocks})")
+                raise UnknownBlockError(
+                    f"block_ids[{g}]: block id {bad} outside [0, {self.num_blocks})")
             total = (int(self._lengths[g, row]) if append else 0) + arr.size
             if total > self.max_blocks_per_req[g]:
                 raise InvalidArgumentError(
-                    f"group {g}: {total} blocks exceed max_blocks_per_req "
+                    f"block_ids[{g}]: {total} blocks exceed max_blocks_per_req[{g}] "
                     f"{self.max_blocks_per_req[g]}")
             arrays.append(arr.astype(np.int64, copy=False))
         return arrays
@@ -381,3 +479,18 @@ class BlockTables:
             self._transfer_done.synchronize()
             self._transfer_done = None
         self._dirty_rows = max(self._dirty_rows, row + 1)
+
+
+def _host_ints_array(name: str, values: object) -> npt.NDArray[np.int64]:
+    """``values`` (a sequence, array or tensor of ints) as a 1-D int64 array."""
+    if isinstance(values, torch.Tensor):
+        values = values.cpu().numpy()
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError):  # ragged or not array-like
+        arr = np.asarray(None)
+    if arr.size == 0 and arr.ndim == 1:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{name} must be a 1-D list of ints, got {values!r}")
+    return arr.astype(np.int64, copy=False)

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from pagedkv.optimized.tensor.block_ops import swap_blocks
+from pagedkv.optimized.tensor.block_ops import check_block_pairs, swap_blocks
+from pagedkv.optimized.tensor.checks import check_int
 from pagedkv.optimized.tensor.memory import KVCacheMemory
 from pagedkv.spec.config import KVCacheConfig, KVCacheTensor
 from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
@@ -36,6 +37,8 @@ def can_pin_host_memory() -> bool:
 
 def _resolve_pin(pin_memory: bool | None) -> bool:
     # None: pin where it helps; True on a CPU-only machine: skip cleanly.
+    if pin_memory is not None and not isinstance(pin_memory, bool):
+        raise InvalidArgumentError(f"pin_memory must be a bool or None, got {pin_memory!r}")
     return can_pin_host_memory() if pin_memory is None else pin_memory and can_pin_host_memory()
 
 
@@ -50,7 +53,11 @@ def host_group_memory(config: KVCacheConfig, host_num_blocks: int,
     Raises:
         InvalidConfigError: ``config`` has no host-resident group, or
             ``host_num_blocks`` is below 2 (block 0 is the null block).
+        InvalidArgumentError: ``config`` is not a ``KVCacheConfig``, or
+            ``pin_memory`` is not a bool or ``None``.
     """
+    if not isinstance(config, KVCacheConfig):
+        raise InvalidArgumentError(f"config must be a KVCacheConfig, got {type(config).__name__}")
     if type(host_num_blocks) is not int or host_num_blocks < 2:
         raise InvalidConfigError(f"host_num_blocks must be an int >= 2, got {host_num_blocks!r}")
     groups = tuple(group for group in config.kv_cache_groups if group.host_resident)
@@ -73,6 +80,17 @@ class HostTierMemory:
 
     def __init__(self, device_cache: KVCacheMemory, host_num_blocks: int,
                  pin_memory: bool | None = None) -> None:
+        """Allocate the host mirror of ``device_cache`` with ``host_num_blocks``
+        blocks, pinned where CUDA is present (``pin_memory=None``).
+
+        Raises:
+            InvalidArgumentError: ``device_cache`` is not a ``KVCacheMemory``,
+                or ``pin_memory`` is not a bool or ``None``.
+            InvalidConfigError: ``host_num_blocks`` is not an int >= 2.
+        """
+        if not isinstance(device_cache, KVCacheMemory):
+            raise InvalidArgumentError(
+                f"device_cache must be a KVCacheMemory, got {type(device_cache).__name__}")
         if type(host_num_blocks) is not int or host_num_blocks < 2:
             raise InvalidConfigError(
                 f"host_num_blocks must be an int >= 2, got {host_num_blocks!r}")
@@ -87,13 +105,20 @@ class HostTierMemory:
         ``complete``, so no write-back source is a restore target of the same
         batch. Cost: two batched swaps.
 
+        Every transfer is checked before a page moves.
+
         Raises:
-            InvalidArgumentError: a transfer of an unknown kind, or a block id
-                outside its pool (``swap_blocks``'s checks).
+            InvalidArgumentError: not a ``PageTransfer``, a transfer of an
+                unknown kind, or a block id outside its pool
+                (``swap_blocks``'s checks).
+            UnknownBlockError: see ``check_block_pairs``.
         """
         writebacks: list[tuple[int, int]] = []
         restores: list[tuple[int, int]] = []
-        for transfer in transfers:
+        for i, transfer in enumerate(transfers):
+            if not isinstance(transfer, PageTransfer):
+                raise InvalidArgumentError(
+                    f"transfers[{i}] must be a PageTransfer, got {type(transfer).__name__}")
             if transfer.kind == "writeback":
                 writebacks.append((transfer.device_block, transfer.host_block))
             elif transfer.kind == "restore":
@@ -101,6 +126,10 @@ class HostTierMemory:
             else:
                 raise InvalidArgumentError(f"transfer {transfer.transfer_id} has kind "
                                            f"{transfer.kind!r}, expected writeback or restore")
+        # Both batches are checked before the first moves a byte.
+        device_blocks, host_blocks = self.device_cache.num_blocks, self.host_cache.num_blocks
+        check_block_pairs(writebacks, device_blocks, host_blocks)
+        check_block_pairs(restores, host_blocks, device_blocks)
         swap_blocks(self.device_cache, self.host_cache, writebacks)
         swap_blocks(self.host_cache, self.device_cache, restores)
 
@@ -111,20 +140,34 @@ class HostTierMemory:
         Cost: one slice copy per mirror, view and layer.
 
         Raises:
-            InvalidArgumentError: a mirror leaves its block or either pool.
+            InvalidArgumentError: not a ``RowMirror``, a field not an int, or
+                a mirror leaves its block or either pool; every mirror is
+                checked before a row is copied.
         """
         caches = [(name, layer, self.host_cache.layer(name))
                   for name, layer in self.device_cache.layers.items()]
-        for mirror in mirrors:
-            for name, device_layer, host_layer in caches:
+        mirrors = list(mirrors)  # walked twice: checks, then copies
+        for i, mirror in enumerate(mirrors):
+            if not isinstance(mirror, RowMirror):
+                raise InvalidArgumentError(
+                    f"mirrors[{i}] must be a RowMirror, got {type(mirror).__name__}")
+            check_int(f"mirrors[{i}].device_slot", mirror.device_slot, 0)
+            check_int(f"mirrors[{i}].host_slot", mirror.host_slot, 0)
+            check_int(f"mirrors[{i}].num_rows", mirror.num_rows, 1)
+            for name, device_layer, _ in caches:
                 size = device_layer.spec.block_size
                 device_block, offset = divmod(mirror.device_slot, size)
                 host_block, host_offset = divmod(mirror.host_slot, size)
-                if (offset != host_offset or mirror.num_rows < 1
-                        or offset + mirror.num_rows > size
+                if (offset != host_offset or offset + mirror.num_rows > size
                         or not 0 < device_block < self.device_cache.num_blocks
                         or not 0 < host_block < self.host_cache.num_blocks):
-                    raise InvalidArgumentError(f"mirror {mirror} does not fit layer {name}'s blocks")
+                    raise InvalidArgumentError(
+                        f"mirrors[{i}] {mirror} does not fit layer {name}'s blocks")
+        for mirror in mirrors:
+            for _, device_layer, host_layer in caches:
+                size = device_layer.spec.block_size
+                device_block, offset = divmod(mirror.device_slot, size)
+                host_block = mirror.host_slot // size
                 rows = slice(offset, offset + mirror.num_rows)
                 for view in ("key", "value", "latent"):
                     if view in device_layer.views:

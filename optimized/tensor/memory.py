@@ -37,8 +37,9 @@ from typing import Final
 
 import torch
 
+from pagedkv.optimized.tensor.checks import check_device, check_pin_memory
 from pagedkv.spec.config import KVCacheConfig, KVCacheTensor
-from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.kv_cache_spec import (
     FP8_DS_MLA,
     FP8_DS_MLA_BYTES_PER_TOKEN,
@@ -269,10 +270,16 @@ class KVCacheMemory:
                 no) tensors, two layers of one group share a tensor, a tensor
                 size is not ``num_blocks * page_size_bytes`` of its layers, a
                 spec has no layout, or a given buffer disagrees with the config
-                (count, dtype, shape, size, device, contiguity).
+                (count, type, dtype, shape, size, device, contiguity).
+            InvalidArgumentError: ``config`` is not a ``KVCacheConfig``,
+                ``device`` is not a device present here, ``pin_memory`` is not
+                a bool or is ``True`` without CUDA.
         """
+        if not isinstance(config, KVCacheConfig):
+            raise InvalidArgumentError(f"config must be a KVCacheConfig, got {type(config).__name__}")
         self.config = config
-        self.device = torch.device(device)
+        self.device = check_device("device", device)
+        pin_memory = check_pin_memory("pin_memory", pin_memory)
         self.num_blocks = config.num_blocks
         tensor_of, spec_of = _check_config(config)
         tensors = config.kv_cache_tensors
@@ -314,11 +321,17 @@ class KVCacheMemory:
 
     def _adopt(self, tensors: Sequence[KVCacheTensor],
                buffers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if not isinstance(buffers, Sequence):
+            raise InvalidConfigError(
+                f"buffers must be a sequence of tensors, got {type(buffers).__name__}")
         if len(buffers) != len(tensors):
             raise InvalidConfigError(
                 f"expected {len(tensors)} buffers (one per kv_cache_tensors entry), "
                 f"got {len(buffers)}")
         for t, (tensor, buf) in enumerate(zip(tensors, buffers)):
+            if not isinstance(buf, torch.Tensor):
+                raise InvalidConfigError(
+                    f"buffers[{t}] must be a torch.Tensor, got {type(buf).__name__}")
             if buf.dtype != torch.int8 or buf.dim() != 1 or not buf.is_contiguous():
                 raise InvalidConfigError(
                     f"buffers[{t}] must be a contiguous 1-D int8 tensor, got dtype {buf.dtype}, "
@@ -342,8 +355,14 @@ class KVCacheMemory:
         Cost: O(num_blocks * bytes per block) host memory, zeroed.
 
         Raises:
-            InvalidConfigError: ``num_blocks`` is below 1.
+            InvalidArgumentError: ``other`` is not a ``KVCacheMemory``, or
+                ``pin_memory`` not a bool (or ``None``) or ``True`` without CUDA.
+            InvalidConfigError: ``num_blocks`` is not an int >= 1.
         """
+        if not isinstance(other, KVCacheMemory):
+            raise InvalidArgumentError(f"other must be a KVCacheMemory, got {type(other).__name__}")
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise InvalidConfigError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         config = other.config
         tensors = tuple(KVCacheTensor(t.size // config.num_blocks * num_blocks, t.shared_by)
                         for t in config.kv_cache_tensors)
@@ -353,8 +372,16 @@ class KVCacheMemory:
         return cls(host_config, "cpu", pin_memory=pin_memory)
 
     def layer(self, name: str) -> LayerCache:
-        """The cache of layer ``name``. Raises ``KeyError`` for an unknown layer."""
-        return self.layers[name]
+        """The cache of layer ``name``.
+
+        Raises:
+            InvalidArgumentError: no layer is called ``name``.
+        """
+        found = self.layers.get(name) if isinstance(name, str) else None
+        if found is None:
+            raise InvalidArgumentError(
+                f"name {name!r} is not a layer of this cache; layers: {sorted(self.layers)}")
+        return found
 
     def forward_views(self) -> dict[str, torch.Tensor]:
         """Per layer, the one view an attention backend takes: ``kv`` (or
