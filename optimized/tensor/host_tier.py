@@ -24,7 +24,7 @@ from pagedkv.optimized.tensor.block_ops import check_block_pairs, swap_blocks
 from pagedkv.optimized.tensor.checks import check_int
 from pagedkv.optimized.tensor.memory import KVCacheMemory
 from pagedkv.spec.config import KVCacheConfig, KVCacheTensor
-from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError, UnknownBlockError
 from pagedkv.spec.hisparse import PageTransfer, RowMirror
 
 __all__ = ["HostTierMemory", "can_pin_host_memory", "host_group_memory"]
@@ -109,16 +109,22 @@ class HostTierMemory:
 
         Raises:
             InvalidArgumentError: not a ``PageTransfer``, a transfer of an
-                unknown kind, or a block id outside its pool
-                (``swap_blocks``'s checks).
-            UnknownBlockError: see ``check_block_pairs``.
+                unknown kind, or a null or repeated target block
+                (``check_block_pairs``).
+            UnknownBlockError: a block id outside its pool.
         """
         writebacks: list[tuple[int, int]] = []
         restores: list[tuple[int, int]] = []
+        device_blocks, host_blocks = self.device_cache.num_blocks, self.host_cache.num_blocks
         for i, transfer in enumerate(transfers):
             if not isinstance(transfer, PageTransfer):
                 raise InvalidArgumentError(
                     f"transfers[{i}] must be a PageTransfer, got {type(transfer).__name__}")
+            for field, block, pool in (("device_block", transfer.device_block, device_blocks),
+                                       ("host_block", transfer.host_block, host_blocks)):
+                if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < pool:
+                    raise UnknownBlockError(
+                        f"transfers[{i}].{field} is {block!r}, outside its pool [0, {pool})")
             if transfer.kind == "writeback":
                 writebacks.append((transfer.device_block, transfer.host_block))
             elif transfer.kind == "restore":
@@ -126,8 +132,7 @@ class HostTierMemory:
             else:
                 raise InvalidArgumentError(f"transfer {transfer.transfer_id} has kind "
                                            f"{transfer.kind!r}, expected writeback or restore")
-        # Both batches are checked before the first moves a byte.
-        device_blocks, host_blocks = self.device_cache.num_blocks, self.host_cache.num_blocks
+        # Both batches are checked whole (null or repeated targets) before the first moves a byte.
         check_block_pairs(writebacks, device_blocks, host_blocks)
         check_block_pairs(restores, host_blocks, device_blocks)
         swap_blocks(self.device_cache, self.host_cache, writebacks)
