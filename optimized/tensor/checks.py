@@ -146,10 +146,14 @@ def check_same_length(first: tuple[str, torch.Tensor], *others: tuple[str, torch
 def host_ints(values: Sequence[torch.Tensor]) -> list[int] | None:
     """The 0-d integer tensors ``values`` read on the host in one transfer,
     or ``None`` while the current CUDA stream is being captured (no sync is
-    allowed there). Cost: one stack and one device-to-host copy."""
+    allowed there). Cost: one stack and one device-to-host copy (on the CPU,
+    one item read each)."""
     if not values:
         return []
-    if values[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    device = values[0].device.type
+    if device == "cpu":
+        return [int(v) for v in values]  # no transfer to save: an item read is cheapest
+    if device == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     # stack promotes mixed integer dtypes to a common one.
     return [int(v) for v in torch.stack(list(values)).tolist()]
