@@ -10,6 +10,10 @@ selected by a ``device`` argument:
 - :func:`token_batch`, ``BlockTables.slot_mapping``: where each token's K/V goes;
 - :func:`copy_blocks`, :func:`swap_blocks`: batched block copy and swap.
 
+Every call checks its arguments before it writes a tensor and refuses a bad
+one with a typed error from ``pagedkv.spec.errors`` naming the argument
+(``checks`` module; docs/tensor-path.md, "Errors").
+
 Import it explicitly (``import pagedkv.optimized.tensor``); the rest of
 pagedkv never imports torch. The plain-Python model these are tested against
 is ``pagedkv.reference.tensor_model``; the layouts and an engine-side example
