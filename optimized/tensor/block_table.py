@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pagedkv.optimized.tensor.checks import check_device, check_pin_memory, host_ints
+from pagedkv.optimized.tensor.checks import check_device, check_pin_memory, host_ints, int_array
 from pagedkv.optimized.tensor.slot_mapping import (
     NULL_BLOCK_ID,
     PAD_SLOT_ID,
@@ -372,8 +372,8 @@ class BlockTables:
                 of one length, a row out of range or free, or a position
                 negative or past its row's blocks.
         """
-        rows = _host_ints_array("token_rows", token_rows)
-        pos = _host_ints_array("positions", positions)
+        rows = int_array("token_rows", token_rows)
+        pos = int_array("positions", positions)
         if rows.shape != pos.shape:
             raise InvalidArgumentError(
                 f"positions has {pos.size} entries, token_rows has {rows.size}; expected equal lengths")
@@ -480,17 +480,3 @@ class BlockTables:
             self._transfer_done = None
         self._dirty_rows = max(self._dirty_rows, row + 1)
 
-
-def _host_ints_array(name: str, values: object) -> npt.NDArray[np.int64]:
-    """``values`` (a sequence, array or tensor of ints) as a 1-D int64 array."""
-    if isinstance(values, torch.Tensor):
-        values = values.cpu().numpy()
-    try:
-        arr = np.asarray(values)
-    except (TypeError, ValueError):  # ragged or not array-like
-        arr = np.asarray(None)
-    if arr.size == 0 and arr.ndim == 1:
-        return np.zeros(0, dtype=np.int64)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise InvalidArgumentError(f"{name} must be a 1-D list of ints, got {values!r}")
-    return arr.astype(np.int64, copy=False)

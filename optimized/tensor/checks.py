@@ -24,12 +24,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from pagedkv.spec.errors import InvalidArgumentError
 
 __all__ = ["check_device", "check_int", "check_int_tensor", "check_pin_memory",
-           "check_same_length", "first_index", "host_ints", "same_device"]
+           "check_same_length", "first_index", "host_ints", "int_array", "same_device"]
 
 
 def check_int(name: str, value: object, minimum: int,
@@ -163,3 +164,23 @@ def first_index(bad: torch.Tensor) -> int:
     """The index of the first ``True`` of the 1-D bool tensor ``bad`` (error
     path only: it syncs)."""
     return int(torch.nonzero(bad)[0, 0])
+
+
+def int_array(name: str, values: object) -> npt.NDArray[np.int64]:
+    """``values`` (a sequence, array or tensor of ints) as a 1-D int64 numpy
+    array, for host-side checks.
+
+    Raises:
+        InvalidArgumentError: not a 1-D collection of ints (floats, bools, ragged).
+    """
+    if isinstance(values, torch.Tensor):
+        values = values.cpu().numpy()
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError):  # ragged or not array-like
+        arr = np.asarray(None)
+    if arr.size == 0 and arr.ndim == 1:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{name} must be a 1-D list of ints, got {values!r}")
+    return arr.astype(np.int64, copy=False)
