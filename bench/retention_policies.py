@@ -42,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["Policy", "KeyedPolicy", "VllmLru", "S3Fifo", "Arc", "ChainShape", "key_lru",
-           "key_lru2", "key_lfu", "key_gdsf", "key_min"]
+           "key_lru2", "key_lfu", "key_lru_freq", "key_gdsf", "key_min"]
 
 # A block's key in a KeyedPolicy: (priority, primary, release sequence); least goes first.
 Key = tuple[int, float, int]
@@ -177,7 +177,8 @@ class VllmLru(Policy):
         return self.queue.popitem(last=False)[0]
 
 
-# A key function: (policy, block, release sequence) -> primary key (least evicted first).
+# A key function: (policy, block) -> primary key (least evicted first); it may read
+# policy.sequence, the release sequence the block is about to get.
 KeyFn = Callable[["KeyedPolicy", int], float]
 
 
@@ -202,6 +203,15 @@ def key_gdsf(policy: KeyedPolicy, block: int) -> float:
     ``depth`` blocks before it; attention is ~1/60 of an 8B model's per-token
     FLOPs per 512 tokens of context)."""
     return policy.floor + policy.count[block] * (1.0 + policy.shape.depth[block] / 60.0)
+
+
+def key_lru_freq(policy: KeyedPolicy, block: int) -> float:
+    """LRU with frequency-extended deadlines: the release sequence plus
+    0.75 x capacity per doubling of the block's uses since admission (levels
+    0..3: 1, 2-3, 4-7, 8+ uses). With 4 levels each level's keys arrive in
+    release order, so a FIFO per level and a look at the 4 heads evict in O(1)."""
+    level = min(policy.count[block].bit_length() - 1, 3)
+    return policy.sequence + 0.75 * policy.capacity * level
 
 
 def key_min(policy: KeyedPolicy, block: int) -> float:

@@ -52,6 +52,7 @@ from bench.retention_policies import (
     key_lfu,
     key_lru,
     key_lru2,
+    key_lru_freq,
     key_min,
 )
 
@@ -213,6 +214,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "lfu-da": _keyed("lfu-da", key_lfu, False),
     "lfu-da-leaf": _keyed("lfu-da-leaf", key_lfu, True),
     "gdsf-leaf": _keyed("gdsf-leaf", key_gdsf, True),
+    "lru-freq": _keyed("lru-freq", key_lru_freq, True),
     "s3fifo": lambda capacity, shape, _: S3Fifo(capacity, shape),
     "arc": lambda capacity, shape, _: Arc(capacity, shape),
     "min": _keyed("min", key_min, True),
@@ -220,7 +222,10 @@ POLICIES: dict[str, PolicyFactory] = {
     "lru+pin": _keyed("lru+pin", key_lru, False, "pin"),
     "lru+prio90": _keyed("lru+prio90", key_lru, False, "prio90"),
 }
-ONLINE = ["lru2", "lru2-leaf", "lfu-da", "lfu-da-leaf", "gdsf-leaf", "s3fifo", "arc"]
+# The online policies run by default (the -leaf variants of LRU-2 and LFU-DA pick the same
+# victims: their keys never rank a parent before its child, see the report).
+ONLINE = ["lru2", "lfu-da", "gdsf-leaf", "s3fifo", "arc", "lru-freq"]
+UNANNOTATED = ["lru", *ONLINE, "lru2-leaf", "lfu-da-leaf"]
 
 
 def run(workload: Workload, fractions: Sequence[float], names: Sequence[str]) -> list[Result]:
