@@ -42,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["Policy", "KeyedPolicy", "VllmLru", "S3Fifo", "Arc", "ChainShape", "key_lru",
-           "key_lru2", "key_lfu", "key_lru_freq", "key_gdsf", "key_min"]
+           "key_lru2", "key_lfu", "key_lru_freq", "key_reuse_oracle", "key_gdsf", "key_min"]
 
 # A block's key in a KeyedPolicy: (priority, primary, release sequence); least goes first.
 Key = tuple[int, float, int]
@@ -212,6 +212,13 @@ def key_lru_freq(policy: KeyedPolicy, block: int) -> float:
     release order, so a FIFO per level and a look at the 4 heads evict in O(1)."""
     level = min(policy.count[block].bit_length() - 1, 3)
     return policy.sequence + 0.75 * policy.capacity * level
+
+
+def key_reuse_oracle(policy: KeyedPolicy, block: int) -> float:
+    """A diagnostic, offline: LRU that knows *whether* a block is used again
+    (never-again blocks go first), not *when*: how much a perfect reuse
+    classifier could win."""
+    return 0.0 if math.isinf(policy.shape.next_use(block, policy.now)) else 1.0
 
 
 def key_min(policy: KeyedPolicy, block: int) -> float:

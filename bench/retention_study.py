@@ -54,6 +54,7 @@ from bench.retention_policies import (
     key_lru2,
     key_lru_freq,
     key_min,
+    key_reuse_oracle,
 )
 
 BLOCK_TOKENS = 512
@@ -218,6 +219,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "s3fifo": lambda capacity, shape, _: S3Fifo(capacity, shape),
     "arc": lambda capacity, shape, _: Arc(capacity, shape),
     "min": _keyed("min", key_min, True),
+    "oracle-reuse": _keyed("oracle-reuse", key_reuse_oracle, True),  # offline diagnostic
     # Annotated (system-prompt workload only): the shared prefix pinned, or at priority 90.
     "lru+pin": _keyed("lru+pin", key_lru, False, "pin"),
     "lru+prio90": _keyed("lru+prio90", key_lru, False, "prio90"),
@@ -268,6 +270,25 @@ def table(results: Sequence[Result], fractions: Sequence[float]) -> str:
     return "\n".join(lines)
 
 
+def reuse_profile(workload: Workload, most: int = 5) -> str:
+    """Markdown: how likely a block is used again after its k-th use, k = 1..most
+    (the signal a frequency-aware online policy can read), and the share of
+    block uses that are a block's last (what only the future tells)."""
+    uses: dict[int, int] = {}
+    for request in workload.requests:
+        for block in request.blocks:
+            uses[block] = uses.get(block, 0) + 1
+    lines = ["| uses so far (k) | blocks with >= k uses | P(used again after the k-th use) |",
+             "|---|---|---|"]
+    for k in range(1, most + 1):
+        reached = sum(1 for n in uses.values() if n >= k)
+        again = sum(1 for n in uses.values() if n > k)
+        lines.append(f"| {k} | {reached:,} | {again / reached:.3f} |" if reached else f"| {k} | 0 | - |")
+    total = sum(uses.values())
+    lines.append(f"\n{len(uses) / total:.1%} of {total:,} block uses are the block's last use.")
+    return "\n".join(lines)
+
+
 def plot(all_results: dict[str, list[Result]], path: str) -> None:
     """One panel per workload: block hit rate against capacity, a line per policy."""
     import matplotlib
@@ -304,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also the system-prompt workload built from the first trace")
     parser.add_argument("--system-prompt-limit", type=int, default=3000,
                         help="chat requests of the system-prompt workload")
+    parser.add_argument("--reuse-profile", action="store_true",
+                        help="only print each trace's reuse profile (no simulation)")
     parser.add_argument("--out", default=None, help="write the Markdown report here")
     parser.add_argument("--plot", default=None, help="write a PNG here (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -313,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"--policies: unknown {unknown}; known: {sorted(POLICIES)}")
     workloads = [load_trace(path, args.limit) for path in args.traces]
+    if args.reuse_profile:
+        for workload in workloads:
+            print(f"\n## {workload.name}: reuse profile\n\n{reuse_profile(workload)}")
+        return 0
     runs: list[tuple[Workload, list[str]]] = [(w, names) for w in workloads]
     if args.system_prompt:
         base = load_trace(args.traces[0], args.system_prompt_limit)
