@@ -42,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["Policy", "KeyedPolicy", "VllmLru", "S3Fifo", "Arc", "ChainShape", "key_lru",
-           "key_lru2", "key_lfu", "key_lru_freq", "key_reuse_oracle", "key_gdsf", "key_min"]
+           "key_lru2", "key_lfu", "key_lru_freq", "lru_freq_key", "key_reuse_oracle", "key_gdsf", "key_min"]
 
 # A block's key in a KeyedPolicy: (priority, primary, release sequence); least goes first.
 Key = tuple[int, float, int]
@@ -205,13 +205,18 @@ def key_gdsf(policy: KeyedPolicy, block: int) -> float:
     return policy.floor + policy.count[block] * (1.0 + policy.shape.depth[block] / 60.0)
 
 
-def key_lru_freq(policy: KeyedPolicy, block: int) -> float:
+def lru_freq_key(extension: float) -> KeyFn:
     """LRU with frequency-extended deadlines: the release sequence plus
-    0.75 x capacity per doubling of the block's uses since admission (levels
-    0..3: 1, 2-3, 4-7, 8+ uses). With 4 levels each level's keys arrive in
-    release order, so a FIFO per level and a look at the 4 heads evict in O(1)."""
-    level = min(policy.count[block].bit_length() - 1, 3)
-    return policy.sequence + 0.75 * policy.capacity * level
+    ``extension`` x capacity per doubling of the block's uses since admission
+    (levels 0..3: 1, 2-3, 4-7, 8+ uses). With 4 levels each level's keys arrive
+    in release order, so a FIFO per level and a look at the 4 heads evict in O(1)."""
+    def key(policy: KeyedPolicy, block: int) -> float:
+        level = min(policy.count[block].bit_length() - 1, 3)
+        return policy.sequence + extension * policy.capacity * level
+    return key
+
+
+key_lru_freq = lru_freq_key(0.75)
 
 
 def key_reuse_oracle(policy: KeyedPolicy, block: int) -> float:

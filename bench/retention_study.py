@@ -55,6 +55,7 @@ from bench.retention_policies import (
     key_lru_freq,
     key_min,
     key_reuse_oracle,
+    lru_freq_key,
 )
 
 BLOCK_TOKENS = 512
@@ -216,6 +217,9 @@ POLICIES: dict[str, PolicyFactory] = {
     "lfu-da-leaf": _keyed("lfu-da-leaf", key_lfu, True),
     "gdsf-leaf": _keyed("gdsf-leaf", key_gdsf, True),
     "lru-freq": _keyed("lru-freq", key_lru_freq, True),
+    # Its sensitivity to the extension (0.75 x capacity per level above).
+    "lru-freq-0.25": _keyed("lru-freq-0.25", lru_freq_key(0.25), True),
+    "lru-freq-1.5": _keyed("lru-freq-1.5", lru_freq_key(1.5), True),
     "s3fifo": lambda capacity, shape, _: S3Fifo(capacity, shape),
     "arc": lambda capacity, shape, _: Arc(capacity, shape),
     "min": _keyed("min", key_min, True),
