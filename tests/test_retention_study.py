@@ -1,10 +1,12 @@
 """The retention study's cache simulator (bench.retention_study) on hand-made traces:
 known hit counts for vLLM's LRU order and for Belady's MIN, MIN never below any
-online policy, and the keyed LRU equal to the free-queue LRU."""
+online policy and equal to an exhaustive search's optimum, and the keyed LRU equal
+to the free-queue LRU."""
 
 from __future__ import annotations
 
 import random
+from itertools import combinations
 
 import pytest
 
@@ -93,3 +95,39 @@ def test_a_pinned_prefix_survives_a_flood() -> None:
     lru = simulate(workload, POLICIES["lru"](capacity, shape, workload))
     assert pinned.prefix_hits == pinned.prefixed == 39
     assert lru.prefix_hits < lru.prefixed
+
+
+def _optimal_hits(chains: tuple[tuple[int, ...], ...], capacity: int) -> int:
+    """The most hits any eviction choice gets: every request's admissions may evict
+    any set of unpinned blocks of the forced size (exhaustive, tiny traces only)."""
+    memo: dict[tuple[int, frozenset[int]], int] = {}
+
+    def best(index: int, resident: frozenset[int]) -> int:
+        if index == len(chains):
+            return 0
+        if (index, resident) not in memo:
+            chain = chains[index]
+            hit = 0
+            while hit < len(chain) and chain[hit] in resident:
+                hit += 1
+            after = resident | frozenset(chain)
+            evictable = sorted(resident - frozenset(chain))
+            overflow = max(len(after) - capacity, 0)
+            memo[index, resident] = hit + max(best(index + 1, after - frozenset(victims))
+                                              for victims in combinations(evictable, overflow))
+        return memo[index, resident]
+
+    return best(0, frozenset())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_min_is_the_optimum_of_the_model(seed: int) -> None:
+    rng = random.Random(seed)
+    chains: list[tuple[int, ...]] = []
+    for top in range(0, 18, 2):
+        base = rng.choice(chains)[:rng.randint(0, 3)] if chains and rng.random() < 0.7 else ()
+        chains.append(base + tuple(range(top, top + rng.randint(1, 2))))
+    workload = _workload(*chains)
+    for capacity in (4, 5):
+        if max(map(len, chains)) <= capacity:
+            assert _hits(workload, "min", capacity) == _optimal_hits(tuple(chains), capacity)
