@@ -207,11 +207,13 @@ def key_gdsf(policy: KeyedPolicy, block: int) -> float:
 
 def lru_freq_key(extension: float) -> KeyFn:
     """LRU with frequency-extended deadlines: the release sequence plus
-    ``extension`` x capacity per doubling of the block's uses since admission
-    (levels 0..3: 1, 2-3, 4-7, 8+ uses). With 4 levels each level's keys arrive
-    in release order, so a FIFO per level and a look at the 4 heads evict in O(1)."""
+    ``extension`` x capacity per doubling of the block's uses (levels 0..3:
+    1, 2-3, 4-7, 8+ uses). Uses are counted across evictions for the last
+    2 x capacity hashes used (``KeyedPolicy.seen``): a block evicted and
+    computed again keeps its record. With 4 levels each level's keys arrive in
+    release order, so a FIFO per level and a look at the 4 heads evict in O(1)."""
     def key(policy: KeyedPolicy, block: int) -> float:
-        level = min(policy.count[block].bit_length() - 1, 3)
+        level = min(policy.seen[block].bit_length() - 1, 3)
         return policy.sequence + extension * policy.capacity * level
     return key
 
@@ -259,9 +261,16 @@ class KeyedPolicy(Policy):
         self.count: dict[int, int] = {}  # resident block -> uses since admission
         self.history: dict[int, tuple[int, int]] = {}  # block -> (penultimate, last) use
         self.ghosts: OrderedDict[int, None] = OrderedDict()  # evicted blocks keeping history
+        # Uses of the last 2 x capacity hashes used, resident or not (lru-freq's record).
+        self.seen: OrderedDict[int, int] = OrderedDict()
 
     def _use(self, block: int) -> None:
         self.count[block] = self.count.get(block, 0) + 1
+        seen = self.seen
+        seen[block] = seen.get(block, 0) + 1
+        seen.move_to_end(block)
+        if len(seen) > 2 * self.capacity:
+            seen.popitem(last=False)
         last = self.history.get(block, (-1, -1))[1]
         if last != self.now:
             self.history[block] = (last, self.now)
