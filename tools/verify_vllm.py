@@ -200,8 +200,10 @@ def run_suite(python: Path, root: Path, redirect: Path, files: Sequence[str], sw
     log(f"running {len(files)} files on {label} ...")
     started = time.monotonic()
     done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
-    log(f"{label}: {tail[0]} ({time.monotonic() - started:.0f} s)")
+    # pytest's summary line ("N failed, M passed, ... in S s"); warnings printed after it are skipped.
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    summary = [line for line in lines if re.search(r"\d+ (passed|failed|error)", line)][-1:] or lines[-1:]
+    log(f"{label}: {summary[0] if summary else '(no output)'} ({time.monotonic() - started:.0f} s)")
     if not results.exists():
         raise SystemExit(f"pytest wrote no results (exit {done.returncode}):\n"
                          f"{(done.stdout + done.stderr)[-4000:]}")
