@@ -53,6 +53,8 @@ for text in importlib.metadata.requires("vllm") or []:
 with open(sys.argv[1], "w", encoding="utf-8") as out:
     out.write("\n".join(sorted(lines)) + "\n")
 PY
+echo "installing vLLM's CPU-side imports; pip then lists vLLM's GPU-only requirements (CUDA kernels,"
+echo "torchvision, ...) and its torch pin as unmet: expected, nothing here imports them"
 "${PIP[@]}" install -q -c "$CONS" -c "$VLLM_CONS" -r "$HERE/requirements.txt"
 "$VENV/bin/python" - <<'PY'
 import torch
