@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 MODULES := $(shell find src spec reference optimized -name '*.py' 2>/dev/null | sort)
 MODULE_LIST := $(VENV)/.modules
 
-.PHONY: install typecheck test crosshair verify verify-thorough verify-vllm verify-engine bench demo clean
+.PHONY: install typecheck test crosshair verify verify-thorough vllm-venv verify-vllm verify-engine bench demo clean
 
 # What `make verify` (and so CI) runs. The quick checks run first, in order, so a slip fails
 # fast; then the long gates, which are independent single-threaded processes, two at a time
@@ -78,11 +78,17 @@ verify: $(VERIFY_CHECKS)
 verify-thorough: install
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -p no:cacheprovider
 
+# vLLM 0.33 importable on CPU (its KV-cache core and tests, no GPU) in a venv of its own
+# outside the checkout, at $(VLLM_VENV), built on first use from tools/vllm_venv/ (~3 GB;
+# a constraints file keeps torch on the CPU build). `make verify-vllm` and
+# `make bench BENCH_ARGS=--vllm` use it; bench/locations.py holds the same default.
+VLLM_VENV ?= $(HOME)/.cache/pagedkv/vllm-venv
+vllm-venv:
+	VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash tools/vllm_venv/install.sh
+
 # vLLM 0.33's own tests/v1/core, stock and with pagedkv.vllm.KVCacheManager swapped
-# in (docs/vllm.md). Not part of `verify`: it needs vLLM 0.33 on CPU in the venv at
-# $(VLLM_VENV) (../shared/anchors.md) and fetches vLLM's sdist tests at run time.
-VLLM_VENV ?= /work/vllm-venv
-verify-vllm:
+# in (docs/vllm.md). Not part of `verify`: it fetches vLLM's sdist tests at run time.
+verify-vllm: vllm-venv
 	VLLM_VENV=$(VLLM_VENV) $(PYTHON) tools/verify_vllm.py $(VERIFY_VLLM_ARGS)
 
 # A running vLLM 0.32 CPU engine (LLM.generate and the OpenAI server) on pagedkv.vllm.Scheduler,
@@ -94,8 +100,9 @@ verify-engine:
 	$(ENGINE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_versions.py tests/test_vllm_integration.py
 	nice $(ENGINE_VENV)/bin/python tools/verify_engine/engine_check.py $(VERIFY_ENGINE_ARGS)
 
-bench: install
-	$(PY) -m bench $(BENCH_ARGS)
+# With --vllm, the side-by-side figures against vLLM 0.33 (its venv is built first).
+bench: install $(if $(findstring --vllm,$(BENCH_ARGS)),vllm-venv)
+	VLLM_VENV=$(VLLM_VENV) $(PY) -m bench $(BENCH_ARGS)
 
 # Not part of verify: one test run per sampled mutant (tools/mutate.py; triage in tools/mutation_triage.md).
 .PHONY: mutation

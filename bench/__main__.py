@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import manager_bench as mb
+from bench.locations import vllm_python
 from pagedkv.optimized.native import build_name
 from pagedkv.trace import STANDARD, TraceConfig, peak_blocks
 
@@ -62,7 +63,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                              "bench/mamba_partial_bench.py)")
     parser.add_argument("--vllm", action="store_true",
                         help="last, every side-by-side figure against vLLM 0.33 and its target "
-                             "(bench/vllm_targets.py; needs vLLM 0.33 in /work/vllm-venv or $VLLM_PYTHON; "
+                             "(bench/vllm_targets.py; needs vLLM 0.33 on CPU: make vllm-venv, or $VLLM_PYTHON; "
                              "about 40 minutes, --quick about 10)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, metavar="DIR",
                         help="directory for the JSON results (default bench/results)")
@@ -257,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["long"] = importlib.import_module("bench.long_bench").run(quick)
         # Mamba block larger than the hash block: sub-block hits with copy-on-write.
         report["mamba_partial"] = importlib.import_module("bench.mamba_partial_bench").run(quick)
-    # Request creation beside vLLM's Request (vLLM's side only where ../vllm-venv exists).
+    # Request creation beside vLLM's Request (vLLM's side only where the vLLM venv exists).
     report["request_creation"] = importlib.import_module("bench.request_bench").run(quick)
     status = 0
     if not args.no_tensor:
@@ -270,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.vllm:
         targets = importlib.import_module("bench.vllm_targets")
-        python = os.environ.get("VLLM_PYTHON", targets.sbs.DEFAULT_VLLM_PYTHON)
+        python = vllm_python()
         report["vllm_targets"] = [list(row) for row in targets.run(python, quick=quick)]
     report["wall_s"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ it bounds what any further trimming of the Python around the loops can
 win. Both replays must find the same hits.
 
 ``.venv/bin/python -m bench.pool_floor [--block-size 512] [--limit N] [--runs 3]``
-(needs the C modules; the trace defaults to ../shared/traces' conversation trace).
+(needs the C modules; the trace defaults to the conversation trace in $PAGEDKV_TRACES or ../shared/traces).
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import side_driver as sd
+from bench.locations import mooncake_trace
 from bench.vllm_side_by_side import pagedkv_manager
 from pagedkv.optimized import KVCacheManager
 from pagedkv.optimized.native import NATIVE
 
 __all__ = ["bare_calls", "main"]
 
-DEFAULT_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / \
-    "mooncake_conversation_trace.jsonl"
+DEFAULT_TRACE = mooncake_trace()
 
 Calls = tuple[Callable[[Any], Any], Callable[[Any, int, int, Any], Any], Callable[[Any], None]]
 

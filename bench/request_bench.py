@@ -1,6 +1,6 @@
 """Request creation (prompt hashing included), pagedkv beside vLLM 0.33, ns per prompt token.
 
-    .venv/bin/python -m bench.request_bench [--vllm-python ../vllm-venv/bin/python] [--rounds 5]
+    .venv/bin/python -m bench.request_bench [--vllm-python PATH] [--rounds 5]
 
 pagedkv: ``pagedkv.optimized.KVCacheManager.make_request(id, prompt)`` with one
 full-attention group hashed at block size 16 and 512, with ``sha256`` (byte-identical
@@ -11,7 +11,8 @@ subprocess (nothing of vLLM is imported here). Each side creates the same prompt
 (``--tokens`` random ids below 128,000, ``random.Random(0)``); the two sides
 alternate, round by round, so drift on the machine hits both; a figure is the median
 over rounds of the per-round median over ``--reps`` creations. Without vLLM (no
-``--vllm-python`` and no ``../vllm-venv``) only pagedkv's figures are printed.
+``--vllm-python`` and no venv from ``make vllm-venv``, ``bench/locations.py``) only
+pagedkv's figures are printed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.locations import vllm_python
 from pagedkv.optimized import KVCacheManager
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
@@ -35,7 +37,7 @@ BLOCK_SIZES = (16, 512)
 # the fast hashes differ in encoding (D-HASH-2) but fill the same role.
 HASH_PAIRS = (("sha256", "sha256"), ("xxh3_128", "xxhash"))
 VOCAB = 128_000
-DEFAULT_VLLM_PYTHON = Path(__file__).resolve().parent.parent.parent / "vllm-venv" / "bin" / "python"
+DEFAULT_VLLM_PYTHON = Path(vllm_python())
 
 # Runs inside vLLM's interpreter: argv = [json of {"tokens", "reps", "configs"}].
 _CHILD = r'''

@@ -21,8 +21,8 @@ Hit tokens are compared request by request; a difference fails the run.
     .venv/bin/python -m bench.vllm_side_by_side --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         --block-size 512
 
-vLLM runs in *its* interpreter (``--vllm-python``, default /work/vllm-venv's;
-../shared/anchors.md shows how to install vLLM 0.33 on CPU) as a subprocess
+vLLM runs in *its* interpreter (``--vllm-python``, default ``$VLLM_PYTHON`` or
+the venv ``make vllm-venv`` builds, ``bench/locations.py``) as a subprocess
 running ``bench/vllm_child.py``, which loads ``src/pagedkv/trace.py`` and
 ``bench/side_driver.py`` by path: the same steps, token lists and timers. No
 vLLM code is copied; vLLM is only called. ``make bench`` never needs vLLM.
@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import side_driver as sd
+from bench.locations import vllm_python
 from pagedkv.optimized.native import build_name
 from pagedkv.trace import DEFAULT_NUM_BLOCKS, STANDARD, TraceConfig, TraceDriver, standard_trace
 
@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACE_PY = ROOT / "src" / "pagedkv" / "trace.py"
 DRIVER_PY = ROOT / "bench" / "side_driver.py"
 CHILD_PY = ROOT / "bench" / "vllm_child.py"
-DEFAULT_VLLM_PYTHON = "/work/vllm-venv/bin/python"
+DEFAULT_VLLM_PYTHON = vllm_python()
+"""vLLM's interpreter unless ``--vllm-python`` names another (``bench/locations.py``)."""
 HASHES = {"sha256": ("sha256", "sha256"), "fast": ("xxh3_128", "xxhash")}
 """``--hash`` -> (pagedkv's name, vLLM's name)."""
 KINDS = ("get_computed_blocks", "allocate_slots", "free")
@@ -258,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.vllm_side_by_side",
                                      description=(__doc__ or "").split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_python = os.environ.get("VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
+    default_python = DEFAULT_VLLM_PYTHON
     parser.add_argument("--vllm-python", default=default_python, metavar="PATH",
                         help=f"the python of a virtual environment with vLLM (default {default_python})")
     parser.add_argument("--model", choices=("llama3", "gemma3", "jamba"), default="llama3")

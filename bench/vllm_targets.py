@@ -1,5 +1,5 @@
 """Every side-by-side figure against vLLM 0.33 in one run, checked against
-the speed targets (issue 17), with one summary table.
+pagedkv's speed targets against it, with one summary table.
 
     .venv/bin/python -m bench.vllm_targets [--runs N] [--quick] [--vllm-python PATH]
     make bench BENCH_ARGS=--vllm            # the same, after make bench's own sections
@@ -30,7 +30,6 @@ is shared and noisy: read a ratio near its target as not settled.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -38,12 +37,14 @@ from pathlib import Path
 
 from bench import request_bench
 from bench import vllm_side_by_side as sbs
+from bench.locations import mooncake_trace, vllm_python
 from pagedkv.optimized.native import build_name
 from pagedkv.trace import STANDARD
 
 __all__ = ["run", "main"]
 
-TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+TRACE = mooncake_trace()
+"""The Mooncake conversation trace (``$PAGEDKV_TRACES`` or ../shared/traces; ``bench/locations.py``)."""
 LENGTHS = (1024, 8192, 32768, 131072)
 MODELS = ("llama3", "gemma3", "jamba")
 
@@ -113,8 +114,8 @@ def _mooncake(python: str, runs: int, quick: bool) -> list[Row]:
 def run(vllm_python: str, runs: int = 3, quick: bool = False) -> list[Row]:
     """Every workload in turn; prints each table, then the summary; returns the rows."""
     if not Path(vllm_python).exists():
-        raise SystemExit(f"no vLLM interpreter at {vllm_python}: install vLLM 0.33 on CPU as "
-                         "../shared/anchors.md shows, or pass --vllm-python")
+        raise SystemExit(f"no vLLM interpreter at {vllm_python}: run `make vllm-venv` (vLLM 0.33 on CPU "
+                         "at $VLLM_VENV), or pass --vllm-python")
     started = time.perf_counter()
     runs = 1 if quick else runs
     rows = _standard(vllm_python, runs)
@@ -123,7 +124,7 @@ def run(vllm_python: str, runs: int = 3, quick: bool = False) -> list[Row]:
     if TRACE.exists():
         rows += _mooncake(vllm_python, runs, quick)
     else:
-        print(f"\n(no Mooncake trace at {TRACE}: its rows are left out)")
+        print(f"\n(no Mooncake trace at {TRACE}: its rows are left out; set PAGEDKV_TRACES to the traces' folder)")
     print(f"\n## Side by side with vLLM 0.33: the targets ({runs} alternating run(s) each, "
           f"{build_name()} build, {time.perf_counter() - started:.0f} s)")
     print("| figure | vLLM / pagedkv (or as named) | target | met |\n|---|---|---|---|")
@@ -138,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments and run the suite."""
     parser = argparse.ArgumentParser(prog="python -m bench.vllm_targets",
                                      description=(__doc__ or "").split("\n\n")[0])
-    default_python = os.environ.get("VLLM_PYTHON", sbs.DEFAULT_VLLM_PYTHON)
+    default_python = vllm_python()
     parser.add_argument("--vllm-python", default=default_python, metavar="PATH",
                         help=f"the python of a virtual environment with vLLM 0.33 (default {default_python})")
     parser.add_argument("--runs", type=int, default=3, metavar="N", help="alternating runs per workload (default 3)")

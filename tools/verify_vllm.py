@@ -5,10 +5,11 @@ vLLM ships it, once with ``vllm.v1.core.kv_cache_manager.KVCacheManager``
 replaced by ``pagedkv.vllm.KVCacheManager`` -- and prints the pass counts per
 test file side by side.
 
-- The venv: ``--venv`` or ``$VLLM_VENV`` (default ``/work/vllm-venv``), with
-  vLLM 0.33.0 installed on CPU as ``../shared/anchors.md`` shows, plus
-  ``pytest pytest-asyncio hypothesis``. pagedkv is installed into it,
-  editable and with ``--no-deps``, on every run.
+- The venv: ``--venv`` or ``$VLLM_VENV`` (default ``~/.cache/pagedkv/vllm-venv``,
+  as ``bench/locations.py``), with vLLM 0.33.0 importable on CPU plus
+  ``pytest pytest-asyncio hypothesis``: ``make vllm-venv`` builds it
+  (tools/vllm_venv/install.sh) and ``make verify-vllm`` does so first.
+  pagedkv is installed into it, editable and with ``--no-deps``, on every run.
 - vLLM's tests are not in its wheel. They are fetched at run time from the
   source distribution on the package index (the file itself: pip's sdist
   download fails while preparing metadata), checked against the index's
@@ -47,6 +48,9 @@ VLLM_VERSION = "0.33.0"
 SDIST = f"vllm-{VLLM_VERSION}.tar.gz"
 INDEX_PAGE = "https://pypi.org/simple/vllm/"
 SKIPPED_FILES = ("prefix_cache/test_hybrid_prefix_cache_hit_rate.py",)
+# Where `make vllm-venv` builds vLLM's venv (the Makefile's and bench/locations.py's default;
+# this script runs on any Python, outside the packages, so it names the default itself).
+DEFAULT_VLLM_VENV = Path.home() / ".cache" / "pagedkv" / "vllm-venv"
 
 # The model config the scheduler tests load (OPT-125m's architecture; no weights).
 OPT_CONFIG: dict[str, Any] = {
@@ -127,8 +131,8 @@ def check_venv(venv: Path) -> Path:
     python = venv / "bin" / "python"
     if not python.exists():
         raise SystemExit(
-            f"no virtual environment at {venv} (set VLLM_VENV or --venv): install vLLM "
-            f"{VLLM_VERSION} on CPU as ../shared/anchors.md shows, plus pytest pytest-asyncio hypothesis")
+            f"no virtual environment at {venv} (set VLLM_VENV or --venv): `make vllm-venv` "
+            f"builds vLLM {VLLM_VERSION} on CPU there (tools/vllm_venv/install.sh)")
     done = subprocess.run([str(python), "-c", "import vllm, pytest; print(vllm.__version__)"],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0 or done.stdout.strip() != VLLM_VERSION:
@@ -196,8 +200,10 @@ def run_suite(python: Path, root: Path, redirect: Path, files: Sequence[str], sw
     log(f"running {len(files)} files on {label} ...")
     started = time.monotonic()
     done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
-    log(f"{label}: {tail[0]} ({time.monotonic() - started:.0f} s)")
+    # pytest's summary line ("N failed, M passed, ... in S s"); warnings printed after it are skipped.
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    summary = [line for line in lines if re.search(r"\d+ (passed|failed|error)", line)][-1:] or lines[-1:]
+    log(f"{label}: {summary[0] if summary else '(no output)'} ({time.monotonic() - started:.0f} s)")
     if not results.exists():
         raise SystemExit(f"pytest wrote no results (exit {done.returncode}):\n"
                          f"{(done.stdout + done.stderr)[-4000:]}")
@@ -229,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/verify_vllm.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--venv", type=Path,
-                        default=Path(os.environ.get("VLLM_VENV", "/work/vllm-venv")))
+                        default=Path(os.environ.get("VLLM_VENV") or DEFAULT_VLLM_VENV),
+                        help=f"vLLM's venv (default $VLLM_VENV, else {DEFAULT_VLLM_VENV})")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "pagedkv")
     parser.add_argument("--only", nargs="*", default=[], metavar="SUBSTRING",
                         help="run only the test files whose path contains one of these")

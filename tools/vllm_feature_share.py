@@ -1,6 +1,6 @@
 """Share of vLLM 0.33's core tests that pass with pagedkv, per feature area.
 
-Issue-level targets ("tests touching these features pass for >= 95% of those
+Feature-level targets ("tests touching these features pass for >= 95% of those
 that pass on vLLM") need the tests of one area, not a whole file. This tool
 collects vLLM's ``tests/v1/core`` ids, keeps those whose test name matches an
 area's keywords (a file-wide area counts all of that file), leaves out the ids
@@ -51,8 +51,10 @@ def collect(python: Path, root: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--overlay", type=Path,
-                        default=Path(os.environ.get("VLLM_OVERLAY") or os.environ.get("VLLM_VENV", "/work/vllm-venv")),
-                        help="the venv verify_vllm.py ran pagedkv in (its --overlay, else its --venv)")
+                        default=Path(os.environ.get("VLLM_OVERLAY") or os.environ.get("VLLM_VENV")
+                                     or CACHE / "vllm-venv"),
+                        help="the venv verify_vllm.py ran pagedkv in (its --overlay, else its --venv; "
+                             "default $VLLM_OVERLAY, else $VLLM_VENV, else ~/.cache/pagedkv/vllm-venv)")
     parser.add_argument("--results", type=Path, default=CACHE / "results",
                         help="verify_vllm.py's --results folder (default: CACHE/results)")
     parser.add_argument("--stock", type=Path, default=CACHE / "results" / "stock.json")
