@@ -74,6 +74,8 @@ class ZmqEventPublisher:
         self._pub.set_hwm(hwm)
         self.endpoint = self._attach(self._pub, endpoint)
         self.replay_endpoint: str | None = None
+        self.replays_served = 0
+        """Replay requests answered (each with its end marker)."""
         self._running = True
         self._thread: threading.Thread | None = None
         if replay_endpoint is not None:
@@ -137,6 +139,7 @@ class ZmqEventPublisher:
                 for seq, payload in buffered:
                     replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
                 replay.send_multipart((client, b"", b"", END_SEQ, b""))
+                self.replays_served += 1
         finally:
             replay.close(linger=0)
 
