@@ -17,8 +17,8 @@ big-endian, as vLLM does with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``
 (Dynamo rejects byte-string hashes); ``hashes="bytes"`` sends the raw
 digests as stock vLLM does without that option.
 
-This module turns :mod:`pagedkv.spec.types` events into plain lists and
-dicts (no dependency) and encodes them with msgspec, as vLLM does
+This module turns :mod:`pagedkv.spec.types` events into the structs of
+:mod:`pagedkv.events.schema` and encodes them with msgspec, as vLLM does
 (``pip install 'pagedkv[events]'``).
 """
 
@@ -123,70 +123,78 @@ def _hash_list(hashes: Iterable[bytes], form: HashForm) -> list[int | bytes]:
     return [external_hash(h, form) for h in hashes]
 
 
+def _schema() -> Any:
+    try:
+        from pagedkv.events import schema
+    except ImportError:
+        raise missing_dependency("msgspec") from None
+    return schema
+
+
+def _struct(schema: Any, event: KVCacheEvent, options: WireOptions) -> Any:
+    form = options.hashes
+    if type(event) is BlockStored:
+        out = schema.BlockStored(
+            block_hashes=_hash_list(event.block_hashes, form),
+            parent_block_hash=None if event.parent_block_hash is None
+            else external_hash(event.parent_block_hash, form),
+            token_ids=list(event.token_ids), block_size=event.block_size, lora_id=event.lora_id,
+            medium=event.medium, lora_name=event.lora_name,
+            extra_keys=None if event.extra_keys is None
+            else [None if keys is None else list(keys) for keys in event.extra_keys],
+            group_idx=event.group_idx, session_id=event.session_id,
+            lookahead_token_ids=None if event.lookahead_token_ids is None
+            else [list(tokens) for tokens in event.lookahead_token_ids])
+        if event.group_idx is not None and 0 <= event.group_idx < len(options.groups):
+            meta = options.groups[event.group_idx]
+            out.kv_cache_spec_kind, out.kv_cache_spec_sliding_window = meta.kind, meta.sliding_window
+        return out
+    if type(event) is BlockRemoved:
+        return schema.BlockRemoved(block_hashes=_hash_list(event.block_hashes, form), medium=event.medium,
+                                   group_idx=0 if len(options.groups) == 1 else None)
+    if type(event) is AllBlocksCleared:
+        return schema.AllBlocksCleared()
+    raise TypeError(f"event must be BlockStored, BlockRemoved or AllBlocksCleared, got {type(event).__name__}")
+
+
+def _batch(events: Sequence[KVCacheEvent], ts: float | None, data_parallel_rank: int,
+           options: WireOptions) -> Any:
+    schema = _schema()
+    return schema.KVEventBatch(ts=time.time() if ts is None else float(ts),
+                               events=[_struct(schema, e, options) for e in events],
+                               data_parallel_rank=data_parallel_rank)
+
+
 def event_to_wire(event: KVCacheEvent, options: WireOptions = DEFAULT_OPTIONS) -> dict[str, Any]:
     """One event as the map vLLM 0.33 encodes (keys in its order, defaults left out).
 
     Raises:
+        ImportError: msgspec is not installed (``pagedkv[events]``).
         TypeError: ``event`` is not one of pagedkv.spec.types' events.
     """
-    form = options.hashes
-    if type(event) is BlockStored:
-        out: dict[str, Any] = {
-            "type": "BlockStored",
-            "block_hashes": _hash_list(event.block_hashes, form),
-            "parent_block_hash": None if event.parent_block_hash is None
-            else external_hash(event.parent_block_hash, form),
-            "token_ids": list(event.token_ids),
-            "block_size": event.block_size,
-            "lora_id": event.lora_id,
-            "medium": event.medium,
-            "lora_name": event.lora_name,
-        }
-        if event.extra_keys is not None:
-            out["extra_keys"] = [None if keys is None else list(keys) for keys in event.extra_keys]
-        if event.group_idx is not None:
-            out["group_idx"] = event.group_idx
-            if 0 <= event.group_idx < len(options.groups):
-                meta = options.groups[event.group_idx]
-                out["kv_cache_spec_kind"] = meta.kind
-                if meta.sliding_window is not None:
-                    out["kv_cache_spec_sliding_window"] = meta.sliding_window
-        if event.session_id is not None:
-            out["session_id"] = event.session_id
-        if event.lookahead_token_ids is not None:
-            out["lookahead_token_ids"] = [list(tokens) for tokens in event.lookahead_token_ids]
-        return out
-    if type(event) is BlockRemoved:
-        out = {"type": "BlockRemoved", "block_hashes": _hash_list(event.block_hashes, form),
-               "medium": event.medium}
-        if len(options.groups) == 1:
-            out["group_idx"] = 0
-        return out
-    if type(event) is AllBlocksCleared:
-        return {"type": "AllBlocksCleared"}
-    raise TypeError(f"event must be BlockStored, BlockRemoved or AllBlocksCleared, got {type(event).__name__}")
+    schema = _schema()
+    wire: dict[str, Any] = schema.msgspec.to_builtins(_struct(schema, event, options))
+    return wire
 
 
 def batch_to_wire(events: Sequence[KVCacheEvent], ts: float | None = None, data_parallel_rank: int = 0,
                   options: WireOptions = DEFAULT_OPTIONS) -> list[Any]:
     """A ``KVEventBatch`` as the array vLLM 0.33 encodes: ``[ts, events, rank]``
     (``ts`` defaults to now, in seconds since the epoch, as vLLM stamps it)."""
-    return [time.time() if ts is None else float(ts), [event_to_wire(e, options) for e in events],
-            data_parallel_rank]
+    wire: list[Any] = _schema().msgspec.to_builtins(_batch(events, ts, data_parallel_rank, options))
+    return wire
 
 
 def encode_batch(events: Sequence[KVCacheEvent], ts: float | None = None, data_parallel_rank: int = 0,
                  options: WireOptions = DEFAULT_OPTIONS) -> bytes:
-    """The msgpack payload frame of one batch.
+    """The msgpack payload frame of one batch: vLLM 0.33's bytes for the same events.
 
     Raises:
         ImportError: msgspec is not installed (``pagedkv[events]``).
+        TypeError: an event is not one of pagedkv.spec.types' events.
     """
-    try:
-        import msgspec
-    except ImportError:
-        raise missing_dependency("msgspec") from None
-    return msgspec.msgpack.encode(batch_to_wire(events, ts, data_parallel_rank, options))
+    encoded: bytes = _schema().msgspec.msgpack.encode(_batch(events, ts, data_parallel_rank, options))
+    return encoded
 
 
 def decode_batch(payload: bytes) -> tuple[float, list[dict[str, Any]], int | None]:
