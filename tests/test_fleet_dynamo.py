@@ -98,3 +98,13 @@ def test_verify_router_finds_no_disagreement(dynamo_python: str) -> None:
         capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert " 0 disagreements" in done.stdout
+
+
+def test_router_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    assert main([CONVERSATION, "--capacity", "2e5", "--replicas", "3", "--router", "all", "--limit", "30",
+                 "--no-reuse", "--no-progress", "--plot", str(out)]) == 0
+    data = (out / "routers.png").read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 5000
+    assert "routers.png" in capsys.readouterr().out
