@@ -108,3 +108,44 @@ def test_router_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     data = (out / "routers.png").read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 5000
     assert "routers.png" in capsys.readouterr().out
+
+
+def test_dynamos_view_equals_pagedkvs_own_router_in_engine_mode(dynamo_python: str) -> None:
+    # Engine mode (batches, chunked prefill, decode, evictions): before every
+    # decision, Dynamo's overlap per replica (from the wire) equals the match
+    # pagedkv's prefix-aware router computes from the same events in-process.
+    from pagedkv.simulate.dynamo_router import MODEL, DynamoRouter
+    from pagedkv.simulate.fleet import PrefixAwareRouter
+    from pagedkv.spec.types import KVCacheEvent
+
+    workload = load_workload(CONVERSATION).limited(120)
+    config = single_group_config(120, 512)
+    source, hasher = TokenSource(512), PrefixHasher("xxh3_128", 512, 512, "0")
+    fleet = [Replica(i, config, 131072, hash_fn="xxh3_128", hash_seed="0", scheduler=SchedulerConfig())
+             for i in range(3)]
+    router, shadow = DynamoRouter(fleet, python=dynamo_python), PrefixAwareRouter()
+
+    def both(replica: int, events: list[KVCacheEvent]) -> None:
+        router.observe(replica, events)
+        shadow.observe(replica, events)
+
+    try:
+        for replica in fleet:
+            replica.on_events = both
+        compared = matched = 0
+        for number, trace_request in enumerate(workload.requests):
+            request = SimRequest(f"r{number}", trace_request.block_ids, trace_request.input_length, source, hasher)
+            for replica in fleet:
+                replica.advance_to(trace_request.arrival_ms)
+            router._sync()
+            tokens = list(request.all_token_ids[0:request.num_prompt_tokens])
+            overlap = router.indexer.query(tokens, model_name=MODEL)
+            own = shadow.match_blocks(request, len(fleet))
+            assert [overlap.get(i + 1, 0) // 512 for i in range(len(fleet))] == own, f"request {number}"
+            compared += len(fleet)
+            matched += sum(1 for blocks in own if blocks)
+            fleet[router.choose(request, fleet, cache_mode=False)].submit(request, trace_request)
+        assert compared == 3 * len(workload.requests) and matched > 0
+        assert sum(r.stats.evicted_blocks for r in fleet) > 0
+    finally:
+        router.close()
