@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pagedkv
+from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.types import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.trace import standard_kv_cache_config
 
@@ -107,6 +108,19 @@ def test_rejects_a_foreign_event_and_sends_nothing() -> None:
             publisher.publish([object()])  # type: ignore[list-item]
         assert publisher.next_seq == 0
         assert publisher.publish([]) is None and publisher.next_seq == 0
+
+
+@pytest.mark.parametrize("bad", [{"buffer_steps": 0}, {"hwm": 0}, {"buffer_steps": 2.5}])
+def test_publisher_refuses_bad_limits(bad: dict[str, Any]) -> None:
+    with pytest.raises(InvalidArgumentError, match=next(iter(bad))):
+        ZmqEventPublisher("tcp://127.0.0.1:0", **bad)
+
+
+def test_no_dynamo_names_the_install(tmp_path: Any) -> None:
+    from pagedkv.events.dynamo import DynamoNotInstalled, find_dynamo_python
+
+    with pytest.raises(DynamoNotInstalled, match="ai-dynamo-runtime"):
+        find_dynamo_python(str(tmp_path / "no-such-python"))
 
 
 def _wait_subscribed(publisher: ZmqEventPublisher, subscriber: ZmqEventSubscriber) -> int:

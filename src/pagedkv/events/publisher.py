@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pagedkv.events.wire import DEFAULT_OPTIONS, END_SEQ, WireOptions, encode_batch, missing_dependency
+from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.types import KVCacheEvent
 
 __all__ = ["ZmqEventPublisher"]
@@ -49,16 +50,16 @@ class ZmqEventPublisher:
 
     Raises:
         ImportError: pyzmq or msgspec is not installed (``pagedkv[events]``).
-        ValueError: ``buffer_steps`` or ``hwm`` below 1.
+        InvalidArgumentError: ``buffer_steps`` or ``hwm`` not an int >= 1.
     """
 
     def __init__(self, endpoint: str = "tcp://*:5557", replay_endpoint: str | None = None, *,
                  topic: str = "", buffer_steps: int = 10_000, hwm: int = 100_000,
                  data_parallel_rank: int = 0, options: WireOptions = DEFAULT_OPTIONS) -> None:
-        if buffer_steps < 1:
-            raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
-        if hwm < 1:
-            raise ValueError(f"hwm must be >= 1, got {hwm}")
+        if type(buffer_steps) is not int or buffer_steps < 1:
+            raise InvalidArgumentError(f"buffer_steps must be an int >= 1, got {buffer_steps!r}")
+        if type(hwm) is not int or hwm < 1:
+            raise InvalidArgumentError(f"hwm must be an int >= 1, got {hwm!r}")
         encode_batch([], 0.0)  # fail now, not at the first batch, when msgspec is absent
         zmq = _zmq()
         self._zmq = zmq
