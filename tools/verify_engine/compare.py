@@ -71,6 +71,19 @@ def within_known_difference(v: Verdict) -> bool:
             and v.counters_b.get(hits, 0) >= v.counters_a.get(hits, 0))
 
 
+def without_stores_of(batches: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The stream less the ``BlockStored`` events of groups of ``kind`` (batches left empty go,
+    sequence numbers are dropped): what stays comparable where a known difference is confined
+    to those groups."""
+    kept = []
+    for batch in batches:
+        events = [e for e in batch["events"]
+                  if not (e["type"] == "BlockStored" and e.get("kv_cache_spec_kind") == kind)]
+        if events:
+            kept.append({"seq": None, "events": events, "rank": batch["rank"]})
+    return kept
+
+
 def compare_events(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[bool, str]:
     """Two recorded KV event streams (worker.event_batches; `a` is stock's): identical batch for
     batch, event for event (sequence numbers, types, every field), timestamps aside."""
