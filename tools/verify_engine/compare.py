@@ -69,3 +69,40 @@ def within_known_difference(v: Verdict) -> bool:
     return (v.differing_tokens == 0 and v.fewer_cached == 0
             and v.counters_a.get(queries) == v.counters_b.get(queries)
             and v.counters_b.get(hits, 0) >= v.counters_a.get(hits, 0))
+
+
+def without_stores_of(batches: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The stream less the ``BlockStored`` events of groups of ``kind`` (batches left empty go,
+    sequence numbers are dropped): what stays comparable where a known difference is confined
+    to those groups."""
+    kept = []
+    for batch in batches:
+        events = [e for e in batch["events"]
+                  if not (e["type"] == "BlockStored" and e.get("kv_cache_spec_kind") == kind)]
+        if events:
+            kept.append({"seq": None, "events": events, "rank": batch["rank"]})
+    return kept
+
+
+def compare_events(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Two recorded KV event streams (worker.event_batches; `a` is stock's): identical batch for
+    batch, event for event (sequence numbers, types, every field), timestamps aside."""
+    events = sum(len(batch["events"]) for batch in a)
+    kinds: dict[str, int] = {}
+    for batch in a:
+        for event in batch["events"]:
+            kinds[event["type"]] = kinds.get(event["type"], 0) + 1
+    summary = f"{len(a)} batches, {events} events ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})"
+    if a == b:
+        return True, f"event stream identical: {summary}"
+    if len(a) != len(b):
+        where = f"{len(a)} vs {len(b)} batches"
+    else:
+        index = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        x, y = a[index], b[index]
+        where = f"batch {index} (seq {x['seq']} vs {y['seq']}): {len(x['events'])} vs {len(y['events'])} events"
+        pair = next(((e, f) for e, f in zip(x["events"], y["events"]) if e != f), None)
+        if pair is not None:
+            keys = sorted(k for k in set(pair[0]) | set(pair[1]) if pair[0].get(k) != pair[1].get(k))
+            where += f"; first differing {pair[0].get('type')} differs in {', '.join(keys)}"
+    return False, f"event stream DIFFERENT: {where} (stock: {summary})"

@@ -33,6 +33,33 @@ import workloads as wl  # noqa: E402
 COUNTERS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries", "vllm:num_preemptions")
 
 
+# The engine's KV event stream (`--kv-events`): vLLM's own ZMQ publisher, bound to ipc sockets
+# (local only), read back through its replay socket after each workload, so nothing is lost to
+# a slow subscriber. Set by main() before the engine is built.
+KV_EVENTS: dict[str, str] = {}
+
+
+def kv_events_config() -> Any:
+    from vllm.config import KVEventsConfig
+
+    return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=KV_EVENTS["endpoint"],
+                          replay_endpoint=KV_EVENTS["replay"], topic="kv")
+
+
+def event_batches(start: int) -> list[dict[str, Any]]:
+    """The published batches from sequence ``start`` on, decoded to plain maps, without their
+    timestamps (the only field two runs of the same requests may not share)."""
+    from pagedkv.events import ZmqEventSubscriber
+
+    subscriber = ZmqEventSubscriber(KV_EVENTS["endpoint"], KV_EVENTS["replay"], topic="kv")
+    try:
+        time.sleep(0.2)  # vLLM's publisher thread drains its queue asynchronously
+        batches = subscriber.replay(start, timeout_ms=10_000)
+    finally:
+        subscriber.close()
+    return [{"seq": b.seq, "events": b.events, "rank": b.data_parallel_rank} for b in batches]
+
+
 def make_llm(variant: str, model_dir: str, w: wl.Workload) -> Any:
     from engine_schedulers import VARIANTS
     from vllm import LLM
@@ -54,6 +81,8 @@ def make_llm(variant: str, model_dir: str, w: wl.Workload) -> Any:
     )
     if w.num_blocks is not None:
         kwargs["num_gpu_blocks_override"] = w.num_blocks
+    if KV_EVENTS:
+        kwargs["kv_events_config"] = kv_events_config()
     return LLM(**kwargs)
 
 
@@ -88,12 +117,16 @@ def run_workload(llm: Any, label: str, w: wl.Workload) -> dict[str, Any]:
     from engine_schedulers import take_timing
 
     llm.reset_prefix_cache()
+    published = event_batches(0) if KV_EVENTS else []
+    first = published[-1]["seq"] + 1 if published else 0
     before = counters(llm)
     take_timing(label)
     outputs, seconds, out_tokens = run_batches(llm, w)
     timing = take_timing(label)
     after = counters(llm)
+    events = event_batches(first) if KV_EVENTS else None
     return {
+        "kv_events": events,
         "workload": w.name,
         "outputs": outputs,
         "counters": {k: after[k] - before[k] for k in COUNTERS},
@@ -121,7 +154,12 @@ def main() -> None:
     ap.add_argument("--workloads", default="")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--kv-events", action="store_true",
+                    help="run mode: publish KV events (vLLM's ZMQ publisher) and record the stream")
     args = ap.parse_args()
+    if args.kv_events:
+        base = f"ipc://{Path(args.out).with_suffix('')}"
+        KV_EVENTS.update(endpoint=f"{base}.kv-events", replay=f"{base}.kv-replay")
     by_name = {w.name: w for w in wl.all_workloads()}
     names = [n for n in args.workloads.split(";") if n]
     chosen = [by_name[n] for n in names]

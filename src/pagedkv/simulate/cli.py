@@ -17,9 +17,10 @@ import json
 import sys
 from typing import Any
 
+from pagedkv.events.dynamo import DynamoNotInstalled
 from pagedkv.simulate.analysis import analyze
 from pagedkv.simulate.capacity import Capacity, parse_capacities, planned_config, single_group_config
-from pagedkv.simulate.fleet import ROUTERS, run_fleet
+from pagedkv.simulate.fleet import BUILTIN_ROUTERS, ROUTERS, run_fleet
 from pagedkv.simulate.replica import MODES, SchedulerConfig
 from pagedkv.simulate.report import print_table, report, run_summary, write_csv
 from pagedkv.simulate.requests import PrefixHasher, TokenSource
@@ -98,9 +99,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: the longest request of the trace")
     parser.add_argument("--replicas", type=_positive_int, default=1, metavar="N")
     parser.add_argument("--router", default="round-robin", metavar="NAME[,NAME...]",
-                        help=f"with --replicas > 1: {', '.join(ROUTERS)}, a comma list or 'all'")
+                        help=f"with --replicas > 1: {', '.join(ROUTERS)}, a comma list; 'all' is the first "
+                             f"three (dynamo needs NVIDIA Dynamo installed: docs/fleet.md)")
     parser.add_argument("--prefix-balance", type=_non_negative_float, default=1.0, metavar="W",
                         help="prefix-aware router: weight of load against tokens to prefill (default 1)")
+    parser.add_argument("--dynamo-python", default=None, metavar="PATH",
+                        help="--router dynamo: a python with ai-dynamo-runtime (default: $PAGEDKV_DYNAMO_PYTHON, "
+                             "then ~/.cache/pagedkv/router-venv/bin/python)")
+    parser.add_argument("--dynamo-overlap-weight", type=_non_negative_float, default=1.0, metavar="W",
+                        help="--router dynamo: weight of prefill blocks against decode blocks (Dynamo's "
+                             "overlap_score_weight, default 1)")
     parser.add_argument("--max-num-seqs", type=_positive_int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
     parser.add_argument("--step-ms", type=_non_negative_float, default=5.0,
@@ -126,7 +134,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _routers(text: str, replicas: int) -> list[str]:
     if replicas == 1:
         return ["-"]
-    names = list(ROUTERS) if text == "all" else [name.strip() for name in text.split(",")]
+    names: list[str] = []
+    for name in (part.strip() for part in text.split(",")):
+        names += BUILTIN_ROUTERS if name == "all" else [name]
     for name in names:
         if name not in ROUTERS:
             raise argparse.ArgumentTypeError(f"--router must be among {', '.join(ROUTERS)} or 'all', got {name!r}")
@@ -201,10 +211,14 @@ def run(args: argparse.Namespace) -> int:
                     router=router if router != "-" else "round-robin", scheduler=scheduler,
                     hash_fn=args.hash_fn, seed=args.seed, max_model_len=max_model_len,
                     balance=args.prefix_balance, progress=progress,
-                    label=f"{capacity.label} {router}".strip(" -"), hasher=hasher, source=source)
+                    label=f"{capacity.label} {router}".strip(" -"), hasher=hasher, source=source,
+                    dynamo_python=args.dynamo_python, dynamo_overlap_weight=args.dynamo_overlap_weight)
                 runs.append(run_summary(result, capacity, analysis))
     except PagedKVError as error:  # the manager refused the configuration
         _fail(args.json, "invalid_config", str(error))
+        return 2
+    except (DynamoNotInstalled, ImportError) as error:  # --router dynamo without Dynamo or pagedkv[events]
+        _fail(args.json, "missing_dependency", str(error))
         return 2
     settings = {"mode": args.mode, "hash_fn": args.hash_fn, "seed": args.seed, "limit": args.limit,
                 "max_model_len": max_model_len, "model": model_name,

@@ -21,6 +21,12 @@ moment. Routers:
   then a turn that rotates with each request.
   The events arrive after each step, so the router's view lags the caches
   by at most one step, as a real event stream does.
+- ``dynamo``: NVIDIA Dynamo's KV indexer, fed only by the replicas' events
+  on vLLM's wire (``pagedkv.simulate.dynamo_router``; needs Dynamo
+  installed, see docs/fleet.md). Not part of ``all``.
+
+Each router's cost is the wall time of its decisions (``FleetResult.route_s``;
+for ``dynamo`` without the wait that keeps its view in step, see its module).
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ from pagedkv.simulate.workload import TraceRequest, Workload
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.types import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
-__all__ = ["ROUTERS", "Router", "RoundRobinRouter", "LeastLoadedRouter", "PrefixAwareRouter",
+__all__ = ["ROUTERS", "BUILTIN_ROUTERS", "Router", "RoundRobinRouter", "LeastLoadedRouter", "PrefixAwareRouter",
            "make_router", "FleetResult", "run_fleet"]
 
-ROUTERS: Final[tuple[str, ...]] = ("round-robin", "least-loaded", "prefix-aware")
+BUILTIN_ROUTERS: Final[tuple[str, ...]] = ("round-robin", "least-loaded", "prefix-aware")
+"""The routers ``--router all`` runs: no dependency outside pagedkv."""
+ROUTERS: Final[tuple[str, ...]] = (*BUILTIN_ROUTERS, "dynamo")
 
 
 class Router(Protocol):
@@ -171,6 +179,8 @@ def make_router(name: str, balance: float = 1.0) -> Router:
         return LeastLoadedRouter()
     if name == "prefix-aware":
         return PrefixAwareRouter(balance)
+    if name == "dynamo":
+        raise ValueError("the dynamo router needs the fleet: run_fleet builds it")
     raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {name!r}")
 
 
@@ -188,6 +198,9 @@ class FleetResult:
     wall_s: float
     hashed_blocks: int
     memoised_blocks: int
+    route_s: float = 0.0
+    """Wall time of the routing decisions (without ``dynamo``'s fence waits)."""
+    decisions: int = 0
 
 
 def _progress(requests: Iterable[TraceRequest], total: int, label: str,
@@ -207,23 +220,27 @@ def run_fleet(workload: Workload, config: KVCacheConfig, *, mode: str, replicas:
               router: str = "round-robin", scheduler: SchedulerConfig | None = None,
               hash_fn: str = "xxh3_128", seed: int = 0, max_model_len: int | None = None,
               balance: float = 1.0, progress: bool = False, label: str = "simulate",
-              hasher: PrefixHasher | None = None, source: TokenSource | None = None) -> FleetResult:
+              hasher: PrefixHasher | None = None, source: TokenSource | None = None,
+              dynamo_python: str | None = None, dynamo_overlap_weight: float = 1.0) -> FleetResult:
     """Replay ``workload`` through ``replicas`` managers built on ``config``.
 
     ``mode`` is "cache" or "engine" (``pagedkv.simulate.replica``).
     ``hasher``/``source`` may be passed to share their memo across replays
-    of the same workload.
+    of the same workload. ``dynamo_python`` is the interpreter with Dynamo
+    for ``router="dynamo"`` (default: see ``pagedkv.events.dynamo``).
 
     Raises:
         ValueError: an unknown mode or router, fewer than one replica.
         pagedkv.spec.errors.InvalidConfigError: the manager refuses ``config``.
+        pagedkv.events.dynamo.DynamoNotInstalled: ``router="dynamo"`` without Dynamo.
     """
     if mode not in ("cache", "engine"):
         raise ValueError(f"--mode must be 'cache' or 'engine', got {mode!r}")
     if replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {replicas}")
     scheduler = scheduler or SchedulerConfig()
-    chooser = make_router(router, balance)
+    chooser = (None if router == "dynamo" and replicas > 1
+               else make_router("round-robin" if router == "dynamo" else router, balance))
     cache_mode = mode == "cache"
     requests = workload.requests
     if max_model_len is None:
@@ -231,8 +248,31 @@ def run_fleet(workload: Workload, config: KVCacheConfig, *, mode: str, replicas:
     span = requests[-1].arrival_ms - requests[0].arrival_ms if requests else 0.0
     sample_every = max(1.0, len(requests) / 1000) if cache_mode else max(1.0, span / 1000)
     fleet = [Replica(i, config, max_model_len, hash_fn=hash_fn, hash_seed=str(seed),
-                     scheduler=scheduler, sample_every=sample_every, on_events=chooser.observe)
+                     scheduler=scheduler, sample_every=sample_every,
+                     on_events=None if chooser is None else chooser.observe)
              for i in range(replicas)]
+    if chooser is None:
+        from pagedkv.simulate.dynamo_router import DynamoRouter
+
+        dynamo = DynamoRouter(fleet, overlap_weight=dynamo_overlap_weight, python=dynamo_python)
+        for replica in fleet:
+            replica.on_events = dynamo.observe
+        chooser = dynamo
+    try:
+        return _replay(workload, fleet, chooser, mode=mode, router=router, config=config, hash_fn=hash_fn,
+                       seed=seed, progress=progress, label=label, hasher=hasher, source=source)
+    finally:
+        close = getattr(chooser, "close", None)
+        if close is not None:
+            close()
+
+
+def _replay(workload: Workload, fleet: list[Replica], chooser: Router, *, mode: str, router: str,
+            config: KVCacheConfig, hash_fn: str, seed: int, progress: bool, label: str,
+            hasher: PrefixHasher | None, source: TokenSource | None) -> FleetResult:
+    cache_mode = mode == "cache"
+    requests = workload.requests
+    replicas = len(fleet)
     h = fleet[0].hash_block_size
     source = source or TokenSource(workload.block_tokens, seed)
     if hasher is None or hasher.hash_block_size != h:
@@ -240,14 +280,21 @@ def run_fleet(workload: Workload, config: KVCacheConfig, *, mode: str, replicas:
     hashed_before, memoised_before = hasher.hashed, hasher.memoised
     routed = [0] * replicas
     decay = 1.0 - 1.0 / replicas
-    started = time.perf_counter()
+    route_s = 0.0
+    clock = time.perf_counter
+    started = clock()
     for number, trace_request in enumerate(_progress(requests, len(requests), label, progress)):
         request = SimRequest(f"r{number}", trace_request.block_ids, trace_request.input_length,
                              source, hasher)
         if not cache_mode:
             for replica in fleet:
                 replica.advance_to(trace_request.arrival_ms)
-        chosen = 0 if replicas == 1 else chooser.choose(request, fleet, cache_mode)
+        if replicas == 1:
+            chosen = 0
+        else:
+            before = clock()
+            chosen = chooser.choose(request, fleet, cache_mode)
+            route_s += clock() - before
         routed[chosen] += 1
         if cache_mode:
             for replica in fleet:  # recent load: an exponentially decayed sum
@@ -264,4 +311,6 @@ def run_fleet(workload: Workload, config: KVCacheConfig, *, mode: str, replicas:
         num_blocks=config.num_blocks, block_size=h, replicas=[r.stats for r in fleet],
         routed=routed, span_ms=max((r.now for r in fleet), default=0.0) if not cache_mode else 0.0,
         wall_s=wall, hashed_blocks=hasher.hashed - hashed_before,
-        memoised_blocks=hasher.memoised - memoised_before)
+        memoised_blocks=hasher.memoised - memoised_before,
+        route_s=max(0.0, route_s - getattr(chooser, "fence_s", 0.0)),
+        decisions=len(requests) if replicas > 1 else 0)

@@ -7,7 +7,9 @@ Three figures, from the dict :func:`pagedkv.simulate.report.report` builds:
 - ``occupancy.png``: blocks cached (and, in engine mode, in use) over time
   (engine) or requests (cache), and the evictions so far, one line per
   capacity, of the first replica;
-- ``reuse_cdf.png``: the reuse-distance CDF in tokens (log axis).
+- ``reuse_cdf.png``: the reuse-distance CDF in tokens (log axis);
+- ``routers.png`` (with ``--replicas`` > 1): per router, the hit rate, the
+  load imbalance and the router's wall time per decision (log axis).
 """
 
 from __future__ import annotations
@@ -99,7 +101,26 @@ def plot_report(doc: dict[str, Any], directory: str) -> list[str]:
     axes.set_ylim(0, 1.02)
     axes.grid(True, which="both", alpha=0.3)
     paths.append(_save(figure, directory, "reuse_cdf.png"))
+    fleet = [r for r in runs if r["replicas"] > 1]
+    if fleet:
+        paths.append(_plot_routers(plt, fleet, title, directory))
     return paths
+
+
+def _plot_routers(plt: Any, runs: list[dict[str, Any]], title: str, directory: str) -> str:
+    figure, panels = plt.subplots(1, 3, figsize=(10.5, 3.6))
+    labels = [f"{r['router']}\n{r['capacity']}" if len({x['capacity'] for x in runs}) > 1 else r["router"]
+              for r in runs]
+    positions = range(len(runs))
+    for axes, key, name in zip(panels, ("hit_rate", "load_imbalance", "route_us_per_request"),
+                               ("prefix hit rate", "load imbalance (max / mean)", "router µs per decision")):
+        axes.bar(positions, [r[key] or 0.0 for r in runs], color="tab:blue")
+        axes.set_xticks(list(positions), labels, rotation=30, fontsize=7, ha="right")
+        axes.set_title(name, fontsize=9)
+        axes.grid(True, axis="y", alpha=0.3)
+    panels[2].set_yscale("log")
+    figure.suptitle(f"{title}: {runs[0]['replicas']} replicas", fontsize=10)
+    return _save(figure, directory, "routers.png")
 
 
 def _save(figure: Any, directory: str, name: str) -> str:

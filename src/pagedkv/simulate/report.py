@@ -71,6 +71,7 @@ def run_summary(result: FleetResult, capacity: Capacity, analysis: WorkloadAnaly
         "load_imbalance": (max(routed_tokens) / mean_tokens) if mean_tokens else None,
         "replica_hit_rates": [s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0 for s in stats],
         "wall_s": result.wall_s,
+        "route_us_per_request": (result.route_s / result.decisions * 1e6) if result.decisions else None,
         "blocks_hashed": result.hashed_blocks,
         "blocks_hash_memoised": result.memoised_blocks,
         "timeline": [list(point) for point in stats[0].timeline] if stats else [],
@@ -176,7 +177,7 @@ def print_table(doc: dict[str, Any], out: TextIO) -> None:
               f"of reuses from {_tokens(ideal['lru_model_tokens_for_90pct_of_reuse'])} tokens", file=out)
     header = (f"  {'capacity':>9} {'blocks':>9} {'tokens':>7} {'repl':>4} {'router':>12} {'hit':>6} "
               f"{'blk hit':>7} {'%ideal':>6} {'saved':>7} {'evicted':>8} {'rej':>4} {'preempt':>7} "
-              f"{'qd p50':>8} {'qd p99':>8} {'ttft p99':>9} {'imbal':>5} {'wall s':>6}")
+              f"{'qd p50':>8} {'qd p99':>8} {'ttft p99':>9} {'imbal':>5} {'route us':>8} {'wall s':>6}")
     print(header, file=out)
     for run in doc["runs"]:
         print(f"  {run['capacity']:>9} {run['num_blocks']:>9,} {_tokens(run['capacity_tokens']):>7} "
@@ -185,17 +186,17 @@ def print_table(doc: dict[str, Any], out: TextIO) -> None:
               f"{run['evicted_blocks']:>8,} {run['requests_rejected']:>4} {run['preemptions']:>7} "
               f"{_fmt(run['queue_delay_ms_p50'], '.0f'):>8} {_fmt(run['queue_delay_ms_p99'], '.0f'):>8} "
               f"{_fmt(run['ttft_ms_p99'], '.0f'):>9} {_fmt(run['load_imbalance'], '.2f'):>5} "
-              f"{run['wall_s']:>6.1f}", file=out)
+              f"{_fmt(run['route_us_per_request'], '.1f'):>8} {run['wall_s']:>6.1f}", file=out)
     if settings["mode"] == "engine":
         print("  (qd: queueing delay, ttft: time to first token, in simulated ms; imbal: the busiest "
-              "replica's prompt tokens over the mean)", file=out)
+              "replica's prompt tokens over the mean; route us: the router's wall time per decision)", file=out)
 
 
 CSV_FIELDS: tuple[str, ...] = (
     "capacity", "num_blocks", "capacity_tokens", "mode", "replicas", "router", "hit_rate",
     "block_hit_rate", "share_of_ideal", "prefill_tokens_saved", "prefill_tokens_computed",
     "requests_served", "requests_rejected", "preemptions", "evicted_blocks", "queue_delay_ms_p50",
-    "queue_delay_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "load_imbalance", "wall_s",
+    "queue_delay_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "load_imbalance", "wall_s", "route_us_per_request",
 )
 
 
