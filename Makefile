@@ -94,6 +94,21 @@ verify-engine:
 	$(ENGINE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_versions.py tests/test_vllm_integration.py
 	nice $(ENGINE_VENV)/bin/python tools/verify_engine/engine_check.py $(VERIFY_ENGINE_ARGS)
 
+# Serving under abuse (issue 33): the OpenAI server on pagedkv and on stock vLLM under the same
+# seeded abuse workload (bad requests, disconnects, aborts of waiting and preempted requests,
+# resets, a burst), and a negative control that leaks a block (docs/vllm-engine.md). Not part of
+# `verify`; the engine venv is verify-engine's. The soak plots with the dev venv's matplotlib;
+# results and plots go to .abuse-results/ (git-ignored).
+.PHONY: verify-abuse verify-abuse-soak
+verify-abuse:
+	ENGINE_VENV=$(ENGINE_VENV) PYTHON=$(PYTHON) bash tools/verify_engine/install.sh
+	nice $(ENGINE_VENV)/bin/python tools/verify_abuse/abuse_check.py $(VERIFY_ABUSE_ARGS)
+
+verify-abuse-soak: install
+	ENGINE_VENV=$(ENGINE_VENV) PYTHON=$(PYTHON) bash tools/verify_engine/install.sh
+	nice $(ENGINE_VENV)/bin/python tools/verify_abuse/abuse_check.py --soak $(VERIFY_ABUSE_ARGS); \
+	  rc=$$?; $(PY) tools/verify_abuse/plot.py .abuse-results/soak-*.json; exit $$rc
+
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
 
