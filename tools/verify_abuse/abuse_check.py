@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("--candidate", default="pagedkv", choices=["pagedkv", "stock"],
                     help="the engine checked against stock (stock: the workload's self-check)")
     ap.add_argument("--soak", action="store_true", help="run the soak (soak.py) instead")
-    ap.add_argument("--soak-requests", type=int, default=1200)
+    ap.add_argument("--soak-requests", type=int, default=600)
     ap.add_argument("--soak-variant", default="pagedkv", choices=["pagedkv", "stock"])
     args = ap.parse_args()
 
