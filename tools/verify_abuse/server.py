@@ -140,3 +140,12 @@ def tree_rss_kib(pid: int) -> dict[int, int]:
             continue
         todo.extend(children.get(p, []))
     return rss
+
+
+def process_name(pid: int) -> str:
+    """`comm` of a process and its pid, e.g. "VLLM::EngineCor 1234"."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f"{f.read().strip()} {pid}"
+    except OSError:
+        return str(pid)
