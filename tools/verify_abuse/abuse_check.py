@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=os.environ.get("PAGEDKV_ENGINE_CACHE", str(Path.home() / ".cache/pagedkv")))
     ap.add_argument("--results", default=str(REPO / ".abuse-results"), help="folder for the JSON results and plots")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default="llama", choices=["llama", "hybrid"],
+                    help="verify-engine's tiny Llama, or its Gemma-3 (sliding window + full attention)")
     ap.add_argument("--load", type=int, default=pl.Sizes.load, help="streams in the load phase")
     ap.add_argument("--concurrency", type=int, default=pl.Sizes.concurrency)
     ap.add_argument("--burst-factor", type=int, default=pl.Sizes.burst_factor)
@@ -64,7 +66,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    model_dir = str(models.write_model("llama", cache / "models"))
+    model_dir = str(models.write_model(args.model, cache / "models"))
     shape = sv.ServerShape()
     sizes = pl.Sizes(load=args.load, concurrency=args.concurrency, burst_factor=args.burst_factor,
                      seeded=args.seeded_sampling)
@@ -122,7 +124,7 @@ def main() -> int:
     print()
     print(vd.table(verdicts))
     print()
-    report = results / f"abuse-seed{args.seed}.json"
+    report = results / f"abuse-{args.model}-seed{args.seed}.json"
     report.write_text(json.dumps({"verdicts": verdicts, "control": control, "runs": runs,
                                   "failures": failures}, indent=1, default=str))
     log(f"results: {report}")
