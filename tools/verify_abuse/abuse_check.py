@@ -102,8 +102,10 @@ def main() -> int:
         failures.append("stock: the scheduler saw no abort: the workload tests nothing")
 
     control: dict[str, Any] = {}
-    if not args.skip_control:
-        variant = "pagedkv-leaky" if args.candidate == "pagedkv" else "stock"
+    if args.candidate == "stock" and not args.skip_control:
+        log("negative control: skipped (its leaking scheduler is pagedkv's; run with --candidate pagedkv)")
+    elif not args.skip_control:
+        variant = "pagedkv-leaky"
         log(f"negative control: {variant}, load phase of {args.control_load} streams")
         small = dataclasses.replace(sizes, load=args.control_load)
         control_workload = pl.build(args.seed, small, shape.max_model_len, shape.block_size, shape.usable_tokens)
