@@ -110,6 +110,21 @@ verify-router: install
 	ROUTER_VENV=$(ROUTER_VENV) PYTHON=$(PYTHON) bash tools/verify_router/install.sh
 	timeout 600 $(PY) tools/verify_router/verify_router.py --dynamo-python $(ROUTER_VENV)/bin/python $(VERIFY_ROUTER_ARGS)
 
+# Serving under abuse: the OpenAI server on pagedkv and on stock vLLM under the same
+# seeded abuse workload (bad requests, disconnects, aborts of waiting and preempted requests,
+# resets, a burst), and a negative control that leaks a block (docs/vllm-engine.md). Not part of
+# `verify`; the engine venv is verify-engine's. The soak plots with the dev venv's matplotlib;
+# results and plots go to .abuse-results/ (git-ignored).
+.PHONY: verify-abuse verify-abuse-soak
+verify-abuse:
+	ENGINE_VENV=$(ENGINE_VENV) PYTHON=$(PYTHON) bash tools/verify_engine/install.sh
+	nice $(ENGINE_VENV)/bin/python tools/verify_abuse/abuse_check.py $(VERIFY_ABUSE_ARGS)
+
+verify-abuse-soak: install
+	ENGINE_VENV=$(ENGINE_VENV) PYTHON=$(PYTHON) bash tools/verify_engine/install.sh
+	nice $(ENGINE_VENV)/bin/python tools/verify_abuse/abuse_check.py --soak $(VERIFY_ABUSE_ARGS); \
+	  rc=$$?; $(PY) tools/verify_abuse/plot.py .abuse-results/soak-*.json; exit $$rc
+
 # With --vllm, the side-by-side figures against vLLM 0.33 (its venv is built first).
 bench: install $(if $(findstring --vllm,$(BENCH_ARGS)),vllm-venv)
 	VLLM_VENV=$(VLLM_VENV) $(PY) -m bench $(BENCH_ARGS)
