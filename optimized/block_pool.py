@@ -235,7 +235,7 @@ class BlockPool(PoolView):
         self._hash[block] = None
         self._gid[block] = -1
         if announce and self.enable_kv_cache_events:
-            self._events.append(BlockRemoved(block_hashes=(block_hash,), medium=MEDIUM_GPU))
+            self._events.append(BlockRemoved(block_hashes=(block_hash,), medium=MEDIUM_GPU, group_idx=group_id))
 
     def touch(self, blocks: Iterable[int]) -> None:
         """For each non-null block in order: leave the free queue if its ref

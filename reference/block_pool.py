@@ -31,6 +31,7 @@ from pagedkv.spec.types import (
     BlockStored,
     KVCacheEvent,
     get_block_hash,
+    get_group_id,
     make_block_hash_with_group_id,
 )
 
@@ -250,7 +251,7 @@ class BlockPool:
             del self.cached[key]
         block.block_hash = None
         if self.enable_kv_cache_events:
-            self.events.append(BlockRemoved(block_hashes=(get_block_hash(key),)))
+            self.events.append(BlockRemoved(block_hashes=(get_block_hash(key),), group_idx=get_group_id(key)))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the cache keys of the given blocks, in the given order. Blocks

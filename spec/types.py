@@ -85,10 +85,14 @@ class BlockStored:
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
-    """A cached block lost its hash (evicted on reuse or by ``evict_blocks``)."""
+    """A cached block lost its hash (evicted on reuse or by ``evict_blocks``).
+
+    ``group_idx`` is the KV cache group whose key was dropped (D-EVT-12).
+    """
 
     block_hashes: tuple[BlockHash, ...]
     medium: str | None = MEDIUM_GPU
+    group_idx: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,7 +189,9 @@ _stored = st.builds(
     session_id=st.none() | st.text(max_size=5),
     lookahead_token_ids=st.none() | st.lists(st.lists(st.integers(0, 9), max_size=2).map(tuple),
                                              max_size=2).map(tuple))
-_events = st.lists(st.one_of(_stored, st.builds(BlockRemoved, st.lists(_hashes, min_size=1, max_size=2).map(tuple)),
+_removed = st.builds(BlockRemoved, st.lists(_hashes, min_size=1, max_size=2).map(tuple),
+                     group_idx=st.none() | st.integers(0, 2))
+_events = st.lists(st.one_of(_stored, _removed,
                              st.just(AllBlocksCleared())), max_size=5)
 _groups = (GroupMetadata("sliding_window", 1024), GroupMetadata("full_attention"))
 
@@ -213,7 +215,7 @@ def _as_vllm(kv: Any, event: KVCacheEvent, options: WireOptions) -> Any:
         return out
     if isinstance(event, BlockRemoved):
         return kv.BlockRemoved(block_hashes=[ext(h) for h in event.block_hashes], medium=event.medium,
-                               group_idx=0 if len(options.groups) == 1 else None)
+                               group_idx=event.group_idx)
     return kv.AllBlocksCleared()
 
 

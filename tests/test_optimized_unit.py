@@ -173,7 +173,7 @@ def test_pool_allocation_evicts_lazily_with_events() -> None:
     assert stored[0].block_hashes == tuple(request.block_hashes)
     pool.free_blocks(blocks[::-1])
     assert pool.get_new_blocks(1) == [2]  # LRU: block 2 was released first
-    assert pool.take_events() == [BlockRemoved(block_hashes=(request.block_hashes[1],))]
+    assert pool.take_events() == [BlockRemoved(block_hashes=(request.block_hashes[1],), group_idx=0)]
     assert pool.get_cached_block(request.block_hashes[1], [0]) is None
     pool.check_invariants()
 

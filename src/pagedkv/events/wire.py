@@ -106,9 +106,8 @@ class WireOptions:
 
     ``groups`` annotates each ``BlockStored`` with its group's kind and
     window (empty: no annotation, as a bare vLLM block pool). A
-    ``BlockRemoved`` carries ``group_idx`` 0 when there is exactly one
-    group and none otherwise, as pagedkv's vLLM adapter sends (pagedkv's
-    removal events do not record their group: see docs/fleet.md).
+    ``BlockRemoved`` carries the group of the key it dropped, as vLLM
+    0.33's block pool does (D-EVT-12).
     """
 
     hashes: HashForm = "int"
@@ -151,7 +150,7 @@ def _struct(schema: Any, event: KVCacheEvent, options: WireOptions) -> Any:
         return out
     if type(event) is BlockRemoved:
         return schema.BlockRemoved(block_hashes=_hash_list(event.block_hashes, form), medium=event.medium,
-                                   group_idx=0 if len(options.groups) == 1 else None)
+                                   group_idx=event.group_idx)
     if type(event) is AllBlocksCleared:
         return schema.AllBlocksCleared()
     raise TypeError(f"event must be BlockStored, BlockRemoved or AllBlocksCleared, got {type(event).__name__}")

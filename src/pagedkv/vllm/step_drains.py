@@ -98,7 +98,7 @@ class StepDrains:
                     yield _compat.BlockRemoved(
                         block_hashes=[_compat.external_block_hash(block_hash)],
                         medium=event.medium,
-                        group_idx=0 if self.num_kv_cache_groups == 1 else None)
+                        group_idx=event.group_idx)
             elif isinstance(event, CoreAllBlocksCleared):
                 yield _compat.AllBlocksCleared()
             else:
