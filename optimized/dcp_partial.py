@@ -14,21 +14,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pagedkv.spec.dcp import (
+from pagedkv.optimized.dcp_rules import (
     check_dcp_world_size,
     partial_hits_configured_under_dcp,
     prompt_tail_boundary,
     tail_boundaries,
 )
-from pagedkv.spec.eagle import sub_block_eagle_limit
-from pagedkv.spec.errors import InvalidConfigError
-from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_partial import (
+from pagedkv.optimized.eagle_rules import sub_block_eagle_limit
+from pagedkv.optimized.mamba_partial_rules import (
     check_supported,
     partial_hits_supported,
     shared_prefix_checkpoint_supported,
     state_keys_in_block,
 )
+from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import BlockHash
 
 from .mamba_partial import key_block

@@ -15,7 +15,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from pagedkv.optimized.hisparse_rules import (
+    AllocationCounts,
+    check_transfer_ids,
+    full_sequence_need,
+    import_pages,
+    plan_allocation,
+    residency_update,
+    row_mirrors,
+    stored_events,
+    wants_hot_region,
+    writeback_window,
+)
 from pagedkv.optimized.hisparse_state import RequestState, TierPool
+from pagedkv.optimized.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     UnknownRequestError,
@@ -32,19 +45,6 @@ from pagedkv.spec.hisparse import (
     ResidencyUpdate,
     RowMirror,
 )
-from pagedkv.spec.hisparse_rules import (
-    AllocationCounts,
-    check_transfer_ids,
-    full_sequence_need,
-    import_pages,
-    plan_allocation,
-    residency_update,
-    row_mirrors,
-    stored_events,
-    wants_hot_region,
-    writeback_window,
-)
-from pagedkv.spec.hisparse_steps import HostTierSteps
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierManager"]

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.optimized.mamba_checkpoint_rules import checkpoint_column, checkpoint_exportable, checkpoint_position
+from pagedkv.optimized.mamba_partial_rules import state_key
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_checkpoints import checkpoint_column, checkpoint_exportable, checkpoint_position
-from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pagedkv.optimized.connector_hits import connector_completes_state
+from pagedkv.optimized.mamba_partial_rules import hit_fits
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
-from pagedkv.spec.connector_hits import connector_completes_state
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
-from pagedkv.spec.mamba_partial import hit_fits
 from pagedkv.spec.request import RequestView
 from pagedkv.spec.types import BlockHash
 

@@ -20,6 +20,15 @@ from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.reference.eagle import apply_eagle_groups
+from pagedkv.reference.features.dcp_rules import check_dcp_world_size, partial_hits_configured_under_dcp
+from pagedkv.reference.features.eagle_rules import eagle_peek_limit
+from pagedkv.reference.features.mamba_checkpoint_rules import partial_hash_hits_configured
+from pagedkv.reference.features.mamba_partial_rules import (
+    check_supported,
+    partial_hits_supported,
+    shared_prefix_checkpoint_supported,
+    state_keys_in_block,
+)
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.ring import RingManager
 from pagedkv.reference.rswa import RSWAManager
@@ -27,18 +36,9 @@ from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManage
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.dcp import check_dcp_world_size, partial_hits_configured_under_dcp
-from pagedkv.spec.eagle import eagle_peek_limit
 from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
-from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
-from pagedkv.spec.mamba_partial import (
-    check_supported,
-    partial_hits_supported,
-    shared_prefix_checkpoint_supported,
-    state_keys_in_block,
-)
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 

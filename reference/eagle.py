@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.reference.features.eagle_rules import eagle_group_mask
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.config import KVCacheGroupSpec
-from pagedkv.spec.eagle import eagle_group_mask
 from pagedkv.spec.registry import manager_kind_for
 
 __all__ = ["apply_eagle_groups"]

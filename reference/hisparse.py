@@ -13,6 +13,19 @@ import pprint
 from collections.abc import Sequence
 from typing import Literal
 
+from pagedkv.reference.features.hisparse_rules import (
+    AllocationCounts,
+    check_transfer_ids,
+    full_sequence_need,
+    import_pages,
+    plan_allocation,
+    residency_update,
+    row_mirrors,
+    stored_events,
+    wants_hot_region,
+    writeback_window,
+)
+from pagedkv.reference.features.hisparse_steps import HostTierSteps
 from pagedkv.reference.hisparse_state import RequestState, TierPool
 from pagedkv.spec.errors import (
     InvalidArgumentError,
@@ -31,19 +44,6 @@ from pagedkv.spec.hisparse import (
     ResidencyUpdate,
     RowMirror,
 )
-from pagedkv.spec.hisparse_rules import (
-    AllocationCounts,
-    check_transfer_ids,
-    full_sequence_need,
-    import_pages,
-    plan_allocation,
-    residency_update,
-    row_mirrors,
-    stored_events,
-    wants_hot_region,
-    writeback_window,
-)
-from pagedkv.spec.hisparse_steps import HostTierSteps
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierManager"]

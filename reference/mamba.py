@@ -24,6 +24,12 @@ from collections.abc import Sequence
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference.features.mamba_checkpoint_rules import (
+    checkpoint_column,
+    checkpoint_exportable,
+    checkpoint_position,
+)
+from pagedkv.reference.features.mamba_partial_rules import state_key
 from pagedkv.reference.mamba_partial import hit_padding, move_key
 from pagedkv.reference.mamba_publish import (
     finalize_partial_tail,
@@ -34,8 +40,6 @@ from pagedkv.reference.mamba_publish import (
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
-from pagedkv.spec.mamba_checkpoints import checkpoint_column, checkpoint_exportable, checkpoint_position
-from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash, BlockHashWithGroupId
 

@@ -20,10 +20,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pagedkv.reference import rules
+from pagedkv.reference.features.mamba_checkpoint_rules import (
+    checkpoint_published,
+    mamba_kept_boundaries,
+    mamba_retention_mask,
+)
+from pagedkv.reference.features.mamba_partial_rules import resume_position, state_key
 from pagedkv.reference.mamba_partial import key_block
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
-from pagedkv.spec.mamba_partial import resume_position, state_key
 
 if TYPE_CHECKING:
     from pagedkv.reference.block_pool import KVCacheBlock

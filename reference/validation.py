@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from pagedkv.reference.block_pool import KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.cross_attention import CrossAttentionManager
+from pagedkv.reference.features.connector_hits import connector_completes_state
+from pagedkv.reference.features.mamba_partial_rules import hit_fits
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
-from pagedkv.spec.connector_hits import connector_completes_state
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
-from pagedkv.spec.mamba_partial import hit_fits
 from pagedkv.spec.request import RequestView
 
 if TYPE_CHECKING:

@@ -15,8 +15,12 @@ from typing import Any
 
 import pytest
 
+from pagedkv.reference.features.dcp_rules import (
+    context_parallel_block_size,
+    partial_hits_configured_under_dcp,
+    tail_boundaries,
+)
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from pagedkv.spec.dcp import context_parallel_block_size, partial_hits_configured_under_dcp, tail_boundaries
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.implementations import IMPLEMENTATIONS

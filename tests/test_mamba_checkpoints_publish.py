@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 
+from pagedkv.reference.features.mamba_checkpoint_rules import (
+    checkpoint_published,
+    mamba_kept_boundaries,
+    mamba_retention_mask,
+)
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
-from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
 from pagedkv.spec.mamba_spec import MambaSpec
 
 N = 0  # the null block
