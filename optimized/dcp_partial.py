@@ -5,7 +5,7 @@ blocks -- what decode context parallelism's widened blocks need
 The coordinator swaps :class:`FullAttentionSubBlockManager` in for a
 full-attention group larger than the hash block when sub-block hits are
 switched on (no request is known then). The rules are the reference's
-(``pagedkv.reference.dcp_partial``); here the hit search scans the cached
+(``pagedkv.reference.features.dcp_partial``); here the hit search scans the cached
 full blocks once, then probes only the first block past them.
 """
 

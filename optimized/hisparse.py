@@ -1,6 +1,6 @@
 """The host tier of HiSparse groups with cheaper structures (spec/host_tier.md).
 
-Same observable behaviour as ``pagedkv.reference.hisparse`` (the lockstep
+Same observable behaviour as ``pagedkv.reference.features.hisparse`` (the lockstep
 test runs both), different structures:
 
 - each pool's free queue is an ``OrderedDict``, so taking a hit block out of

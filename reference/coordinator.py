@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
-from pagedkv.reference.dcp_partial import FullAttentionSubBlockManager
-from pagedkv.reference.eagle import apply_eagle_groups
+from pagedkv.reference.features.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.reference.features.dcp_rules import check_dcp_world_size, partial_hits_configured_under_dcp
+from pagedkv.reference.features.eagle import apply_eagle_groups
 from pagedkv.reference.features.eagle_rules import eagle_peek_limit
 from pagedkv.reference.features.mamba_checkpoint_rules import partial_hash_hits_configured
 from pagedkv.reference.features.mamba_partial_rules import (
@@ -29,9 +29,8 @@ from pagedkv.reference.features.mamba_partial_rules import (
     shared_prefix_checkpoint_supported,
     state_keys_in_block,
 )
+from pagedkv.reference.hooks import Feature, attention_types
 from pagedkv.reference.mamba import MambaManager
-from pagedkv.reference.ring import RingManager
-from pagedkv.reference.rswa import RSWAManager
 from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.spec.attention_variants import prefix_cacheable
@@ -52,10 +51,9 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "chunked_local": ChunkedLocalAttentionManager,
     "mamba": MambaManager,
     "cross_attention": CrossAttentionManager,
-    "circular_buffer": RingManager,
-    "rswa": RSWAManager,
 }
-"""The reference manager for each manager kind of :mod:`pagedkv.spec.registry`."""
+"""The kernel's manager for each seed manager kind of :mod:`pagedkv.spec.registry`;
+features add theirs through hook H1 (:mod:`pagedkv.reference.hooks`)."""
 
 SUB_BLOCK_MANAGERS = (MambaManager, FullAttentionSubBlockManager)
 """Managers that hit inside their blocks when sub-block hits are on (MPART, FPART)."""
@@ -78,8 +76,9 @@ class KVCacheCoordinator:
     def __init__(self, kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
                  block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
                  use_eagle: bool, retention_interval: int | None, max_model_len: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, features: Sequence[Feature] = ()) -> None:
         groups = kv_cache_config.kv_cache_groups
+        manager_types = attention_types(MANAGER_FOR_KIND, features)  # H1
         self.enable_caching = enable_caching
         self.block_pool = block_pool
         self.block_sizes = list(block_sizes)
@@ -92,7 +91,7 @@ class KVCacheCoordinator:
         self.managers: list[SingleTypeManager] = []
         for group_id, (group, block_size) in enumerate(zip(groups, block_sizes)):
             kind = manager_kind_for(group.kv_cache_spec)
-            manager_type = MANAGER_FOR_KIND.get(kind)
+            manager_type = manager_types.get(kind)
             if manager_type is None:
                 raise InvalidConfigError(
                     f"kv_cache_groups[{group_id}]: manager kind {kind!r} has no reference manager")
@@ -189,13 +188,10 @@ class KVCacheCoordinator:
 
     def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
-        """Release, in every group, blocks attention no longer reads; an R-SWA
-        group releases its gap blocks when told the prompt length (RSWA-1)."""
+        """Release, in every group, blocks attention no longer reads (a type
+        may need the prompt length: R-SWA's gap, RSWA-1)."""
         for manager in self.managers:
-            if isinstance(manager, RSWAManager) and num_prompt_tokens is not None:
-                manager.remove_gap_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
-            else:
-                manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
+            manager.remove_skipped_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
 
     def get_num_blocks_to_allocate(self, *, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
@@ -429,16 +425,18 @@ class NoPrefixCacheCoordinator(KVCacheCoordinator):
 def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
                      block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
                      use_eagle: bool, retention_interval: int | None, max_model_len: int,
-                     max_num_batched_tokens: int) -> KVCacheCoordinator:
+                     max_num_batched_tokens: int, features: Sequence[Feature] = ()) -> KVCacheCoordinator:
     """The coordinator for a configuration: no prefix cache when caching is
     off or there are no groups, else the hybrid coordinator. It builds the
     managers over ``block_pool``: group ``g`` gets ``block_sizes[g]``; requests are hashed at ``hash_block_size``;
     ``max_model_len`` and ``max_num_batched_tokens`` give the windowed
-    groups' admission caps."""
+    groups' admission caps; ``features`` plug in through the hooks of
+    :mod:`pagedkv.reference.hooks`."""
     kind = (HybridCoordinator if enable_caching and any(
         prefix_cacheable(group.kv_cache_spec) for group in kv_cache_config.kv_cache_groups)
             else NoPrefixCacheCoordinator)
     return kind(kv_cache_config, block_pool=block_pool, block_sizes=block_sizes,
                 hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle,
                 retention_interval=retention_interval,
-                max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)
+                max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                features=features)

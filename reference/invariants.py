@@ -13,13 +13,9 @@ from typing import TYPE_CHECKING
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.cross_attention import CrossAttentionManager
-from pagedkv.reference.dcp_partial import FullAttentionSubBlockManager
+from pagedkv.reference.features.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.reference.mamba import MambaManager
-from pagedkv.reference.ring import RingManager
-from pagedkv.reference.rswa import RSWAManager
-from pagedkv.reference.single_type import FullAttentionManager, SinkFullAttentionManager
-from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
+from pagedkv.reference.single_type import SinkFullAttentionManager
 from pagedkv.spec.errors import InvariantViolation
 from pagedkv.spec.types import get_group_id
 
@@ -116,27 +112,11 @@ def check_manager(manager: KVCacheManager) -> None:
                 if block.block_hash is not None and get_group_id(block.block_hash) != group.group_id:
                     raise _fail("REQ-3", f"block {block.block_id} held in group {group.group_id} is "
                                 f"cached for group {get_group_id(block.block_hash)}", state)
-            # REQ-4: full attention holds real blocks, each once.
-            ids = [block.block_id for block in blocks]
-            # R-SWA: null blocks only where its gap was released (RSWA-1).
-            real_ids = [block_id for block_id in ids if block_id != 0]
-            if isinstance(group, RSWAManager) and len(set(real_ids)) != len(real_ids):
-                raise _fail("RSWA-1", f"request {request_id!r} holds a block twice: {ids}", state)
-            if (isinstance(group, FullAttentionManager) and not isinstance(group, RSWAManager)
-                    and (0 in ids or len(set(ids)) != len(ids))):
-                raise _fail("REQ-4", f"request {request_id!r} holds the null block or a block twice", state)
-            # SKIP-1 (a): windowed groups hold a null prefix, then distinct real blocks.
-            if isinstance(group, (SlidingWindowManager, ChunkedLocalAttentionManager)):
-                real = [block_id for block_id in ids if block_id != 0]
-                if ids[len(ids) - len(real):] != real or len(set(real)) != len(real):
-                    raise _fail("SKIP-1", f"request {request_id!r} group {group.group_id} holds {ids}", state)
-            # RING-1: a ring group holds at most one block, real and never cached.
-            if isinstance(group, RingManager) and (len(blocks) > 1 or any(
-                    block.is_null or block.block_hash is not None for block in blocks)):
-                raise _fail("RING-1", f"request {request_id!r} ring group {group.group_id} holds {ids}", state)
-            # XATTN-1: cross-attention blocks are never cached.
-            if isinstance(group, CrossAttentionManager) and any(block.block_hash is not None for block in blocks):
-                raise _fail("XATTN-1", f"request {request_id!r} holds a hashed cross-attention block", state)
+            # The type's own invariant, stated by its manager class: REQ-4 (full
+            # attention), SKIP-1 (windowed), XATTN-1, RSWA-1, RING-1.
+            violation = group.check_request_blocks(request_id, blocks)
+            if violation is not None:
+                raise _fail(violation[0], violation[1], state)
     reserved = {block.block_id for block in pool.reserved}
     for request_id in known:
         # REQ-6: a request holds each real block once over all groups, and no reserved block.

@@ -29,9 +29,9 @@ from pagedkv.reference.features.mamba_checkpoint_rules import (
     checkpoint_exportable,
     checkpoint_position,
 )
+from pagedkv.reference.features.mamba_partial import hit_padding, move_key
 from pagedkv.reference.features.mamba_partial_rules import state_key
-from pagedkv.reference.mamba_partial import hit_padding, move_key
-from pagedkv.reference.mamba_publish import (
+from pagedkv.reference.features.mamba_publish import (
     finalize_partial_tail,
     publish_checkpoint,
     publish_resume_state,
@@ -312,7 +312,8 @@ class MambaManager(SingleTypeManager):
         copies, self.copies = self.copies, []
         return copies
 
-    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
         super().remove_skipped_blocks(request_id, num_total_computed_tokens)
         if self.mode != "align":
             return

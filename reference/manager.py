@@ -15,6 +15,7 @@ from pagedkv.reference import rules, validation
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
+from pagedkv.reference.features import FEATURES
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.recovery import recover
@@ -83,7 +84,8 @@ class KVCacheManager:
             kv_cache_config, block_pool=self._pool, block_sizes=self.block_sizes,
             hash_block_size=hash_block_size or 1, enable_caching=enable_caching,
             use_eagle=use_eagle, retention_interval=retention_interval,
-            max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens)
+            max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens,
+            features=FEATURES)
         # Lookahead hashing (spec/hashing.md section 7): events carry the
         # lookahead tokens; a multi-module drafter's re-prefilled tokens are
         # never cached (D-HASH-12).

@@ -8,3 +8,12 @@ modules, so a mistake in one is seen by the lockstep machines (nothing that
 decides a hit, a block, a checkpoint, a copy or an event lives in
 ``pagedkv.spec``). spec/managers.md, "Hooks", lists how they plug in.
 """
+
+from pagedkv.reference.features.ring import Ring
+from pagedkv.reference.features.rswa import RSWA
+from pagedkv.reference.hooks import Feature
+
+__all__ = ["FEATURES"]
+
+FEATURES: tuple[Feature, ...] = (Ring(), RSWA())
+"""The features the facade hands the kernel (spec/managers.md §9)."""

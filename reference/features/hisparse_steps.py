@@ -1,5 +1,5 @@
 """The per-step and release operations of the host tier (spec/host_tier.md),
-of ``pagedkv.reference.hisparse``:
+of ``pagedkv.reference.features.hisparse``:
 ``advance``, ``take_transfers``, ``report_transfers`` (D-HOST-12/13),
 ``pop_for_free`` / ``release_fence`` (D-HOST-16), ``evict_host_blocks``
 (D-HOST-17), ``take_shared`` / ``free_shared`` (D-HOST-18), ``take_host`` /

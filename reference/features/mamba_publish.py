@@ -25,8 +25,8 @@ from pagedkv.reference.features.mamba_checkpoint_rules import (
     mamba_kept_boundaries,
     mamba_retention_mask,
 )
+from pagedkv.reference.features.mamba_partial import key_block
 from pagedkv.reference.features.mamba_partial_rules import resume_position, state_key
-from pagedkv.reference.mamba_partial import key_block
 from pagedkv.spec.hashing import HashedRequest
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ from pagedkv.reference.features.hisparse_rules import (
     wants_hot_region,
     writeback_window,
 )
+from pagedkv.reference.features.hisparse_state import RequestState, TierPool
 from pagedkv.reference.features.hisparse_steps import HostTierSteps
-from pagedkv.reference.hisparse_state import RequestState, TierPool
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvariantViolation,
@@ -478,7 +478,7 @@ class HostTierManager(HostTierSteps):
 
     def check_invariants(self) -> None:
         """HOST-1..HOST-14, by ID (raises InvariantViolation with a state dump)."""
-        from pagedkv.reference.hisparse_invariants import check_host_tier
+        from pagedkv.reference.features.hisparse_invariants import check_host_tier
 
         check_host_tier(self)
 

@@ -5,7 +5,7 @@ built: each manager learns whether the EAGLE hit rule applies to it
 (``use_eagle``) and whether the model drafts at all (``replay_eagle``: the
 replay positions sparse retention keeps, and the Mamba checkpoint shift,
 are the model's, not the group's). The Mamba sparse-retention mask is
-:func:`pagedkv.reference.mamba_publish.retention_mask`.
+:func:`pagedkv.reference.features.mamba_publish.retention_mask`.
 """
 
 from __future__ import annotations
