@@ -20,9 +20,7 @@ from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.features.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.reference.features.dcp_rules import check_dcp_world_size, partial_hits_configured_under_dcp
-from pagedkv.reference.features.eagle import apply_eagle_groups
 from pagedkv.reference.features.eagle_rules import eagle_peek_limit
-from pagedkv.reference.features.mamba_checkpoint_rules import partial_hash_hits_configured
 from pagedkv.reference.features.mamba_partial_rules import (
     check_supported,
     partial_hits_supported,
@@ -103,28 +101,20 @@ class KVCacheCoordinator:
                 spec, block_pool=self.block_pool, group_id=group_id, block_size=block_size,
                 enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval, admission_cap=cap))
-        # EAGLE per group: marked groups and their same-spec siblings (D-SWA-14).
-        apply_eagle_groups(self.managers, groups, self.block_sizes, use_eagle)
-        # Prefill checkpoints land on the alignment vLLM would give hits
-        # (MCKPT-4): the hash block with sub-block hits configured, else ours.
-        self.partial_hash_hits = enable_caching and partial_hash_hits_configured(
-            [manager_kind_for(group.kv_cache_spec) for group in groups],
-            [group.kv_cache_spec for group in groups], self.block_sizes, hash_block_size)
-        for manager in self.managers:
-            if isinstance(manager, MambaManager):
-                manager.hash_block_size = hash_block_size
-                manager.cache_hit_alignment_tokens = (
-                    hash_block_size if self.partial_hash_hits else self.alignment)
         self.known: set[str] = set()
+        self.kv_cache_groups = groups
+        self.features = tuple(features)
         self._specs = [group.kv_cache_spec for group in groups]
         self.partial_hits_enabled = False
-        self._use_eagle = use_eagle
+        self.use_eagle = use_eagle
         # Copy endpoints handed out by ``take_block_copies`` and not yet
         # released, with multiplicity: one retention reference each (MPART-3).
         self.retained: Counter[int] = Counter()
         # Tokens a multi-module drafter re-prefills (num_prefill_lookahead - 1),
         # never cached (D-HASH-12); the facade sets it.
         self.num_reprefillable_tokens = 0
+        for feature in features:  # H2: per-group switches, before any request
+            feature.configure(self)
 
     def view(self, manager: SingleTypeManager, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         """``block_hashes`` at ``manager``'s block size."""
@@ -337,14 +327,14 @@ class KVCacheCoordinator:
             kinds, self._specs, self.block_sizes, self.hash_block_size, check_dcp_world_size(dcp_world_size))
         check_supported(partial_hits_supported(
             kinds, self._specs, self.block_sizes, self.hash_block_size, enable_caching=self.enable_caching,
-            use_eagle=self._use_eagle, configured=configured))
+            use_eagle=self.use_eagle, configured=configured))
         if shared_prefix_checkpoint:
             check_supported(shared_prefix_checkpoint_supported(
-                partial_hits_on=True, eagle_groups=self._use_eagle,
+                partial_hits_on=True, eagle_groups=self.use_eagle,
                 num_reprefillable_tokens=self.num_reprefillable_tokens))
         if self.known:
             raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
-        self.partial_hits_enabled = self.partial_hash_hits = True
+        self.partial_hits_enabled = True
         for index, manager in enumerate(self.managers):
             if isinstance(manager, MambaManager):
                 manager.cache_hit_alignment_tokens = self.hash_block_size

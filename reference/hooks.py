@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pagedkv.reference.coordinator import KVCacheCoordinator
     from pagedkv.reference.single_type import SingleTypeManager
 
 __all__ = ["Feature", "attention_types"]
@@ -27,6 +28,17 @@ class Feature:
         serves, each with its manager class (which states the type's rules
         and its own per-request invariant, ``check_request_blocks``)."""
         return {}
+
+    def configure(self, coordinator: KVCacheCoordinator) -> None:
+        """H2: once, after the coordinator built its managers and before any
+        request: set per-group switches (EAGLE marks, checkpoint alignment)."""
+
+    def accepts_hit(self, coordinator: KVCacheCoordinator, manager: SingleTypeManager, num_tokens: int,
+                    num_blocks: int, num_external_computed_tokens: int) -> bool:
+        """H4: whether a hit of ``num_tokens`` tokens handed as ``num_blocks``
+        blocks, a shape the kernel's rule (whole blocks) refuses, is valid
+        for ``manager``'s group (``allocate_slots`` step 1f)."""
+        return False
 
 
 def attention_types(seed: Mapping[str, type[SingleTypeManager]],

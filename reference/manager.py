@@ -15,7 +15,7 @@ from pagedkv.reference import rules, validation
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
-from pagedkv.reference.features import FEATURES
+from pagedkv.reference.features.enabled import FEATURES
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.recovery import recover

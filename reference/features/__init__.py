@@ -6,14 +6,6 @@ bottom without these modules. Each module here states one feature's rules
 simply -- the optimized implementation states them again, fast, in its own
 modules, so a mistake in one is seen by the lockstep machines (nothing that
 decides a hit, a block, a checkpoint, a copy or an event lives in
-``pagedkv.spec``). spec/managers.md, "Hooks", lists how they plug in.
+``pagedkv.spec``). spec/managers.md §9, "Hooks", lists how they plug in; :mod:`.enabled` lists the
+features the facade hands the kernel.
 """
-
-from pagedkv.reference.features.ring import Ring
-from pagedkv.reference.features.rswa import RSWA
-from pagedkv.reference.hooks import Feature
-
-__all__ = ["FEATURES"]
-
-FEATURES: tuple[Feature, ...] = (Ring(), RSWA())
-"""The features the facade hands the kernel (spec/managers.md §9)."""

@@ -23,9 +23,16 @@ lockstep machines compare two versions.
 
 from __future__ import annotations
 
-from pagedkv.reference.features.mamba_partial_rules import hit_fits
+from typing import TYPE_CHECKING
 
-__all__ = ["connector_completes_state"]
+from pagedkv.reference.features.mamba_partial_rules import hit_fits
+from pagedkv.reference.hooks import Feature
+
+if TYPE_CHECKING:
+    from pagedkv.reference.coordinator import KVCacheCoordinator
+    from pagedkv.reference.single_type import SingleTypeManager
+
+__all__ = ["ConnectorHits", "connector_completes_state"]
 
 
 def connector_completes_state(num_tokens: int, num_blocks: int, block_size: int, hash_block_size: int,
@@ -38,3 +45,15 @@ def connector_completes_state(num_tokens: int, num_blocks: int, block_size: int,
         return False
     expected = -(-num_tokens // block_size) if sub_block else num_tokens // block_size
     return num_blocks < expected and hit_fits(num_tokens, expected, block_size, hash_block_size, sub_block)
+
+
+class ConnectorHits(Feature):
+    """A Mamba group may hit shallower when a connector loads the state (H4, D-API-46)."""
+
+    def accepts_hit(self, coordinator: KVCacheCoordinator, manager: SingleTypeManager, num_tokens: int,
+                    num_blocks: int, num_external_computed_tokens: int) -> bool:
+        from pagedkv.reference.mamba import MambaManager  # the kernel module; loaded before any call
+
+        return isinstance(manager, MambaManager) and connector_completes_state(
+            num_tokens, num_blocks, manager.block_size, coordinator.hash_block_size,
+            getattr(manager, "partial_hits", False), num_external_computed_tokens)
