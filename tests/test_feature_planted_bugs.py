@@ -104,7 +104,7 @@ def _host_lookup_finds_nothing(self: Any, block_hashes: Any) -> tuple[int, ...]:
 
 
 def _host_take_from_the_back(self: Any, n: int) -> list[int]:
-    blocks = self.free[len(self.free) - n:]  # the most recently released first: the wrong LRU order
+    blocks: list[int] = self.free[len(self.free) - n:]  # the most recently released first: the wrong LRU order
     del self.free[len(self.free) - n:]
     self.evicted = []
     for b in blocks:
