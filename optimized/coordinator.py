@@ -376,7 +376,7 @@ class KVCacheCoordinator(SubBlockCoordination):
 
     def release(self, request_id: str) -> None:
         """Release the request's blocks group by group (tail first within a
-        group) and forget it. Cost: O(blocks held)."""
+        group) and forget it (FREE-2, FREE-6). Cost: O(blocks held)."""
         self.requests.remove(request_id)
         for manager in self.managers:
             manager.release(request_id)

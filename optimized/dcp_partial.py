@@ -183,6 +183,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         super().admit(request_id, new_computed_blocks, num_local_computed_tokens,
                       num_external_computed_tokens)
         if new_computed_blocks and num_local_computed_tokens % self.block_size:
+            # FPART-3: the tail to copy, the block held at its column (MPART-2).
             column = num_local_computed_tokens // self.block_size
             self.partial_hit[request_id] = (column, self.req_to_blocks[request_id][column])
             self.num_cached_blocks[request_id] = column

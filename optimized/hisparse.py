@@ -71,7 +71,8 @@ class HostTierManager(HostTierSteps):
         self.detached: list[RequestState] = []
         self.outbox: list[int] = []  # transfers planned since the last take_transfers
         self.spill_budget = config.spill_budget  # an engine may retune it between steps
-        # In-flight transfer -> (workers expected, workers done) (D-HOST-12).
+        # In-flight transfer -> (workers expected, workers done) (D-HOST-12);
+        # only in-flight transfers, dropped once complete (HOST-13).
         self.worker_counts: dict[int, tuple[int, int]] = {}
         self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
         self.next_fence_id = 0
@@ -173,22 +174,22 @@ class HostTierManager(HostTierSteps):
         req.block_hashes = hashes
         if hit:  # a hit only for a request holding nothing: its pages start at 0
             for b in hit:
-                host.hold(b)
+                host.hold(b)  # one host reference per row entry (HOST-2)
             req.host_row.extend(hit)
             req.clean.update(range(plan.clean_hits))
             req.published = plan.clean_hits
         if hit or imported:
-            req.hot_required = True
-            req.importing = imported
+            req.hot_required = True  # host-only pages need the hot region (HOST-8)
+            req.importing = imported  # its pages: a clean prefix, then the import's (HOST-14)
         new_host = self._take_host(host_new)
-        req.host_row.extend(new_host)
-        taken = self._take_device(device_new + hot_n)
+        req.host_row.extend(new_host)  # every page has a host block (HOST-4)
+        taken = self._take_device(device_new + hot_n)  # pinned pages hold references (HOST-3)
         resident = taken[:device_new]
         if host_only:
             req.resident_row.extend([0] * host_only)
         req.resident_row.extend(resident)
         if hot_n:
-            req.hot = taken[device_new:]
+            req.hot = taken[device_new:]  # the whole hot region at once (HOST-7)
         if hit and self.copies:
             copies, hash_of, row = self.copies, host.hash_of, req.resident_row
             for page, host_block in enumerate(hit[:plan.clean_hits]):
@@ -380,7 +381,7 @@ class HostTierManager(HostTierSteps):
                 req.request_id) is not req, req.block_hashes, stored))
 
     def _unpin_clean(self, request_id: str, req: RequestState) -> None:
-        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
+        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES  # the tail stays pinned (HOST-10)
         movable = [page for page in req.pinned_clean if page < tail]
         if not movable:
             return
@@ -391,7 +392,7 @@ class HostTierManager(HostTierSteps):
     def _unpin(self, request_id: str, req: RequestState, page: int) -> None:
         b = req.resident_row[page]
         self.device.unpin(b)
-        self.readers.setdefault(b, set()).add((request_id, page))
+        self.readers.setdefault(b, set()).add((request_id, page))  # HOST-6
         req.unpinned.add(page)
         req.pinned_clean.discard(page)
 

@@ -108,7 +108,7 @@ def allocate_args(
     delay_cache_blocks: bool, num_encoder_tokens: int, reserved_blocks: int = 0,
     num_in_flight_tokens: int = 0, watermark_blocks: int = 0,
 ) -> tuple[list[int], ...] | None:
-    """Step 1 of ``allocate_slots`` (spec/operations.md): check the
+    """ALLOC-1 of ``allocate_slots`` (spec/operations.md): check the
     arguments in the spec's order (1a to 1k, the order both implementations
     raise in; the representation-independent checks are
     :mod:`pagedkv.spec.allocate_args`'s); return the prefix-hit block lists

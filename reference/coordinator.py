@@ -222,7 +222,7 @@ class KVCacheCoordinator:
 
     def admit(self, *, request_id: str, new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
               num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
-        """Make ``request_id`` known, holding its hit blocks in every group."""
+        """Make ``request_id`` known, holding its hit blocks in every group (ALLOC-6)."""
         self.known.add(request_id)
         # Every group takes its hit before any group allocates: a fresh block
         # for external tokens could otherwise evict another group's hit (D-API-9).
@@ -296,7 +296,7 @@ class KVCacheCoordinator:
             manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, tokens)
 
     def release(self, request_id: str) -> None:
-        """Release every group's blocks, group by group."""
+        """Release every group's blocks, group by group (FREE-2, FREE-6)."""
         self.known.remove(request_id)
         for manager in self.managers:
             manager.release(request_id)
@@ -394,12 +394,13 @@ class HybridCoordinator(KVCacheCoordinator):
         peek = self.peek_limit(block_hashes, max_length)
         hashed = len(block_hashes) * self.hash_block_size
         limits = [manager.lookup_limit(max_length, peek, hashed) for manager in self.managers]
+        # LOOKUP-3 by brute force, the definition HYB-1's maximality is checked against.
         # A group outside prefix caching serves every length with no block (PFX-1).
         while length > 0 and not all(not cacheable or manager.can_hit(view, length, limit)
                                      for manager, view, cacheable, limit
                                      in zip(self.managers, views, self.cacheable, limits)):
             length -= step
-        return tuple(manager.hit_blocks(view, length, limit) if cacheable else []
+        return tuple(manager.hit_blocks(view, length, limit) if cacheable else []  # LOOKUP-4
                      for manager, view, cacheable, limit
                      in zip(self.managers, views, self.cacheable, limits)), length
 

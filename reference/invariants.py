@@ -75,7 +75,7 @@ def check_pool(pool: BlockPool, num_groups: int) -> None:
 
 def check_manager(manager: KVCacheManager) -> None:
     """Every invariant the state alone decides: the pool's, then the request
-    table's (REQ-1..6, SKIP-1 (a), XATTN-1, RING-1, SINK-1, MAMBA-2)."""
+    table's (REQ-1..6, SKIP-1 (a), XATTN-1, RING-1, SINK-1, MAMBA-2, MPART-2)."""
     pool = manager.block_pool
     managers = manager.coordinator.managers
     check_pool(pool, len(managers))
@@ -140,5 +140,12 @@ def check_manager(manager: KVCacheManager) -> None:
         if isinstance(group, MambaManager) and any(get_group_id(key) != group.group_id
                                                    for key in group.cached_this_step):
             raise _fail("MAMBA-2", f"group {group.group_id} remembers another group's key", state)
+        # MPART-2: a recorded partial hit names the real block at its column.
+        if isinstance(group, (MambaManager, FullAttentionSubBlockManager)):
+            for request_id, (column, source) in group.partial_hit.items():
+                held = group.req_to_blocks.get(request_id, [])
+                if not 0 <= column < len(held) or held[column] is not source or source.is_null:
+                    raise _fail("MPART-2", f"request {request_id!r} group {group.group_id}: partial hit "
+                                f"({column}, {source.block_id}) is not a real block it holds there", state)
     if sorted(block.block_id for block in sink_blocks) != sorted(reserved):
         raise _fail("SINK-1", "the reserved blocks are not exactly the sink groups' blocks", state)

@@ -183,7 +183,7 @@ class MambaManager(SingleTypeManager):
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
         # Sparse retention keeps some states only (MRET-1). A checkpoint block
         # holds the state at its checkpoint position, never by its full-block
-        # key: ``publish_checkpoint`` keys it afterwards, or not (MCKPT-5).
+        # key (MCKPT-3): ``publish_checkpoint`` keys it afterwards, or not (MCKPT-5).
         mask = retention_mask(self, request, num_cached, num_full)
         found = self.caching_checkpoint
         if found is None:
@@ -201,7 +201,7 @@ class MambaManager(SingleTypeManager):
                                    new_computed_blocks: Sequence[KVCacheBlock], num_total_computed_tokens: int,
                                    num_main_tokens: int, num_external_computed_tokens: int = 0) -> int:
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
-            # More than the pool holds: the allocation is refused this step.
+            # ALLOC-4: more than the pool holds, so the allocation is refused this step.
             return self.block_pool.num_blocks + 1
         if self.mode != "align":
             with_drafts = num_tokens + self.block_size * self.num_speculative_blocks

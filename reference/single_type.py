@@ -210,7 +210,7 @@ class SingleTypeManager:
         self.num_cached_blocks[request_id] = num_full
 
     def release(self, request_id: str) -> None:
-        """Release the request's blocks, tail first, so the tail is evicted first."""
+        """Release the request's blocks, tail first, so the tail is evicted first (FREE-2)."""
         blocks = self.req_to_blocks.pop(request_id)
         del self.num_cached_blocks[request_id]
         self.block_pool.free_blocks(reversed(blocks))

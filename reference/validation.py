@@ -71,7 +71,7 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                   num_encoder_tokens: int, reserved_blocks: int = 0,
                   num_in_flight_tokens: int = 0,
                   watermark_blocks: int = 0) -> tuple[tuple[KVCacheBlock, ...], ...]:
-    """Step 1 of ``allocate_slots`` (spec/operations.md), checks 1a to 1k in
+    """ALLOC-1 of ``allocate_slots`` (spec/operations.md), checks 1a to 1k in
     order; returns the hit blocks per group (empty without a hit).
 
     Raises:

@@ -17,7 +17,8 @@ __all__ = ["SlidingWindowManager", "ChunkedLocalAttentionManager"]
 
 class _WindowedManager(SingleTypeManager):
     """Blocks out of the window are recycled, so a whole request never holds
-    more than the spec's admission cap at once (spec/managers.md §8)."""
+    more than the spec's admission cap at once (spec/managers.md §8; SWA-1,
+    CHUNK-1)."""
 
     def admission_blocks(self, num_tokens: int) -> int:
         needed = rules.cdiv(num_tokens, self.block_size)
