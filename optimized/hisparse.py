@@ -254,11 +254,12 @@ class HostTierManager(HostTierSteps):
                 req = self.requests[request_id]
                 req.resident_row[page] = 0
                 req.unpinned.discard(page)
-                if page < req.synced:
+                if page < req.synced:  # the worker's row is exact but for stale pages (HOST-11)
                     req.stale.add(page)
                 req.hot_required = True
 
     def _record_copy(self, req: RequestState, page: int) -> None:
+        # One device copy per published hash, one hash per copy block (HOST-12).
         b = req.resident_row[page]
         block_hash = self.host.hash_of.get(req.host_row[page])
         if b == 0 or block_hash is None or page in req.pending:
@@ -293,6 +294,7 @@ class HostTierManager(HostTierSteps):
         window = writeback_window(self._block_size, num_computed_tokens, len(req.resident_row),
                                   req.importing)
         planned: list[PageTransfer] = []
+        # A write-back's page stays resident, pinned and dirty until it lands (HOST-5).
         row, clean, pending = req.resident_row, req.clean, req.pending
         for page in window:
             if budget is not None and len(planned) >= budget:
@@ -368,7 +370,7 @@ class HostTierManager(HostTierSteps):
         limit = min(len(req.block_hashes), len(req.host_row))
         cached, hash_of = self.host.cached, self.host.hash_of
         stored: list[tuple[int, int]] = []
-        while req.published < limit and req.published in req.clean:
+        while req.published < limit and req.published in req.clean:  # a clean prefix only (HOST-9)
             b, block_hash = req.host_row[req.published], req.block_hashes[req.published]
             if block_hash not in cached and b not in hash_of:
                 cached[block_hash] = b

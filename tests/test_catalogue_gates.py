@@ -67,3 +67,20 @@ def test_host_13_an_outbox_naming_an_unplanned_transfer_is_reported() -> None:
     tier.outbox.append(tier.next_transfer_id)
     with pytest.raises(InvariantViolation, match="^HOST-13: "):
         tier.check_invariants()
+
+
+@pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
+def test_mpart_3_a_copy_endpoint_without_its_reference_is_reported(implementation: str) -> None:
+    """MPART-3 (REQ-1 extended): a queued copy holds one reference on each
+    endpoint. A copy queued without taking them breaks the count."""
+    manager, _ = _hybrid(IMPLEMENTATIONS[implementation])
+    surgery = Surgery(manager)
+    source, destination = surgery.ids(FULL)[0], surgery.take()
+    surgery.add_ref(destination, -1)  # the fresh block back to 0 references, as if never taken
+    surgery.queue_held_block(destination)
+    manager.check_invariants()  # the honest state: the block is free again
+    pair: Any = ((surgery.pool.blocks[source], surgery.pool.blocks[destination]) if surgery.is_reference
+                 else (source, destination))
+    surgery.groups[MAMBA].copies.append(pair)
+    with pytest.raises(InvariantViolation, match="^REQ-1:"):
+        manager.check_invariants()

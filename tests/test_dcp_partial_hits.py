@@ -93,7 +93,7 @@ def test_hit_inside_a_dcp_block_is_copied_on_write(impl: ModuleType) -> None:
     assert [list(group) for group in hit_blocks.get_block_ids()] == [[1, 2], [N, N, 3]]
     new = manager.allocate_slots(replay, 4, hit, hit_blocks)
     assert new is not None
-    # The copy's destination comes first among the new full-attention blocks.
+    # FPART-3: the copy's destination comes first among the new full-attention blocks.
     destination = new.get_block_ids()[0][0]
     assert destination not in (1, 2, 3)
     assert list(manager.get_block_ids("replay")[0]) == [1, destination]

@@ -149,8 +149,8 @@ def hybrid(impl: ModuleType) -> Any:
 
 
 def test_finished_producer_hands_its_tail_over_once(impl: ModuleType) -> None:
-    """A producer publishing its tail at 6 (Mamba column 1, block 4): a
-    finalize off the boundary consumes the record, so nothing is handed later."""
+    """MTAIL-1: a producer publishing its tail at 6 (Mamba column 1, block 4):
+    a finalize off the boundary consumes the record, so nothing is handed later."""
     manager = hybrid(impl)
     producer = manager.make_request("0", [0, 0, 1, 1, 2, 2, 3])
     assert manager.allocate_slots(producer, 6) is not None
