@@ -3,7 +3,7 @@
 The kernel (pool, hash chain, the seed attention types, the hybrid
 coordinator, the facade, validation and invariants) imports no feature
 module. The facade hands the coordinator the features of
-``pagedkv.reference.features.FEATURES``, and the coordinator calls their
+``pagedkv.reference.features.enabled.FEATURES``, and the coordinator calls their
 hooks. Every hook has a do-nothing default, so a feature states only the
 ones it needs.
 """
