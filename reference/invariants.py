@@ -116,7 +116,8 @@ def check_manager(manager: KVCacheManager) -> None:
             # attention), SKIP-1 (windowed), XATTN-1, RSWA-1, RING-1.
             violation = group.check_request_blocks(request_id, blocks)
             if violation is not None:
-                raise _fail(violation[0], violation[1], state)
+                invariant, message = violation.split(": ", 1)
+                raise _fail(invariant, message, state)
     reserved = {block.block_id for block in pool.reserved}
     for request_id in known:
         # REQ-6: a request holds each real block once over all groups, and no reserved block.

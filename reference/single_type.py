@@ -220,9 +220,9 @@ class SingleTypeManager:
         (0 for types whose prefix is null blocks)."""
         return 0
 
-    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> tuple[str, str] | None:
-        """The type's own invariant on one request's blocks: ``(ID, message)``
-        of a violation, or ``None`` (``check_invariants`` runs it)."""
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
+        """The type's own invariant on one request's blocks: ``"<ID>: <what>"``
+        of a violation, or ``None`` (``check_invariants`` raises it)."""
         return None
 
     def new_step_starts(self) -> None:
@@ -237,11 +237,11 @@ class FullAttentionManager(SingleTypeManager):
         counts = [block.ref_cnt for block in self.req_to_blocks[request_id]]
         return rules.common_prefix_blocks(counts, len(self.req_to_blocks))
 
-    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> tuple[str, str] | None:
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
         # REQ-4: full attention holds real blocks, each once.
         ids = [block.block_id for block in blocks]
         if 0 in ids or len(set(ids)) != len(ids):
-            return "REQ-4", f"request {request_id!r} holds the null block or a block twice"
+            return f"REQ-4: request {request_id!r} holds the null block or a block twice"
         return None
 
 

@@ -24,12 +24,12 @@ class _WindowedManager(SingleTypeManager):
         needed = rules.cdiv(num_tokens, self.block_size)
         return needed if self.admission_cap is None else min(needed, self.admission_cap)
 
-    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> tuple[str, str] | None:
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
         # SKIP-1 (a): windowed groups hold a null prefix, then distinct real blocks.
         ids = [block.block_id for block in blocks]
         real = [block_id for block_id in ids if block_id != 0]
         if ids[len(ids) - len(real):] != real or len(set(real)) != len(real):
-            return "SKIP-1", f"request {request_id!r} group {self.group_id} holds {ids}"
+            return f"SKIP-1: request {request_id!r} group {self.group_id} holds {ids}"
         return None
 
 

@@ -72,11 +72,11 @@ class RingManager(SingleTypeManager):
                      request_id: str, num_tokens: int) -> None:
         return  # never cached (PFX-1)
 
-    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> tuple[str, str] | None:
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
         # RING-1: a ring group holds at most one block, real and never cached.
         if len(blocks) > 1 or any(block.is_null or block.block_hash is not None for block in blocks):
             ids = [block.block_id for block in blocks]
-            return "RING-1", f"request {request_id!r} ring group {self.group_id} holds {ids}"
+            return f"RING-1: request {request_id!r} ring group {self.group_id} holds {ids}"
         return None
 
 

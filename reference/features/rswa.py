@@ -43,11 +43,11 @@ class RSWAManager(FullAttentionManager):
         else:
             self.remove_gap_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
 
-    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> tuple[str, str] | None:
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
         # R-SWA: null blocks only where its gap was released (RSWA-1).
         real_ids = [block.block_id for block in blocks if not block.is_null]
         if len(set(real_ids)) != len(real_ids):
-            return "RSWA-1", f"request {request_id!r} holds a block twice: {[b.block_id for b in blocks]}"
+            return f"RSWA-1: request {request_id!r} holds a block twice: {[b.block_id for b in blocks]}"
         return None
 
     def remove_gap_blocks(self, request_id: str, num_settled_tokens: int, num_prompt_tokens: int) -> None:
