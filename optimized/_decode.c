@@ -96,7 +96,7 @@ noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;  /* an unknown request: the Python test hands it on */
         }
         long long held = PyList_GET_SIZE(blocks);
-        /* total + extra > held * block_size: a new block (a product past
+        /* ALLOC-7 would allocate: total + extra > held * block_size: a new block (a product past
          * the range, a ring's huge size, holds every count). */
         if ((held == 0 || block_size <= LLONG_MAX / held) && total + extra > held * block_size) {
             Py_RETURN_FALSE;
@@ -107,7 +107,7 @@ noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;
         }
         if (floor_div(cache_tokens, cache_size) > cached) {
-            Py_RETURN_FALSE;  /* a block filled */
+            Py_RETURN_FALSE;  /* a block filled: ALLOC-8 would cache it */
         }
         if (skip == SKIP_NONE) {
             continue;
@@ -138,7 +138,7 @@ noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 Py_RETURN_NONE;
             }
             if (value != 0) {
-                Py_RETURN_FALSE;  /* a block behind the window: released */
+                Py_RETURN_FALSE;  /* a block behind the window: ALLOC-3 releases it */
             }
         }
         if (align != Py_None) {

@@ -134,7 +134,7 @@ pk_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (tail < 0 || index_in(PyList_GET_ITEM(next, sentinel), links) < 0) {
         Py_RETURN_NONE;
     }
-    /* The loop. */
+    /* The loop: FREE-4 (counts drop), FREE-5 (keyed to the back, unkeyed to the front). */
     PyObject *front = NULL; /* unkeyed releases, rare: built lazily */
     Py_ssize_t released = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -274,7 +274,7 @@ PyDoc_STRVAR(take_doc,
 "With owner given, owner.map_epoch += 1 once when any key was evicted\n"
 "here (the lookup memo's epoch, D-PERF-44), on error paths too.");
 
-/* BlockPool._evict's common case in place: the block's key leaves its
+/* BlockPool._evict's common case in place (EVICT-3, EVICT-4): the block's key leaves its
  * group's map, no duplicate of it waits, no event. 1: done; 0: not that
  * case (nothing changed, the caller calls evict); -1: an error is set. */
 static int
@@ -377,7 +377,7 @@ pk_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    /* Walk the n links first: every id must be a block of the pool. */
+    /* EVICT-1's bound is the caller's; walk the n links first: every id must be a block of the pool. */
     Py_ssize_t block = index_in(PyList_GET_ITEM(next, sentinel), links);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (block <= 0 || block >= bound || block == sentinel) {
@@ -402,8 +402,8 @@ pk_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_SystemError, "pagedkv: free-queue link out of range");
             return epoch_moved(maps, in_place, NULL);
         }
-        PyList_SET_ITEM(out, i, Py_NewRef(item));
-        if (hashes != Py_None && PyList_GET_ITEM(hashes, block) != Py_None) {
+        PyList_SET_ITEM(out, i, Py_NewRef(item));  /* EVICT-2: queue order */
+        if (hashes != Py_None && PyList_GET_ITEM(hashes, block) != Py_None) {  /* EVICT-3, EVICT-4 */
             int evicted = maps == Py_None ? 0 : evict_inline(maps, hashes, block);
             in_place += evicted == 1;
             if (evicted == 0) {
@@ -425,7 +425,7 @@ pk_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 return epoch_moved(maps, in_place, NULL);
             }
         }
-        if (store_int(ref, block, 1) < 0) {
+        if (store_int(ref, block, 1) < 0) {  /* EVICT-5 */
             Py_DECREF(out);
             return epoch_moved(maps, in_place, NULL);
         }

@@ -130,7 +130,7 @@ pk_admit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *blocks = args[10];
     Py_ssize_t held = PyList_GET_SIZE(blocks);
     PyObject *moved;
-    if (held > 0) {
+    if (held > 0) {  /* ALLOC-6: the hit is touched */
         PyObject *touch_args[4] = {args[0], args[1], args[2], blocks};
         moved = pk_touch(self, touch_args, 4);
         if (moved == NULL || moved == Py_None) {
@@ -143,7 +143,7 @@ pk_admit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    /* take(ref, hashes, prev, next, sentinel, missing, evict, maps) */
+    /* ALLOC-7 (EVICT-2..5 in pk_take): take(ref, hashes, prev, next, sentinel, missing, evict, maps) */
     PyObject *take_args[8] = {args[0], args[4], args[1], args[2], args[3], args[11], args[8], args[9]};
     PyObject *new = pk_take(self, take_args, 8);
     if (new == NULL) {
@@ -155,7 +155,7 @@ pk_admit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *keyed = NULL;
     if (PyList_SetSlice(blocks, held, held, new) == 0) {
-        keyed = key_fresh_run(self, args, new, held);
+        keyed = key_fresh_run(self, args, new, held);  /* ALLOC-8 */
     }
     if (keyed == NULL) {
         Py_DECREF(moved);

@@ -90,6 +90,7 @@ pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(hashes);
         Py_RETURN_NONE;
     }
+    /* LOOKUP-2: the last token is recomputed; LOOKUP-3/4: the group's scan. */
     PyObject *limit = PyLong_FromLongLong((tokens - 1) / size);
     if (limit == NULL) {
         Py_DECREF(hashes);
@@ -105,6 +106,7 @@ pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *blocks = pk_own_blocks(PyTuple_GET_ITEM(ctx, LOOK_BLOCKS_TYPE), hit, PyTuple_GET_ITEM(ctx, LOOK_HASHES));
     PyObject *tokens_hit = PyLong_FromLongLong((long long)PyList_GET_SIZE(hit) * size);
     Py_DECREF(hit);
+    /* LOOKUP-6: the answer; nothing of the pool changed. */
     PyObject *out = blocks == NULL || tokens_hit == NULL ? NULL : PyTuple_Pack(2, blocks, tokens_hit);
     Py_XDECREF(blocks);
     Py_XDECREF(tokens_hit);
@@ -150,11 +152,13 @@ pk_release_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyObject_CallOneArg(C(REL_METHOD), request_id);
     }
     Py_INCREF(blocks);  /* the table's reference goes below */
+    /* FREE-6 (the request is forgotten), then FREE-2: its list tail first. */
     if (PySet_Discard(requests, request_id) < 0 || PyDict_DelItem(blocks_of, request_id) < 0
             || PyDict_DelItem(cached_of, request_id) < 0 || PyList_Reverse(blocks) < 0) {
         Py_DECREF(blocks);
         return NULL;
     }
+    /* FREE-4, FREE-5 in pk_release. */
     PyObject *release_args[6] = {C(REL_REF), C(REL_GIDS), C(REL_PREV), C(REL_NEXT), C(REL_SENTINEL), blocks};
     PyObject *released = pk_release(self, release_args, 6);
     PyObject *result = NULL;

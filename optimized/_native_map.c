@@ -145,6 +145,7 @@ prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;
         }
     }
+    /* LOOKUP-3, LOOKUP-4 for one full-attention group: stop at the first miss. */
     PyObject *out = PyList_New(0);
     if (out == NULL) {
         return NULL;

@@ -192,6 +192,7 @@ admit_changes(PyObject *self, PyObject *ctx, PyObject *facts, PyObject *request_
     long long block_size = PyLong_AsLongLong(C(CTX_BLOCK_SIZE));
     PyObject *blocks = NULL, *held_obj = NULL, *missing_obj = NULL, *full_obj = NULL, *done = NULL;
     PyObject *result = NULL;
+    /* ALLOC-6: the request becomes known, holding its hit. */
     if (PySet_Add(C(CTX_REQUESTS), request_id) < 0) {
         return recovered(ctx, NULL);
     }
@@ -201,7 +202,7 @@ admit_changes(PyObject *self, PyObject *ctx, PyObject *facts, PyObject *request_
             || PyDict_SetItem(C(CTX_CACHED_OF), request_id, held_obj) < 0) {
         goto done;
     }
-    /* 8's extent: the blocks the computed tokens fill, as far as there are hashes (D-API-11). */
+    /* ALLOC-8's extent: the blocks the computed tokens fill, as far as there are hashes (D-API-11). */
     long long num_full = 0;
     if (!delay) {
         num_full = (main < num_tokens ? main : num_tokens) / block_size;
@@ -243,7 +244,7 @@ admit_changes(PyObject *self, PyObject *ctx, PyObject *facts, PyObject *request_
     if (stored < 0 || (num_full > held && PyDict_SetItem(C(CTX_CACHED_OF), request_id, full_obj) < 0)) {
         goto done;
     }
-    result = raw ? Py_NewRef(new) : pk_own_blocks(C(CTX_BLOCKS_TYPE), new, C(CTX_HASHES));
+    result = raw ? Py_NewRef(new) : pk_own_blocks(C(CTX_BLOCKS_TYPE), new, C(CTX_HASHES));  /* ALLOC-9 */
 done:
     Py_XDECREF(blocks);
     Py_XDECREF(held_obj);
@@ -299,7 +300,7 @@ pk_admit_request(PyObject *self, PyObject *const *args, size_t nargsf, PyObject 
     PyObject *block_hashes = NULL, *events = NULL, *size = NULL;
     PyObject *result = NULL;
     int decline = 1;
-    /* 1a-1b'': the Python step's reads and tests, in its order. */
+    /* ALLOC-1, checks 1a-1b'': the Python step's reads and tests, in its order. */
     request_id = PyObject_GetAttr(facts, s_request_id);
     num_tokens_obj = request_id == NULL ? NULL : PyObject_GetAttr(facts, s_num_tokens);
     if (num_tokens_obj == NULL || !PyUnicode_CheckExact(request_id)
@@ -354,7 +355,7 @@ pk_admit_request(PyObject *self, PyObject *const *args, size_t nargsf, PyObject 
     if (held > 0 && memo_vouches(C(CTX_POOL), hit, block_hashes) != 1) {
         goto out;
     }
-    /* 4-5. The demand against the free queue. */
+    /* ALLOC-5: the demand against the free queue. */
     long long missing = ceil_div(main, block_size) - held;
     long long demand = missing + reserved;
     if (must_fit == Py_True) {

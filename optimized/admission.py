@@ -25,7 +25,8 @@ __all__ = ["admission_caps", "full_sequence_demand"]
 
 def admission_caps(managers: Sequence[SingleTypeManager], max_num_batched_tokens: int,
                    max_model_len: int) -> list[int | None]:
-    """Per group, the windowed spec's per-request cap (CFG-7, CFG-8), else None."""
+    """Per group, the windowed spec's per-request cap (CFG-7, CFG-8; what
+    SWA-1 and CHUNK-1 bound), else None."""
     caps: list[int | None] = []
     for manager in managers:
         spec = manager.kv_cache_spec

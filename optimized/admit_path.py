@@ -128,12 +128,12 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     def finish(facts: RequestFacts, blocks: list[int], done: tuple[int, list[int] | None, bool | None] | None,
                held: int, missing: int, num_full: int, block_hashes: Sequence[BlockHash], request_id: str,
                raw: bool) -> Any:
-        """Steps 6 to 9 after the pool call (``done``: what ``_native.admit``
+        """ALLOC-6 to ALLOC-9 after the pool call (``done``: what ``_native.admit``
         answered, or None when it was not called or declined its first loop),
         for what that call left undone; the step's tail, also called by the C
         step (D-PERF-49). An exception propagates to the caller, which recovers."""
         keyed = None
-        if done is None:  # 6 and 7 by the methods: the pure build, events on
+        if done is None:  # ALLOC-6 and ALLOC-7 by the methods: the pure build, events on
             if held:
                 pool.touch_held(blocks)
             new_blocks = pool.get_new_blocks(missing)
@@ -141,14 +141,14 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
         else:
             moved, taken, keyed = done
             queue.size -= moved
-            if taken is None:  # 7. declined by the C loop: the method
+            if taken is None:  # ALLOC-7 declined by the C loop: the method
                 new_blocks = pool.get_new_blocks(missing)
                 blocks.extend(new_blocks)
             else:
                 new_blocks = taken
                 queue.size -= missing
-        # 8. Cache: keyed in the C call already, or a run of fresh blocks
-        # (blocks[held:], step 7's) keyed in bulk without events (the
+        # ALLOC-8: keyed in the C call already, or a run of fresh blocks
+        # (blocks[held:], ALLOC-7's) keyed in bulk without events (the
         # pool's first attempt, pool_caching.cache_new_run, which changes
         # nothing when it declines), or block by block.
         if num_full > held:
@@ -159,7 +159,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                     facts, blocks, block_hashes=block_hashes, num_cached_blocks=held,
                     num_full_blocks=num_full, block_size=block_size, group_id=0, mask=None)
             cached_of[request_id] = num_full
-        # 9. The blocks of step 7.
+        # ALLOC-9: the blocks of ALLOC-7.
         return new_blocks if raw else own_blocks((new_blocks,), hashes)
 
     def step(facts: RequestFacts, num_new_tokens: int, num_new_computed_tokens: int,
@@ -168,7 +168,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
              full_sequence_must_fit: bool, raw: bool = False) -> Any:
         request_id = facts.request_id
         num_tokens = facts.num_tokens
-        # 1a-1b'' (spec.allocate_args.check_counts) for a new request; identity
+        # ALLOC-1, checks 1a-1b'' (spec.allocate_args.check_counts) for a new request; identity
         # with the cached int 0 lets only an int through (0.0 and False: general).
         if (type(request_id) is not str or request_id in requests or facts.num_computed_tokens is not zero
                 or type(num_new_tokens) is not int or num_new_tokens < 1
@@ -204,7 +204,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                     or list(map(type, hit)).count(int) != held
                     or list(map(table_get, block_hashes[:held])) != hit):
                 return TAKE_GENERAL_PATH
-        # 4-5. The demand: new blocks (at least one: num_new_tokens >= 1 past
+        # ALLOC-4 (no Mamba group here), ALLOC-5: the demand: new blocks (at least one: num_new_tokens >= 1 past
         # whole hit blocks), plus hit blocks with no holder (they leave the
         # free queue when taken), counted only when the bound with every hit
         # block free would not fit.
@@ -223,12 +223,12 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             return None  # D-API-13, D-API-48
         # The changes: an exception from here on leaves a consistent manager (D-API-24).
         try:
-            # 6. Admit: the request's own list, its hit taken (touched).
+            # ALLOC-6: admit: the request's own list, its hit taken (touched).
             requests.add(request_id)
             blocks = list(hit)
             blocks_of[request_id] = blocks
             cached_of[request_id] = held
-            # 8's extent: the blocks the computed tokens fill, as far as the
+            # ALLOC-8's extent: the blocks the computed tokens fill, as far as the
             # request has hashes (D-API-11).
             num_full = 0
             if not delay_cache_blocks:
@@ -239,11 +239,11 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                 ref, prev, nxt, sentinel, keys_of, gids, key_tokens, table, evict, maps, blocks, missing,
                 block_hashes, num_full, block_size)
             if done is not None and done[1] is not None and (num_full <= held or done[2] is True):
-                # The pool call did 6 to 8 (the common case, as _native.admit_request runs it).
+                # The pool call did ALLOC-6 to ALLOC-8 (the common case, as _native.admit_request runs it).
                 queue.size -= done[0] + missing
                 if num_full > held:
                     cached_of[request_id] = num_full
-                return done[1] if raw else own_blocks((done[1],), hashes)  # 9.
+                return done[1] if raw else own_blocks((done[1],), hashes)  # ALLOC-9
             return finish(facts, blocks, done, held, missing, num_full, block_hashes, request_id, raw)
         except BaseException:
             recover(self)

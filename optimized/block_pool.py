@@ -145,13 +145,13 @@ class BlockPool(PoolView):
             InvalidArgumentError: ``num_blocks`` is not an int >= 0.
             PoolExhaustedError: fewer free blocks than asked for (no change).
         """
-        if type(num_blocks) is not int or num_blocks < 0:
+        if type(num_blocks) is not int or num_blocks < 0:  # EVICT-1
             raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
         queue = self._queue
         if num_blocks > queue.size:
             raise PoolExhaustedError(
                 f"asked for {num_blocks} blocks, {queue.size} are free")
-        # Fused pop + evict + ref update; locals bound for the loop.
+        # Fused pop + evict + ref update (EVICT-2..5); locals bound for the loop.
         nxt = queue.next
         sentinel = queue.sentinel
         ref = self._ref
@@ -184,10 +184,10 @@ class BlockPool(PoolView):
         if self.enable_caching:
             evict = self._evict
             for i in range(num_blocks):
-                out[i] = block
+                out[i] = block  # EVICT-2
                 if hashes[block] is not None:
-                    evict(block)
-                ref[block] = 1
+                    evict(block)  # EVICT-3, EVICT-4
+                ref[block] = 1  # EVICT-5
                 block = nxt[block]
         else:
             for i in range(num_blocks):
@@ -223,7 +223,7 @@ class BlockPool(PoolView):
         table, dups = self.cached_by_group[group_id], self.dup_by_group[group_id]
         self.map_epoch += 1
         later = dups.get(block_hash) if dups else None  # the rule: no duplicates at all
-        if later is None:
+        if later is None:  # EVICT-3
             del table[block_hash]
         else:
             if table[block_hash] == block:
@@ -232,7 +232,7 @@ class BlockPool(PoolView):
                 later.remove(block)
             if not later:
                 del dups[block_hash]
-        self._hash[block] = None
+        self._hash[block] = None  # EVICT-4
         self._gid[block] = -1
         if announce and self.enable_kv_cache_events:
             self._events.append(BlockRemoved(block_hashes=(block_hash,), medium=MEDIUM_GPU, group_idx=group_id))
@@ -289,7 +289,7 @@ class BlockPool(PoolView):
         ids = list(blocks)
         self._check_ids(ids)
         ref = self._ref
-        for block, times in Counter(b for b in ids if b).items():
+        for block, times in Counter(b for b in ids if b).items():  # FREE-3
             if ref[block] < times:
                 raise InvariantViolation(
                     f"POOL-3: freeing block {block} {times} time(s) but its ref count is "
@@ -351,7 +351,7 @@ class BlockPool(PoolView):
         tail = prev[sentinel]  # hashed blocks are linked straight after it
         front: list[int] | None = None  # unhashed ones are rare: built lazily
         released = 0
-        for block in blocks:
+        for block in blocks:  # FREE-4, and FREE-5's links
             count = ref[block]
             if count != 1:  # stays referenced (the caller holds it: count >= 1)
                 ref[block] = count - 1
@@ -464,7 +464,7 @@ class BlockPool(PoolView):
             if not block or gids[block] >= 0 or (
                     mask is not None and not mask[i - num_cached_blocks]):
                 continue
-            block_hash = block_hashes[i]
+            block_hash = block_hashes[i]  # its own position's key (REQ-7), its prefix's tokens (KEYTOK-1)
             hashes[block] = block_hash
             gids[block] = group_id
             self._key_tokens[block] = (i + 1) * block_size
@@ -515,17 +515,17 @@ class BlockPool(PoolView):
         Cost: O(num_blocks) on success, O(1) on refusal.
         """
         if self._queue.size != self.num_blocks - 1 - len(self.reserved):
-            # Some non-null, non-reserved block has ref count > 0 (POOL-2);
+            # RESET-1: some non-null, non-reserved block has ref count > 0 (POOL-2);
             # reserved sink blocks never count as in use (D-SINK-2).
             return False
-        self.map_epoch += 1
+        self.map_epoch += 1  # RESET-2
         for table in self.cached_by_group:
             table.clear()
         for dups in self.dup_by_group:
             dups.clear()
         self._hash[:] = [None] * self.num_blocks  # in place: views share the list
         self._gid[:] = [-1] * self.num_blocks
-        if self.enable_kv_cache_events:
+        if self.enable_kv_cache_events:  # RESET-3
             self._events.append(AllBlocksCleared())
         return True
 

@@ -21,12 +21,12 @@ from collections.abc import Callable, Sequence
 from math import lcm
 from typing import Any
 
+from pagedkv.optimized.eagle_rules import eagle_peek_limit
+from pagedkv.optimized.mamba_checkpoint_rules import partial_hash_hits_configured
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.eagle import eagle_peek_limit
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request, RequestFacts
 from pagedkv.spec.types import BlockHash
@@ -376,7 +376,7 @@ class KVCacheCoordinator(SubBlockCoordination):
 
     def release(self, request_id: str) -> None:
         """Release the request's blocks group by group (tail first within a
-        group) and forget it. Cost: O(blocks held)."""
+        group) and forget it (FREE-2, FREE-6). Cost: O(blocks held)."""
         self.requests.remove(request_id)
         for manager in self.managers:
             manager.release(request_id)

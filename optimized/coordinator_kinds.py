@@ -128,10 +128,11 @@ class HybridCoordinator(KVCacheCoordinator):
         views = self.views(block_hashes, max_cache_hit_length)
         # A group outside prefix caching serves every length with no block (PFX-1).
         peek = self.peek_limit(block_hashes, max_cache_hit_length)
+        # LOOKUP-3; HYB-1 holds it to the reference's brute force.
         length = longest_common_hit(self.cacheable_managers, views, max_cache_hit_length, self.hit_unit, peek)
         if length == 0:
             return tuple([] for _ in managers), 0
-        hashed = len(block_hashes) * self.hash_block_size
+        hashed = len(block_hashes) * self.hash_block_size  # LOOKUP-4: each group's blocks for the length
         return tuple([manager.hit_blocks(views.at(manager.block_size), length,
                                          manager.lookup_limit(max_cache_hit_length, peek, hashed)) if c else []
                       for manager, c in zip(managers, cacheable)]), length

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from pagedkv.optimized.mamba_partial_rules import state_keys_in_block
 from pagedkv.spec.errors import InvalidArgumentError
-from pagedkv.spec.mamba_partial import state_keys_in_block
 from pagedkv.spec.types import BlockHash
 
 from .block_pool import BlockPool

@@ -5,7 +5,7 @@ blocks -- what decode context parallelism's widened blocks need
 The coordinator swaps :class:`FullAttentionSubBlockManager` in for a
 full-attention group larger than the hash block when sub-block hits are
 switched on (no request is known then). The rules are the reference's
-(``pagedkv.reference.dcp_partial``); here the hit search scans the cached
+(``pagedkv.reference.features.dcp_partial``); here the hit search scans the cached
 full blocks once, then probes only the first block past them.
 """
 
@@ -14,21 +14,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pagedkv.spec.dcp import (
+from pagedkv.optimized.dcp_rules import (
     check_dcp_world_size,
     partial_hits_configured_under_dcp,
     prompt_tail_boundary,
     tail_boundaries,
 )
-from pagedkv.spec.eagle import sub_block_eagle_limit
-from pagedkv.spec.errors import InvalidConfigError
-from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_partial import (
+from pagedkv.optimized.eagle_rules import sub_block_eagle_limit
+from pagedkv.optimized.mamba_partial_rules import (
     check_supported,
     partial_hits_supported,
     shared_prefix_checkpoint_supported,
     state_keys_in_block,
 )
+from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import BlockHash
 
 from .mamba_partial import key_block
@@ -183,6 +183,7 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         super().admit(request_id, new_computed_blocks, num_local_computed_tokens,
                       num_external_computed_tokens)
         if new_computed_blocks and num_local_computed_tokens % self.block_size:
+            # FPART-3: the tail to copy, the block held at its column (MPART-2).
             column = num_local_computed_tokens // self.block_size
             self.partial_hit[request_id] = (column, self.req_to_blocks[request_id][column])
             self.num_cached_blocks[request_id] = column

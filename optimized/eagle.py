@@ -1,7 +1,7 @@
 """EAGLE per KV-cache group, optimized side (spec/coordinators.md section 4.1).
 
 The same rules as the reference, from the shared vocabulary
-(:mod:`pagedkv.spec.eagle`): :func:`apply_eagle_groups` sets each manager's
+(:mod:`pagedkv.optimized.eagle_rules`): :func:`apply_eagle_groups` sets each manager's
 ``use_eagle`` (its own hit rule) and ``replay_eagle`` (whether the model
 drafts: the replay positions retention keeps). The Mamba sparse-retention
 mask is :func:`pagedkv.optimized.mamba_publish.retention_mask`.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.optimized.eagle_rules import eagle_group_mask
 from pagedkv.spec.config import KVCacheGroupSpec
-from pagedkv.spec.eagle import eagle_group_mask
 from pagedkv.spec.registry import manager_kind_for
 
 from .single_type import SingleTypeManager

@@ -124,7 +124,7 @@ def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
         request_id = facts.request_id
         num_computed = facts.num_computed_tokens
         num_tokens = facts.num_tokens
-        # Step 1 for this case: a known request, well-formed counts,
+        # ALLOC-1 for this case: a known request, well-formed counts,
         # max_model_len kept; otherwise the general path raises.
         if (type(request_id) is not str or request_id not in requests
                 or type(num_computed) is not int or num_computed < 0
@@ -140,8 +140,8 @@ def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
         if cache and cache_tokens // hash_block_size > len(block_hashes):
             return TAKE_GENERAL_PATH  # as the probed step: hashes short of the blocks to cache
         try:
-            # 3. Release what attention no longer reads (D-API-6: kept on
-            # refusal), group by group; each group's demand (4) beside it:
+            # ALLOC-3: release what attention no longer reads (D-API-6: kept on
+            # refusal), group by group; each group's demand (ALLOC-4) beside it:
             # a release changes no other group's count.
             demand = 0
             needs: list[int] = []
@@ -169,10 +169,10 @@ def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
                 if missing > 0:
                     demand += missing
                 needs.append(missing)
-            # 5.
+            # ALLOC-5.
             if demand > queue.size:  # get_num_free_blocks, without the call
                 return None
-            # 7. Allocate, group by group.
+            # ALLOC-7: allocate, group by group.
             new_blocks: list[list[int]] = []
             added = False
             for (manager, block_size, blocks_of, _, _), missing in zip(groups, needs):
@@ -186,7 +186,7 @@ def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
                 if taken:
                     added = True
                 new_blocks.append(taken)
-            # 8. Cache the blocks the step fills.
+            # ALLOC-8: cache the blocks the step fills.
             if cache:
                 if inline_cache:
                     # Every block size is the hash block size, so the
@@ -210,7 +210,7 @@ def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
                             coordinator.cache_blocks(request=facts, request_id=request_id,
                                                      num_tokens=cache_tokens)
                             break
-            # 9.
+            # ALLOC-9.
             return KVCacheBlocks(tuple(new_blocks), hashes) if added else empty
         except BaseException:
             recover(coordinator)

@@ -1,6 +1,6 @@
 """The host tier of HiSparse groups with cheaper structures (spec/host_tier.md).
 
-Same observable behaviour as ``pagedkv.reference.hisparse`` (the lockstep
+Same observable behaviour as ``pagedkv.reference.features.hisparse`` (the lockstep
 test runs both), different structures:
 
 - each pool's free queue is an ``OrderedDict``, so taking a hit block out of
@@ -15,7 +15,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from pagedkv.optimized.hisparse_rules import (
+    AllocationCounts,
+    check_transfer_ids,
+    full_sequence_need,
+    import_pages,
+    plan_allocation,
+    residency_update,
+    row_mirrors,
+    stored_events,
+    wants_hot_region,
+    writeback_window,
+)
 from pagedkv.optimized.hisparse_state import RequestState, TierPool
+from pagedkv.optimized.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     UnknownRequestError,
@@ -32,19 +45,6 @@ from pagedkv.spec.hisparse import (
     ResidencyUpdate,
     RowMirror,
 )
-from pagedkv.spec.hisparse_rules import (
-    AllocationCounts,
-    check_transfer_ids,
-    full_sequence_need,
-    import_pages,
-    plan_allocation,
-    residency_update,
-    row_mirrors,
-    stored_events,
-    wants_hot_region,
-    writeback_window,
-)
-from pagedkv.spec.hisparse_steps import HostTierSteps
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierManager"]
@@ -71,7 +71,8 @@ class HostTierManager(HostTierSteps):
         self.detached: list[RequestState] = []
         self.outbox: list[int] = []  # transfers planned since the last take_transfers
         self.spill_budget = config.spill_budget  # an engine may retune it between steps
-        # In-flight transfer -> (workers expected, workers done) (D-HOST-12).
+        # In-flight transfer -> (workers expected, workers done) (D-HOST-12);
+        # only in-flight transfers, dropped once complete (HOST-13).
         self.worker_counts: dict[int, tuple[int, int]] = {}
         self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
         self.next_fence_id = 0
@@ -173,22 +174,22 @@ class HostTierManager(HostTierSteps):
         req.block_hashes = hashes
         if hit:  # a hit only for a request holding nothing: its pages start at 0
             for b in hit:
-                host.hold(b)
+                host.hold(b)  # one host reference per row entry (HOST-2)
             req.host_row.extend(hit)
             req.clean.update(range(plan.clean_hits))
             req.published = plan.clean_hits
         if hit or imported:
-            req.hot_required = True
-            req.importing = imported
+            req.hot_required = True  # host-only pages need the hot region (HOST-8)
+            req.importing = imported  # its pages: a clean prefix, then the import's (HOST-14)
         new_host = self._take_host(host_new)
-        req.host_row.extend(new_host)
-        taken = self._take_device(device_new + hot_n)
+        req.host_row.extend(new_host)  # every page has a host block (HOST-4)
+        taken = self._take_device(device_new + hot_n)  # pinned pages hold references (HOST-3)
         resident = taken[:device_new]
         if host_only:
             req.resident_row.extend([0] * host_only)
         req.resident_row.extend(resident)
         if hot_n:
-            req.hot = taken[device_new:]
+            req.hot = taken[device_new:]  # the whole hot region at once (HOST-7)
         if hit and self.copies:
             copies, hash_of, row = self.copies, host.hash_of, req.resident_row
             for page, host_block in enumerate(hit[:plan.clean_hits]):
@@ -253,11 +254,12 @@ class HostTierManager(HostTierSteps):
                 req = self.requests[request_id]
                 req.resident_row[page] = 0
                 req.unpinned.discard(page)
-                if page < req.synced:
+                if page < req.synced:  # the worker's row is exact but for stale pages (HOST-11)
                     req.stale.add(page)
                 req.hot_required = True
 
     def _record_copy(self, req: RequestState, page: int) -> None:
+        # One device copy per published hash, one hash per copy block (HOST-12).
         b = req.resident_row[page]
         block_hash = self.host.hash_of.get(req.host_row[page])
         if b == 0 or block_hash is None or page in req.pending:
@@ -292,6 +294,7 @@ class HostTierManager(HostTierSteps):
         window = writeback_window(self._block_size, num_computed_tokens, len(req.resident_row),
                                   req.importing)
         planned: list[PageTransfer] = []
+        # A write-back's page stays resident, pinned and dirty until it lands (HOST-5).
         row, clean, pending = req.resident_row, req.clean, req.pending
         for page in window:
             if budget is not None and len(planned) >= budget:
@@ -367,7 +370,7 @@ class HostTierManager(HostTierSteps):
         limit = min(len(req.block_hashes), len(req.host_row))
         cached, hash_of = self.host.cached, self.host.hash_of
         stored: list[tuple[int, int]] = []
-        while req.published < limit and req.published in req.clean:
+        while req.published < limit and req.published in req.clean:  # a clean prefix only (HOST-9)
             b, block_hash = req.host_row[req.published], req.block_hashes[req.published]
             if block_hash not in cached and b not in hash_of:
                 cached[block_hash] = b
@@ -380,7 +383,7 @@ class HostTierManager(HostTierSteps):
                 req.request_id) is not req, req.block_hashes, stored))
 
     def _unpin_clean(self, request_id: str, req: RequestState) -> None:
-        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES
+        tail = len(req.resident_row) - ACTIVE_TAIL_PAGES  # the tail stays pinned (HOST-10)
         movable = [page for page in req.pinned_clean if page < tail]
         if not movable:
             return
@@ -391,7 +394,7 @@ class HostTierManager(HostTierSteps):
     def _unpin(self, request_id: str, req: RequestState, page: int) -> None:
         b = req.resident_row[page]
         self.device.unpin(b)
-        self.readers.setdefault(b, set()).add((request_id, page))
+        self.readers.setdefault(b, set()).add((request_id, page))  # HOST-6
         req.unpinned.add(page)
         req.pinned_clean.discard(page)
 

@@ -11,7 +11,8 @@ __all__ = ["TierPool", "RequestState"]
 
 
 class TierPool:
-    """Ref counts and an ordered free queue (``OrderedDict`` keys, front first).
+    """Ref counts and an ordered free queue (``OrderedDict`` keys, front first):
+    block 0 never in it, a block free exactly at ref count 0 (HOST-1).
 
     An ``OrderedDict`` rather than a plain dict: taking from the front of a
     plain dict leaves deleted slots that every later ``next(iter(...))`` must

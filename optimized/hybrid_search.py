@@ -1,4 +1,5 @@
-"""The hybrid hit search: the longest prefix every KV cache group can serve.
+"""The hybrid hit search: the longest prefix every KV cache group can serve
+(LOOKUP-3, held to the reference's search by HYB-1).
 
 Definition (the reference's brute force, spec/coordinators.md): the largest
 ``L <= cap``, a multiple of the alignment ``A`` (the LCM of the block

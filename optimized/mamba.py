@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.optimized.mamba_checkpoint_rules import checkpoint_column, checkpoint_exportable, checkpoint_position
+from pagedkv.optimized.mamba_partial_rules import state_key
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_checkpoints import checkpoint_column, checkpoint_exportable, checkpoint_position
-from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 
@@ -190,7 +190,8 @@ class MambaManager(SingleTypeManager):
             self.checkpoints.pop(request_id, None)
 
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
-        """The states retention keeps (MRET-1), less a checkpoint column:
+        """The states retention keeps (MRET-1), less a checkpoint column,
+        never keyed by its full-block key (MCKPT-3):
         ``publish_checkpoint`` keys it at its position, or not (MCKPT-5).
         Cost: O(1) dense without a checkpoint, else O(blocks)."""
         mask = retention_mask(self, request, num_cached, num_full)
@@ -216,7 +217,7 @@ class MambaManager(SingleTypeManager):
         first allocation) per step. Cost: O(len(new_computed_blocks) + 1)."""
         pool = self.block_pool
         if new_computed_blocks and pool.block_hashes[new_computed_blocks[-1]] in self.cached_this_step:
-            return pool.num_blocks + 1
+            return pool.num_blocks + 1  # ALLOC-4: the Mamba step rule refuses
         if self.mode != "align":
             with_drafts = num_tokens + self.block_size * self.num_speculative_blocks
             demand: int = super().get_num_blocks_to_allocate(

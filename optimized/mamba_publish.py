@@ -1,16 +1,16 @@
 """Which Mamba states enter the prefix cache, and which are handed to a KV
 connector (spec/mamba.md, "Publication": MRET-1, MCKPT-5, MOFF-2, MTAIL-1),
 on the optimized pool's block ids. Same rules as the reference's module of
-this name; the shared formulas live in :mod:`pagedkv.spec.mamba_checkpoints`.
+this name; the shared formulas live in :mod:`pagedkv.optimized.mamba_checkpoint_rules`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pagedkv.optimized.mamba_checkpoint_rules import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
+from pagedkv.optimized.mamba_partial_rules import resume_position, state_key
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
-from pagedkv.spec.mamba_partial import resume_position, state_key
 
 from .mamba_partial import key_block
 

@@ -213,7 +213,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
             raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
         if (not self.enable_caching or skip
                 or not self.num_kv_cache_groups):
-            return self._empty, 0
+            return self._empty, 0  # LOOKUP-1
         lookup = self._lookup
         if lookup is not None and self.prefix_cache_stats is None:
             answer = lookup(request)
@@ -224,13 +224,13 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         if scan is not None:  # UnitaryCoordinator.find_longest_cache_hit's scan, memo included
             prefix_hits, table, block_size, pool = scan
             found = prefix_hits(table, request.block_hashes, (request.num_tokens - 1) // block_size, pool)
-        if found is None:
+        if found is None:  # LOOKUP-2 (the cap), LOOKUP-3 and LOOKUP-4
             hit, num_hit_tokens = self._coordinator.find_longest_cache_hit(
                 request.block_hashes, request.num_tokens - 1)
         else:
             hit, num_hit_tokens = (found,), len(found) * block_size
         stats = self.prefix_cache_stats
-        if stats is not None:
+        if stats is not None:  # LOOKUP-5
             stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens,
                          preempted=request.num_preemptions > 0)
         return KVCacheBlocks(hit, self._pool.block_hashes), num_hit_tokens
@@ -341,7 +341,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         request = RequestFacts.capture(request)
         request_id = request.request_id
         known = request_id in coordinator.requests
-        # 1. Validate (all before any change).
+        # ALLOC-1: validate (all before any change).
         computed = validation.allocate_args(
             coordinator=coordinator, request=request, known_request=known,
             max_model_len=self.max_model_len, num_new_tokens=num_new_tokens,
@@ -351,15 +351,15 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
             delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
             reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens,
             watermark_blocks=watermark_blocks)
-        # 2. Token counts.
+        # ALLOC-2: token counts.
         local = request.num_computed_tokens + num_new_computed_tokens
         total = local + num_external_computed_tokens
         main = total + num_new_tokens
         need = min(main + num_lookahead_tokens, self.max_model_len)
-        # Steps 3-9 change state: an exception there (the engine's code is
+        # ALLOC-3 to ALLOC-9 change state: an exception there (the engine's code is
         # not called any more) leaves a consistent manager (D-API-24).
         try:
-            # 3. Remove skipped blocks, even if the allocation is then refused:
+            # ALLOC-3: remove skipped blocks, even if the allocation is then refused:
             # they are dead weight either way, and releasing them first spares
             # cached blocks from eviction (D-API-6).
             if known:  # on the settled basis: an in-flight step still reads its window (D-API-14)
@@ -367,7 +367,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
                 coordinator.remove_skipped_blocks(request_id=request_id,
                                                   num_total_computed_tokens=settled if settled > 0 else 0,
                                                   num_prompt_tokens=request.num_prompt_tokens)
-            # 4-5. Capacity (the Mamba step rule counts as a refusal here).
+            # ALLOC-4, ALLOC-5: capacity (the Mamba step rule counts as a refusal here).
             demand = coordinator.get_num_blocks_to_allocate(
                 request_id=request_id, num_tokens=need, new_computed_blocks=computed,
                 num_total_computed_tokens=total, num_main_tokens=main,
@@ -388,22 +388,22 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
                     num_encoder_tokens=num_encoder_tokens))
             if demand + watermark_blocks > self._pool.get_num_free_blocks():
                 return None
-            # 6. Admit computed blocks (a new request only).
+            # ALLOC-6: admit computed blocks (a new request only).
             if not known:
                 coordinator.admit(request_id=request_id, new_computed_blocks=computed,
                                   num_local_computed_tokens=local,
                                   num_external_computed_tokens=num_external_computed_tokens)
-            # 7. Allocate.
+            # ALLOC-7: allocate.
             if mamba_checkpoints:
                 coordinator.reserve_checkpoints(request_id, total, main, prefill_end)
             new_blocks = coordinator.allocate_new_blocks(
                 request_id=request_id, num_tokens=need, num_main_tokens=main,
                 num_encoder_tokens=num_encoder_tokens)
-            # 8. Cache.
+            # ALLOC-8: cache.
             if self.enable_caching and not delay_cache_blocks:
                 coordinator.cache_blocks(request=request, request_id=request_id,
                                          num_tokens=min(main, request.num_tokens))
-            # 9. Return the blocks of step 7.
+            # ALLOC-9: return the blocks of ALLOC-7.
             if not any(new_blocks):
                 return self._empty
             return KVCacheBlocks(new_blocks, self._pool.block_hashes)
@@ -458,9 +458,9 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         if not held:
             if missing_ok and isinstance(request_id, str):
                 return
-            validation.known(coordinator, request_id)
+            validation.known(coordinator, request_id)  # FREE-1
         try:
-            self._release(request_id)  # coordinator.release, or the same in C (D-PERF-49)
+            self._release(request_id)  # FREE-2..6: coordinator.release, or the same in C (D-PERF-49)
         except BaseException:
             recover(coordinator)
             raise
@@ -499,7 +499,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
             raise
         if not reset:
             return False
-        if self.prefix_cache_stats is not None:
+        if self.prefix_cache_stats is not None:  # RESET-4
             self.prefix_cache_stats.reset = True
         return True
 

@@ -90,8 +90,8 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
                              snapshot: Callable[[], object]) -> None:
     """Check the request table's invariants over the coordinator (the
     manager's ``check_invariants()`` calls it after the pool's): REQ-1..6,
-    SKIP-1 (a), XATTN-1, SINK-1 and MAMBA-2. Cost:
-    O(num_blocks + blocks held + states cached this step).
+    SKIP-1 (a), XATTN-1, SINK-1, MAMBA-2 and MPART-2. Cost:
+    O(num_blocks + blocks held + states cached this step + partial hits).
 
     Raises:
         InvariantViolation: the message starts with the invariant's ID.
@@ -168,6 +168,12 @@ def check_request_invariants(pool: BlockPool, coordinator: KVCacheCoordinator,
         if isinstance(manager, MambaManager):
             _check_states_cached_this_step(pool, manager.group_id, manager.cached_this_step, fail,
                                            partial_keys=manager.partial_hits)
+        if isinstance(manager, (MambaManager, FullAttentionSubBlockManager)):
+            for request_id, (column, source) in manager.partial_hit.items():
+                held = manager.req_to_blocks.get(request_id, [])
+                if not 0 <= column < len(held) or held[column] != source or not source:
+                    fail("MPART-2", f"request {request_id!r} group {manager.group_id}: partial hit "
+                                    f"({column}, {source}) is not a real block it holds there")
     if sorted(sink_blocks) != sorted(pool.reserved):
         fail("SINK-1", f"reserved blocks {sorted(pool.reserved)} != sink blocks {sorted(sink_blocks)}")
     for block in pool.reserved:

@@ -294,7 +294,7 @@ class SingleTypeManager:
         """
         blocks = self.req_to_blocks.pop(request_id)
         del self.num_cached_blocks[request_id]
-        blocks.reverse()  # the list is ours and dropped: reversing in place is free
+        blocks.reverse()  # FREE-2; the list is ours and dropped: reversing in place is free
         # Null blocks are never released; a type whose lists hold none
         # skips the filter (the per-request path of full attention).
         self.block_pool.free_held(blocks, with_null=self.holds_null_blocks)

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pagedkv.optimized.connector_hits import connector_completes_state
+from pagedkv.optimized.mamba_partial_rules import hit_fits
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
-from pagedkv.spec.connector_hits import connector_completes_state
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
-from pagedkv.spec.mamba_partial import hit_fits
 from pagedkv.spec.request import RequestView
 from pagedkv.spec.types import BlockHash
 
@@ -108,7 +108,7 @@ def allocate_args(
     delay_cache_blocks: bool, num_encoder_tokens: int, reserved_blocks: int = 0,
     num_in_flight_tokens: int = 0, watermark_blocks: int = 0,
 ) -> tuple[list[int], ...] | None:
-    """Step 1 of ``allocate_slots`` (spec/operations.md): check the
+    """ALLOC-1 of ``allocate_slots`` (spec/operations.md): check the
     arguments in the spec's order (1a to 1k, the order both implementations
     raise in; the representation-independent checks are
     :mod:`pagedkv.spec.allocate_args`'s); return the prefix-hit block lists

@@ -108,17 +108,18 @@ class BlockPool:
         Raises:
             PoolExhaustedError: fewer free blocks than asked for (no change).
         """
+        # EVICT-1: checked before anything moves.
         if type(num_blocks) is not int or num_blocks < 0:
             raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
         if num_blocks > len(self.free_queue):
             raise PoolExhaustedError(
                 f"asked for {num_blocks} blocks, only {len(self.free_queue)} are free")
-        popped = self.free_queue[:num_blocks]
+        popped = self.free_queue[:num_blocks]  # EVICT-2
         del self.free_queue[:num_blocks]
         for block in popped:
             if self.enable_caching:
-                self._evict(block)
-            block.ref_cnt = 1
+                self._evict(block)  # EVICT-3, EVICT-4
+            block.ref_cnt = 1  # EVICT-5
         return popped
 
     def reserve(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -142,7 +143,7 @@ class BlockPool:
         """Drop one reference on each block, in the given order; those that
         reach zero return to the free queue (:func:`rules.requeue`)."""
         blocks = [block for block in ordered_blocks if not block.is_null]
-        # Checked before any count moves, so a refused call changes nothing:
+        # FREE-3: checked before any count moves, so a refused call changes nothing:
         # a block named k times needs a ref count of at least k.
         for block in blocks:
             times = sum(1 for other in blocks if other is block)
@@ -153,11 +154,11 @@ class BlockPool:
         # One pass, as vLLM's: a block named twice is released at the
         # occurrence that brings its count to 0 (D-API-35).
         released: list[KVCacheBlock] = []
-        for block in blocks:
+        for block in blocks:  # FREE-4
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 released.append(block)
-        order = rules.requeue(
+        order = rules.requeue(  # FREE-5
             [block.block_id for block in self.free_queue],
             [block.block_id for block in released],
             [block.block_hash is not None for block in released],
@@ -206,6 +207,7 @@ class BlockPool:
             if block.is_null or block.block_hash is not None or (
                     mask is not None and not mask[index - num_cached_blocks]):
                 continue
+            # The key of its own position (REQ-7), covering its prefix (KEYTOK-1).
             key = make_block_hash_with_group_id(block_hashes[index], group_id)
             block.block_hash = key
             block.key_tokens = (index + 1) * block_size
@@ -245,11 +247,11 @@ class BlockPool:
         key = block.block_hash
         if key is None:
             return
-        holders = self.cached[key]
+        holders = self.cached[key]  # EVICT-3
         holders.remove(block)
         if not holders:
             del self.cached[key]
-        block.block_hash = None
+        block.block_hash = None  # EVICT-4
         if self.enable_kv_cache_events:
             self.events.append(BlockRemoved(block_hashes=(get_block_hash(key),), group_idx=get_group_id(key)))
 
@@ -272,11 +274,11 @@ class BlockPool:
         aside, D-SINK-2); ``False`` otherwise."""
         if any(block.ref_cnt > 0 and all(block is not kept for kept in self.reserved)
                for block in self.blocks[1:]):
-            return False
-        self.cached.clear()
+            return False  # RESET-1
+        self.cached.clear()  # RESET-2
         for block in self.blocks:
             block.block_hash = None
-        if self.enable_kv_cache_events:
+        if self.enable_kv_cache_events:  # RESET-3
             self.events.append(AllBlocksCleared())
         return True
 

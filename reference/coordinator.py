@@ -18,27 +18,24 @@ from collections.abc import Sequence
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
-from pagedkv.reference.dcp_partial import FullAttentionSubBlockManager
-from pagedkv.reference.eagle import apply_eagle_groups
-from pagedkv.reference.mamba import MambaManager
-from pagedkv.reference.ring import RingManager
-from pagedkv.reference.rswa import RSWAManager
-from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
-from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
-from pagedkv.spec.attention_variants import prefix_cacheable
-from pagedkv.spec.config import KVCacheConfig
-from pagedkv.spec.dcp import check_dcp_world_size, partial_hits_configured_under_dcp
-from pagedkv.spec.eagle import eagle_peek_limit
-from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
-from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
-from pagedkv.spec.mamba_checkpoints import partial_hash_hits_configured
-from pagedkv.spec.mamba_partial import (
+from pagedkv.reference.features.dcp_partial import FullAttentionSubBlockManager
+from pagedkv.reference.features.dcp_rules import check_dcp_world_size, partial_hits_configured_under_dcp
+from pagedkv.reference.features.eagle_rules import eagle_peek_limit
+from pagedkv.reference.features.mamba_partial_rules import (
     check_supported,
     partial_hits_supported,
     shared_prefix_checkpoint_supported,
     state_keys_in_block,
 )
+from pagedkv.reference.hooks import Feature, attention_types
+from pagedkv.reference.mamba import MambaManager
+from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
+from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
+from pagedkv.spec.attention_variants import prefix_cacheable
+from pagedkv.spec.config import KVCacheConfig
+from pagedkv.spec.errors import InvalidArgumentError, InvalidConfigError
+from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id
 
@@ -52,10 +49,9 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
     "chunked_local": ChunkedLocalAttentionManager,
     "mamba": MambaManager,
     "cross_attention": CrossAttentionManager,
-    "circular_buffer": RingManager,
-    "rswa": RSWAManager,
 }
-"""The reference manager for each manager kind of :mod:`pagedkv.spec.registry`."""
+"""The kernel's manager for each seed manager kind of :mod:`pagedkv.spec.registry`;
+features add theirs through hook H1 (:mod:`pagedkv.reference.hooks`)."""
 
 SUB_BLOCK_MANAGERS = (MambaManager, FullAttentionSubBlockManager)
 """Managers that hit inside their blocks when sub-block hits are on (MPART, FPART)."""
@@ -78,8 +74,9 @@ class KVCacheCoordinator:
     def __init__(self, kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
                  block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
                  use_eagle: bool, retention_interval: int | None, max_model_len: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, features: Sequence[Feature] = ()) -> None:
         groups = kv_cache_config.kv_cache_groups
+        manager_types = attention_types(MANAGER_FOR_KIND, features)  # H1
         self.enable_caching = enable_caching
         self.block_pool = block_pool
         self.block_sizes = list(block_sizes)
@@ -92,7 +89,7 @@ class KVCacheCoordinator:
         self.managers: list[SingleTypeManager] = []
         for group_id, (group, block_size) in enumerate(zip(groups, block_sizes)):
             kind = manager_kind_for(group.kv_cache_spec)
-            manager_type = MANAGER_FOR_KIND.get(kind)
+            manager_type = manager_types.get(kind)
             if manager_type is None:
                 raise InvalidConfigError(
                     f"kv_cache_groups[{group_id}]: manager kind {kind!r} has no reference manager")
@@ -104,28 +101,20 @@ class KVCacheCoordinator:
                 spec, block_pool=self.block_pool, group_id=group_id, block_size=block_size,
                 enable_caching=enable_caching, alignment=self.alignment, use_eagle=use_eagle,
                 retention_interval=retention_interval, admission_cap=cap))
-        # EAGLE per group: marked groups and their same-spec siblings (D-SWA-14).
-        apply_eagle_groups(self.managers, groups, self.block_sizes, use_eagle)
-        # Prefill checkpoints land on the alignment vLLM would give hits
-        # (MCKPT-4): the hash block with sub-block hits configured, else ours.
-        self.partial_hash_hits = enable_caching and partial_hash_hits_configured(
-            [manager_kind_for(group.kv_cache_spec) for group in groups],
-            [group.kv_cache_spec for group in groups], self.block_sizes, hash_block_size)
-        for manager in self.managers:
-            if isinstance(manager, MambaManager):
-                manager.hash_block_size = hash_block_size
-                manager.cache_hit_alignment_tokens = (
-                    hash_block_size if self.partial_hash_hits else self.alignment)
         self.known: set[str] = set()
+        self.kv_cache_groups = groups
+        self.features = tuple(features)
         self._specs = [group.kv_cache_spec for group in groups]
         self.partial_hits_enabled = False
-        self._use_eagle = use_eagle
+        self.use_eagle = use_eagle
         # Copy endpoints handed out by ``take_block_copies`` and not yet
         # released, with multiplicity: one retention reference each (MPART-3).
         self.retained: Counter[int] = Counter()
         # Tokens a multi-module drafter re-prefills (num_prefill_lookahead - 1),
         # never cached (D-HASH-12); the facade sets it.
         self.num_reprefillable_tokens = 0
+        for feature in features:  # H2: per-group switches, before any request
+            feature.configure(self)
 
     def view(self, manager: SingleTypeManager, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         """``block_hashes`` at ``manager``'s block size."""
@@ -189,13 +178,10 @@ class KVCacheCoordinator:
 
     def remove_skipped_blocks(self, *, request_id: str, num_total_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
-        """Release, in every group, blocks attention no longer reads; an R-SWA
-        group releases its gap blocks when told the prompt length (RSWA-1)."""
+        """Release, in every group, blocks attention no longer reads (a type
+        may need the prompt length: R-SWA's gap, RSWA-1)."""
         for manager in self.managers:
-            if isinstance(manager, RSWAManager) and num_prompt_tokens is not None:
-                manager.remove_gap_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
-            else:
-                manager.remove_skipped_blocks(request_id, num_total_computed_tokens)
+            manager.remove_skipped_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
 
     def get_num_blocks_to_allocate(self, *, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
@@ -236,7 +222,7 @@ class KVCacheCoordinator:
 
     def admit(self, *, request_id: str, new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
               num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
-        """Make ``request_id`` known, holding its hit blocks in every group."""
+        """Make ``request_id`` known, holding its hit blocks in every group (ALLOC-6)."""
         self.known.add(request_id)
         # Every group takes its hit before any group allocates: a fresh block
         # for external tokens could otherwise evict another group's hit (D-API-9).
@@ -310,7 +296,7 @@ class KVCacheCoordinator:
             manager.cache_blocks(request, self.view(manager, request.block_hashes), request_id, tokens)
 
     def release(self, request_id: str) -> None:
-        """Release every group's blocks, group by group."""
+        """Release every group's blocks, group by group (FREE-2, FREE-6)."""
         self.known.remove(request_id)
         for manager in self.managers:
             manager.release(request_id)
@@ -341,14 +327,14 @@ class KVCacheCoordinator:
             kinds, self._specs, self.block_sizes, self.hash_block_size, check_dcp_world_size(dcp_world_size))
         check_supported(partial_hits_supported(
             kinds, self._specs, self.block_sizes, self.hash_block_size, enable_caching=self.enable_caching,
-            use_eagle=self._use_eagle, configured=configured))
+            use_eagle=self.use_eagle, configured=configured))
         if shared_prefix_checkpoint:
             check_supported(shared_prefix_checkpoint_supported(
-                partial_hits_on=True, eagle_groups=self._use_eagle,
+                partial_hits_on=True, eagle_groups=self.use_eagle,
                 num_reprefillable_tokens=self.num_reprefillable_tokens))
         if self.known:
             raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
-        self.partial_hits_enabled = self.partial_hash_hits = True
+        self.partial_hits_enabled = True
         for index, manager in enumerate(self.managers):
             if isinstance(manager, MambaManager):
                 manager.cache_hit_alignment_tokens = self.hash_block_size
@@ -408,12 +394,13 @@ class HybridCoordinator(KVCacheCoordinator):
         peek = self.peek_limit(block_hashes, max_length)
         hashed = len(block_hashes) * self.hash_block_size
         limits = [manager.lookup_limit(max_length, peek, hashed) for manager in self.managers]
+        # LOOKUP-3 by brute force, the definition HYB-1's maximality is checked against.
         # A group outside prefix caching serves every length with no block (PFX-1).
         while length > 0 and not all(not cacheable or manager.can_hit(view, length, limit)
                                      for manager, view, cacheable, limit
                                      in zip(self.managers, views, self.cacheable, limits)):
             length -= step
-        return tuple(manager.hit_blocks(view, length, limit) if cacheable else []
+        return tuple(manager.hit_blocks(view, length, limit) if cacheable else []  # LOOKUP-4
                      for manager, view, cacheable, limit
                      in zip(self.managers, views, self.cacheable, limits)), length
 
@@ -429,16 +416,18 @@ class NoPrefixCacheCoordinator(KVCacheCoordinator):
 def make_coordinator(kv_cache_config: KVCacheConfig, *, block_pool: BlockPool,
                      block_sizes: Sequence[int], hash_block_size: int, enable_caching: bool,
                      use_eagle: bool, retention_interval: int | None, max_model_len: int,
-                     max_num_batched_tokens: int) -> KVCacheCoordinator:
+                     max_num_batched_tokens: int, features: Sequence[Feature] = ()) -> KVCacheCoordinator:
     """The coordinator for a configuration: no prefix cache when caching is
     off or there are no groups, else the hybrid coordinator. It builds the
     managers over ``block_pool``: group ``g`` gets ``block_sizes[g]``; requests are hashed at ``hash_block_size``;
     ``max_model_len`` and ``max_num_batched_tokens`` give the windowed
-    groups' admission caps."""
+    groups' admission caps; ``features`` plug in through the hooks of
+    :mod:`pagedkv.reference.hooks`."""
     kind = (HybridCoordinator if enable_caching and any(
         prefix_cacheable(group.kv_cache_spec) for group in kv_cache_config.kv_cache_groups)
             else NoPrefixCacheCoordinator)
     return kind(kv_cache_config, block_pool=block_pool, block_sizes=block_sizes,
                 hash_block_size=hash_block_size, enable_caching=enable_caching, use_eagle=use_eagle,
                 retention_interval=retention_interval,
-                max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)
+                max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                features=features)

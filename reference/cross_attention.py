@@ -42,3 +42,8 @@ class CrossAttentionManager(SingleTypeManager):
                      request_id: str, num_tokens: int) -> None:
         """Never cached: encoder output is specific to one request."""
 
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
+        # XATTN-1: cross-attention blocks are never cached.
+        if any(block.block_hash is not None for block in blocks):
+            return f"XATTN-1: request {request_id!r} holds a hashed cross-attention block"
+        return None

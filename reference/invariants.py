@@ -13,13 +13,9 @@ from typing import TYPE_CHECKING
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.cross_attention import CrossAttentionManager
-from pagedkv.reference.dcp_partial import FullAttentionSubBlockManager
+from pagedkv.reference.features.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.reference.mamba import MambaManager
-from pagedkv.reference.ring import RingManager
-from pagedkv.reference.rswa import RSWAManager
-from pagedkv.reference.single_type import FullAttentionManager, SinkFullAttentionManager
-from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
+from pagedkv.reference.single_type import SinkFullAttentionManager
 from pagedkv.spec.errors import InvariantViolation
 from pagedkv.spec.types import get_group_id
 
@@ -79,7 +75,7 @@ def check_pool(pool: BlockPool, num_groups: int) -> None:
 
 def check_manager(manager: KVCacheManager) -> None:
     """Every invariant the state alone decides: the pool's, then the request
-    table's (REQ-1..6, SKIP-1 (a), XATTN-1, RING-1, SINK-1, MAMBA-2)."""
+    table's (REQ-1..6, SKIP-1 (a), XATTN-1, RING-1, SINK-1, MAMBA-2, MPART-2)."""
     pool = manager.block_pool
     managers = manager.coordinator.managers
     check_pool(pool, len(managers))
@@ -116,27 +112,12 @@ def check_manager(manager: KVCacheManager) -> None:
                 if block.block_hash is not None and get_group_id(block.block_hash) != group.group_id:
                     raise _fail("REQ-3", f"block {block.block_id} held in group {group.group_id} is "
                                 f"cached for group {get_group_id(block.block_hash)}", state)
-            # REQ-4: full attention holds real blocks, each once.
-            ids = [block.block_id for block in blocks]
-            # R-SWA: null blocks only where its gap was released (RSWA-1).
-            real_ids = [block_id for block_id in ids if block_id != 0]
-            if isinstance(group, RSWAManager) and len(set(real_ids)) != len(real_ids):
-                raise _fail("RSWA-1", f"request {request_id!r} holds a block twice: {ids}", state)
-            if (isinstance(group, FullAttentionManager) and not isinstance(group, RSWAManager)
-                    and (0 in ids or len(set(ids)) != len(ids))):
-                raise _fail("REQ-4", f"request {request_id!r} holds the null block or a block twice", state)
-            # SKIP-1 (a): windowed groups hold a null prefix, then distinct real blocks.
-            if isinstance(group, (SlidingWindowManager, ChunkedLocalAttentionManager)):
-                real = [block_id for block_id in ids if block_id != 0]
-                if ids[len(ids) - len(real):] != real or len(set(real)) != len(real):
-                    raise _fail("SKIP-1", f"request {request_id!r} group {group.group_id} holds {ids}", state)
-            # RING-1: a ring group holds at most one block, real and never cached.
-            if isinstance(group, RingManager) and (len(blocks) > 1 or any(
-                    block.is_null or block.block_hash is not None for block in blocks)):
-                raise _fail("RING-1", f"request {request_id!r} ring group {group.group_id} holds {ids}", state)
-            # XATTN-1: cross-attention blocks are never cached.
-            if isinstance(group, CrossAttentionManager) and any(block.block_hash is not None for block in blocks):
-                raise _fail("XATTN-1", f"request {request_id!r} holds a hashed cross-attention block", state)
+            # The type's own invariant, stated by its manager class: REQ-4 (full
+            # attention), SKIP-1 (windowed), XATTN-1, RSWA-1, RING-1.
+            violation = group.check_request_blocks(request_id, blocks)
+            if violation is not None:
+                invariant, message = violation.split(": ", 1)
+                raise _fail(invariant, message, state)
     reserved = {block.block_id for block in pool.reserved}
     for request_id in known:
         # REQ-6: a request holds each real block once over all groups, and no reserved block.
@@ -160,5 +141,12 @@ def check_manager(manager: KVCacheManager) -> None:
         if isinstance(group, MambaManager) and any(get_group_id(key) != group.group_id
                                                    for key in group.cached_this_step):
             raise _fail("MAMBA-2", f"group {group.group_id} remembers another group's key", state)
+        # MPART-2: a recorded partial hit names the real block at its column.
+        if isinstance(group, (MambaManager, FullAttentionSubBlockManager)):
+            for request_id, (column, source) in group.partial_hit.items():
+                held = group.req_to_blocks.get(request_id, [])
+                if not 0 <= column < len(held) or held[column] is not source or source.is_null:
+                    raise _fail("MPART-2", f"request {request_id!r} group {group.group_id}: partial hit "
+                                f"({column}, {source.block_id}) is not a real block it holds there", state)
     if sorted(block.block_id for block in sink_blocks) != sorted(reserved):
         raise _fail("SINK-1", "the reserved blocks are not exactly the sink groups' blocks", state)

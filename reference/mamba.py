@@ -24,8 +24,14 @@ from collections.abc import Sequence
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.mamba_partial import hit_padding, move_key
-from pagedkv.reference.mamba_publish import (
+from pagedkv.reference.features.mamba_checkpoint_rules import (
+    checkpoint_column,
+    checkpoint_exportable,
+    checkpoint_position,
+)
+from pagedkv.reference.features.mamba_partial import hit_padding, move_key
+from pagedkv.reference.features.mamba_partial_rules import state_key
+from pagedkv.reference.features.mamba_publish import (
     finalize_partial_tail,
     publish_checkpoint,
     publish_resume_state,
@@ -34,8 +40,6 @@ from pagedkv.reference.mamba_publish import (
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
-from pagedkv.spec.mamba_checkpoints import checkpoint_column, checkpoint_exportable, checkpoint_position
-from pagedkv.spec.mamba_partial import state_key
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash, BlockHashWithGroupId
 
@@ -179,7 +183,7 @@ class MambaManager(SingleTypeManager):
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
         # Sparse retention keeps some states only (MRET-1). A checkpoint block
         # holds the state at its checkpoint position, never by its full-block
-        # key: ``publish_checkpoint`` keys it afterwards, or not (MCKPT-5).
+        # key (MCKPT-3): ``publish_checkpoint`` keys it afterwards, or not (MCKPT-5).
         mask = retention_mask(self, request, num_cached, num_full)
         found = self.caching_checkpoint
         if found is None:
@@ -197,7 +201,7 @@ class MambaManager(SingleTypeManager):
                                    new_computed_blocks: Sequence[KVCacheBlock], num_total_computed_tokens: int,
                                    num_main_tokens: int, num_external_computed_tokens: int = 0) -> int:
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
-            # More than the pool holds: the allocation is refused this step.
+            # ALLOC-4: more than the pool holds, so the allocation is refused this step.
             return self.block_pool.num_blocks + 1
         if self.mode != "align":
             with_drafts = num_tokens + self.block_size * self.num_speculative_blocks
@@ -308,7 +312,8 @@ class MambaManager(SingleTypeManager):
         copies, self.copies = self.copies, []
         return copies
 
-    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
         super().remove_skipped_blocks(request_id, num_total_computed_tokens)
         if self.mode != "align":
             return

@@ -15,6 +15,7 @@ from pagedkv.reference import rules, validation
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
+from pagedkv.reference.features.enabled import FEATURES
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.recovery import recover
@@ -83,7 +84,8 @@ class KVCacheManager:
             kv_cache_config, block_pool=self._pool, block_sizes=self.block_sizes,
             hash_block_size=hash_block_size or 1, enable_caching=enable_caching,
             use_eagle=use_eagle, retention_interval=retention_interval,
-            max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens)
+            max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens,
+            features=FEATURES)
         # Lookahead hashing (spec/hashing.md section 7): events carry the
         # lookahead tokens; a multi-module drafter's re-prefilled tokens are
         # never cached (D-HASH-12).
@@ -131,13 +133,15 @@ class KVCacheManager:
         request = RequestFacts.capture(request)
         empty = KVCacheBlocks([[] for _ in self.coordinator.managers])
         if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
-            return empty, 0
+            return empty, 0  # LOOKUP-1
+        # LOOKUP-2: the last token is always recomputed.
         max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))
+        # LOOKUP-3, LOOKUP-4: the longest common hit and each group's blocks.
         hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
-        if self.prefix_cache_stats is not None:
+        if self.prefix_cache_stats is not None:  # LOOKUP-5
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens,
                                            preempted=request.num_preemptions > 0)
-        return KVCacheBlocks(hits), num_hit_tokens
+        return KVCacheBlocks(hits), num_hit_tokens  # LOOKUP-6: nothing else changed
 
     def get_computed_blocks_per_group(self, request: RequestView) -> tuple[KVCacheBlocks, tuple[int, ...]]:
         """Each group's own longest hit (at most ``num_tokens - 1`` tokens),
@@ -196,7 +200,7 @@ class KVCacheManager:
         request_id = request.request_id
         coordinator = self.coordinator
         known = request_id in coordinator.known
-        # 1. Validate (all before any change).
+        # ALLOC-1: validate (all before any change).
         hits = validation.allocate_args(
             coordinator=coordinator, request=request, known_request=known,
             max_model_len=self.max_model_len, num_new_tokens=num_new_tokens,
@@ -206,7 +210,7 @@ class KVCacheManager:
             delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
             reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens,
             watermark_blocks=watermark_blocks)
-        # 2. Token counts.
+        # ALLOC-2: token counts.
         local = request.num_computed_tokens + num_new_computed_tokens
         total = local + num_external_computed_tokens
         main = total + num_new_tokens
@@ -232,14 +236,14 @@ class KVCacheManager:
         """Steps 3 to 9 of ``allocate_slots``, on validated arguments."""
         request_id = request.request_id
         coordinator = self.coordinator
-        # 3. Remove skipped blocks: released even if the allocation is then
+        # ALLOC-3: remove skipped blocks: released even if the allocation is then
         # refused; they are dead weight either way, and releasing them first
         # spares cached blocks from eviction (D-API-6). A no-op for a new request.
         # On the settled basis: an in-flight step still reads its window (D-API-14).
         coordinator.remove_skipped_blocks(request_id=request_id,
                                           num_total_computed_tokens=max(0, total - num_in_flight_tokens),
                                           num_prompt_tokens=request.num_prompt_tokens)
-        # 4-5. Capacity (the Mamba step rule counts as a refusal here).
+        # ALLOC-4, ALLOC-5: capacity (the Mamba step rule counts as a refusal here).
         demand = coordinator.get_num_blocks_to_allocate(
             request_id=request_id, num_tokens=need, new_computed_blocks=hits,
             num_total_computed_tokens=total, num_main_tokens=main,
@@ -260,21 +264,21 @@ class KVCacheManager:
                     request_id=request_id, num_tokens=whole, new_computed_blocks=hits,
                     num_encoder_tokens=num_encoder_tokens) + watermark_blocks > free:
                 return None
-        # 6. Admit computed blocks (a new request only).
+        # ALLOC-6: admit computed blocks (a new request only).
         if not known:
             coordinator.admit(request_id=request_id, new_computed_blocks=hits,
                               num_local_computed_tokens=local,
                               num_external_computed_tokens=num_external_computed_tokens)
-        # 7. Allocate.
+        # ALLOC-7: allocate.
         coordinator.reserve_checkpoints(request_id, total, main, prefill_end)
         new_blocks = coordinator.allocate_new_blocks(
             request_id=request_id, num_tokens=need, num_main_tokens=main,
             num_encoder_tokens=num_encoder_tokens)
-        # 8. Cache (lookahead tokens never are).
+        # ALLOC-8: cache (lookahead tokens never are).
         if self.enable_caching and not delay_cache_blocks:
             coordinator.cache_blocks(request=request, request_id=request_id,
                                      num_tokens=min(main, request.num_tokens))
-        # 9. Return the blocks of step 7.
+        # ALLOC-9: return the blocks of ALLOC-7.
         return KVCacheBlocks(new_blocks)
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
@@ -291,9 +295,9 @@ class KVCacheManager:
                     return
             except TypeError:
                 pass  # validation.known names the bad id
-        validation.known(self.coordinator, request_id)
+        validation.known(self.coordinator, request_id)  # FREE-1
         try:
-            self.coordinator.release(request_id)
+            self.coordinator.release(request_id)  # FREE-2..6
         except BaseException:
             recover(self.coordinator)
             raise
@@ -339,7 +343,7 @@ class KVCacheManager:
             raise
         if not reset:
             return False
-        if self.prefix_cache_stats is not None:
+        if self.prefix_cache_stats is not None:  # RESET-4
             self.prefix_cache_stats.reset = True
         return True
 

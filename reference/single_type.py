@@ -159,9 +159,12 @@ class SingleTypeManager:
         blocks.extend(new_blocks)
         return new_blocks
 
-    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
         """Replace blocks attention no longer reads by the null block and
-        release them, last first (uncached ones become the next to reuse)."""
+        release them, last first (uncached ones become the next to reuse).
+        ``num_prompt_tokens`` (when the caller knows it) is for types whose
+        unread blocks depend on the prompt (R-SWA)."""
         blocks = self.req_to_blocks.get(request_id)
         skipped = self.released_tokens(num_total_computed_tokens)
         if blocks is None or skipped <= 0:
@@ -207,7 +210,7 @@ class SingleTypeManager:
         self.num_cached_blocks[request_id] = num_full
 
     def release(self, request_id: str) -> None:
-        """Release the request's blocks, tail first, so the tail is evicted first."""
+        """Release the request's blocks, tail first, so the tail is evicted first (FREE-2)."""
         blocks = self.req_to_blocks.pop(request_id)
         del self.num_cached_blocks[request_id]
         self.block_pool.free_blocks(reversed(blocks))
@@ -216,6 +219,11 @@ class SingleTypeManager:
         """Leading blocks of ``request_id`` held by every known request
         (0 for types whose prefix is null blocks)."""
         return 0
+
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
+        """The type's own invariant on one request's blocks: ``"<ID>: <what>"``
+        of a violation, or ``None`` (``check_invariants`` raises it)."""
+        return None
 
     def new_step_starts(self) -> None:
         """A scheduler step begins."""
@@ -228,6 +236,13 @@ class FullAttentionManager(SingleTypeManager):
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         counts = [block.ref_cnt for block in self.req_to_blocks[request_id]]
         return rules.common_prefix_blocks(counts, len(self.req_to_blocks))
+
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
+        # REQ-4: full attention holds real blocks, each once.
+        ids = [block.block_id for block in blocks]
+        if 0 in ids or len(set(ids)) != len(ids):
+            return f"REQ-4: request {request_id!r} holds the null block or a block twice"
+        return None
 
 
 class SinkFullAttentionManager(FullAttentionManager):

@@ -17,12 +17,9 @@ from typing import TYPE_CHECKING
 from pagedkv.reference.block_pool import KVCacheBlock
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.cross_attention import CrossAttentionManager
-from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
-from pagedkv.spec.connector_hits import connector_completes_state
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
-from pagedkv.spec.mamba_partial import hit_fits
 from pagedkv.spec.request import RequestView
 
 if TYPE_CHECKING:
@@ -74,7 +71,7 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                   num_encoder_tokens: int, reserved_blocks: int = 0,
                   num_in_flight_tokens: int = 0,
                   watermark_blocks: int = 0) -> tuple[tuple[KVCacheBlock, ...], ...]:
-    """Step 1 of ``allocate_slots`` (spec/operations.md), checks 1a to 1k in
+    """ALLOC-1 of ``allocate_slots`` (spec/operations.md), checks 1a to 1k in
     order; returns the hit blocks per group (empty without a hit).
 
     Raises:
@@ -103,13 +100,13 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
         if isinstance(manager, CrossAttentionManager) or not cacheable:
             fits = len(group_hits) == 0 and (not cacheable or num_new_computed_tokens % manager.block_size == 0)
         else:
-            sub_block = getattr(manager, "partial_hits", False)
-            fits = hit_fits(num_new_computed_tokens, len(group_hits), manager.block_size,
-                            coordinator.hash_block_size, sub_block)
-            # A Mamba group may hit shallower when a connector loads the state (D-API-46).
-            fits = fits or (isinstance(manager, MambaManager) and connector_completes_state(
-                num_new_computed_tokens, len(group_hits), manager.block_size, coordinator.hash_block_size,
-                sub_block, num_external_computed_tokens))
+            # Whole blocks; a feature may accept another shape (H4: sub-block
+            # hits, MPART-1; a connector completing a Mamba state, D-API-46).
+            fits = (num_new_computed_tokens % manager.block_size == 0
+                    and len(group_hits) == num_new_computed_tokens // manager.block_size)
+            fits = fits or any(feature.accepts_hit(coordinator, manager, num_new_computed_tokens, len(group_hits),
+                                                   num_external_computed_tokens)
+                               for feature in coordinator.features)
         if not fits:
             raise InvalidArgumentError(
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "

@@ -4,7 +4,10 @@ out of the window and pad their place with the null block (SKIP-1)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pagedkv.reference import rules
+from pagedkv.reference.block_pool import KVCacheBlock
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
@@ -14,11 +17,20 @@ __all__ = ["SlidingWindowManager", "ChunkedLocalAttentionManager"]
 
 class _WindowedManager(SingleTypeManager):
     """Blocks out of the window are recycled, so a whole request never holds
-    more than the spec's admission cap at once (spec/managers.md §8)."""
+    more than the spec's admission cap at once (spec/managers.md §8; SWA-1,
+    CHUNK-1)."""
 
     def admission_blocks(self, num_tokens: int) -> int:
         needed = rules.cdiv(num_tokens, self.block_size)
         return needed if self.admission_cap is None else min(needed, self.admission_cap)
+
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
+        # SKIP-1 (a): windowed groups hold a null prefix, then distinct real blocks.
+        ids = [block.block_id for block in blocks]
+        real = [block_id for block_id in ids if block_id != 0]
+        if ids[len(ids) - len(real):] != real or len(set(real)) != len(real):
+            return f"SKIP-1: request {request_id!r} group {self.group_id} holds {ids}"
+        return None
 
 
 class SlidingWindowManager(_WindowedManager):

@@ -125,7 +125,8 @@ class CircularBufferSpec(AttentionSpec):
 @dataclass(frozen=True, slots=True)
 class RSWASpec(FullAttentionSpec):
     """Reference sliding window: prompt tokens stay visible to every later
-    token; of the generated tokens only the last ``rswa_window`` are read."""
+    token; of the generated tokens only the last ``rswa_window`` are read.
+    It pages as full attention (CFG-9c, CFG-6)."""
 
     rswa_window: int = field(default=0, kw_only=True)
 

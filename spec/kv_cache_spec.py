@@ -12,7 +12,7 @@ else of it:
   (CFG-11).
 
 Every spec is a frozen, slotted, hashable dataclass; constructors validate
-their fields and raise ``InvalidConfigError`` naming the field. The Mamba
+their fields and raise ``InvalidConfigError`` naming the field (CFG-1). The Mamba
 spec lives in ``mamba_spec``, the multi-layer ``UniformTypeKVCacheSpecs`` in
 ``uniform_spec``. The written specification is spec/config.md.
 """

@@ -53,8 +53,9 @@ def get_group_id(key: BlockHashWithGroupId) -> int:
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """Blocks became prefix-cache entries (one event per ``cache_full_blocks``
-    call that cached at least one block... or none: see spec/events.md).
+    """Blocks became prefix-cache entries: one event per run of consecutive
+    positions a ``cache_full_blocks`` call newly cached, none when it cached
+    nothing (spec/operations.md, ``cache_full_blocks``; D-EVT-1, D-EVT-2).
 
     ``token_ids`` are the tokens of every block in the range that was cached,
     ``parent_block_hash`` is the hash of the block before the range (``None``

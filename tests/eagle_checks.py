@@ -10,10 +10,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pagedkv.reference.features.mamba_checkpoint_rules import (
+    mamba_kept_boundaries,
+    mamba_retention_mask,
+    partial_hash_hits_configured,
+)
+from pagedkv.reference.features.mamba_partial_rules import resume_position
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.errors import InvariantViolation
-from pagedkv.spec.mamba_checkpoints import mamba_kept_boundaries, mamba_retention_mask, partial_hash_hits_configured
-from pagedkv.spec.mamba_partial import resume_position
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.registry import manager_kind_for
 from pagedkv.spec.request import Request

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pagedkv.reference.features.mamba_partial_rules import state_key, state_keys_in_block
 from pagedkv.spec.attention_variants import RSWASpec, prefix_cacheable
 from pagedkv.spec.errors import InvariantViolation
 from pagedkv.spec.hashing import ExtraKeys, block_extra_keys, hash_block_tokens, normalize_hash_fn, seed_hash
@@ -24,7 +25,6 @@ from pagedkv.spec.kv_cache_spec import (
     KVCacheSpec,
     SlidingWindowSpec,
 )
-from pagedkv.spec.mamba_partial import state_key, state_keys_in_block
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.request import Request
 from pagedkv.spec.types import BlockHash, make_block_hash_with_group_id

@@ -50,6 +50,7 @@ def test_sliding_window_mla_pages_as_mla_windows_as_sliding_window() -> None:
 
 
 def test_circular_buffer_holds_one_page_per_request_and_is_not_cached() -> None:
+    """CFG-9b."""
     ring = CircularBufferSpec(8, 1, 1024, "float32", head_size_v=0)
     assert ring.page_size_bytes == 8 * 1024 * 4
     assert ring.max_memory_usage_bytes(SETTING) == ring.page_size_bytes
@@ -62,6 +63,7 @@ def test_circular_buffer_holds_one_page_per_request_and_is_not_cached() -> None:
 
 
 def test_rswa_plans_as_full_attention_and_has_its_own_manager_kind() -> None:
+    """CFG-9c: R-SWA pages as full attention (CFG-6)."""
     spec = RSWASpec(16, 8, 128, "bfloat16", rswa_window=512)
     full = FullAttentionSpec(16, 8, 128, "bfloat16")
     assert spec.page_size_bytes == full.page_size_bytes
@@ -86,6 +88,7 @@ def test_non_causal_merges_as_any_and_changes_no_page() -> None:
 
 
 def test_encoder_only_layers_take_no_memory_and_join_no_group() -> None:
+    """CFG-9d."""
     encoder = EncoderOnlyAttentionSpec(16, 12, 64, "float16")
     assert encoder.max_memory_usage_bytes(SETTING) == 0
     specs = {"enc.0": encoder, "enc.1": encoder}

@@ -15,8 +15,12 @@ from typing import Any
 
 import pytest
 
+from pagedkv.reference.features.dcp_rules import (
+    context_parallel_block_size,
+    partial_hits_configured_under_dcp,
+    tail_boundaries,
+)
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from pagedkv.spec.dcp import context_parallel_block_size, partial_hits_configured_under_dcp, tail_boundaries
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.implementations import IMPLEMENTATIONS
@@ -89,7 +93,7 @@ def test_hit_inside_a_dcp_block_is_copied_on_write(impl: ModuleType) -> None:
     assert [list(group) for group in hit_blocks.get_block_ids()] == [[1, 2], [N, N, 3]]
     new = manager.allocate_slots(replay, 4, hit, hit_blocks)
     assert new is not None
-    # The copy's destination comes first among the new full-attention blocks.
+    # FPART-3: the copy's destination comes first among the new full-attention blocks.
     destination = new.get_block_ids()[0][0]
     assert destination not in (1, 2, 3)
     assert list(manager.get_block_ids("replay")[0]) == [1, destination]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from pagedkv.reference.features.eagle_rules import eagle_group_mask, eagle_peek_limit
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from pagedkv.spec.eagle import eagle_group_mask, eagle_peek_limit
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
 

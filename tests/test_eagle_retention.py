@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from pagedkv.reference.features.mamba_checkpoint_rules import mamba_retention_mask
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.errors import InvariantViolation
-from pagedkv.spec.mamba_checkpoints import mamba_retention_mask
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import make_block_hash_with_group_id
 from tests.eagle_checks import check_mamba_retention

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from pagedkv.reference.features.dcp_rules import prompt_tail_boundary
+from pagedkv.reference.features.eagle_rules import sub_block_eagle_limit
+from pagedkv.reference.features.mamba_partial_rules import resume_position
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from pagedkv.spec.dcp import prompt_tail_boundary
-from pagedkv.spec.eagle import sub_block_eagle_limit
 from pagedkv.spec.errors import InvalidConfigError
-from pagedkv.spec.mamba_partial import resume_position
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.implementations import IMPLEMENTATIONS
 

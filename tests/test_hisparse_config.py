@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pagedkv.reference.hisparse import HostTierManager as ReferenceTier
+from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hisparse import (

@@ -77,7 +77,7 @@ def test_a_hit_past_the_computed_prefix_needs_an_import_covering_it(
 
 def test_the_checker_names_a_broken_import() -> None:
     """HOST-14 by ID: the import's last page counted clean before it landed."""
-    from pagedkv.reference.hisparse import HostTierManager
+    from pagedkv.reference.features.hisparse import HostTierManager
     from pagedkv.spec.errors import InvariantViolation
     from pagedkv.spec.hisparse import HostTierConfig
 

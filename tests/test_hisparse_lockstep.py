@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedkv.optimized.hisparse import HostTierManager as OptimizedTier
-from pagedkv.reference.hisparse import HostTierManager as ReferenceTier
+from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec.hisparse import HostTierConfig
 from pagedkv.spec.types import BlockHash
 

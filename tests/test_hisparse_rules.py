@@ -1,4 +1,4 @@
-"""The pure host-tier rules (pagedkv.spec.hisparse_rules) against their definitions.
+"""The pure host-tier rules (pagedkv.reference.features.hisparse_rules) against their definitions.
 
 Both implementations call these rules, so the lockstep machine cannot catch
 a mistake in them; these tests state each rule a second, plainer way.
@@ -10,13 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from pagedkv.spec.errors import (
-    ExceedsMaxModelLenError,
-    InvalidArgumentError,
-    InvalidTokenCountError,
-)
-from pagedkv.spec.hisparse import HostTierConfig, ResidencyUpdate, RowMirror
-from pagedkv.spec.hisparse_rules import (
+from pagedkv.reference.features.hisparse_rules import (
     check_token_count,
     count_allocation,
     fence_hold,
@@ -29,6 +23,12 @@ from pagedkv.spec.hisparse_rules import (
     writeback_tokens,
     writeback_window,
 )
+from pagedkv.spec.errors import (
+    ExceedsMaxModelLenError,
+    InvalidArgumentError,
+    InvalidTokenCountError,
+)
+from pagedkv.spec.hisparse import HostTierConfig, ResidencyUpdate, RowMirror
 from pagedkv.spec.types import BlockHash
 
 B = 4

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from pagedkv.optimized.hisparse import HostTierManager as OptimizedTier
-from pagedkv.reference.hisparse import HostTierManager as ReferenceTier
+from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec.errors import InvalidArgumentError, UnknownRequestError
 from pagedkv.spec.hisparse import HostTierConfig, PageTransfer
 from pagedkv.spec.types import BlockHash

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pagedkv.optimized.hisparse import HostTierManager as OptimizedTier
-from pagedkv.reference.hisparse import HostTierManager as ReferenceTier
+from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec.hisparse import HostTierConfig, PageTransfer, ResidencyUpdate
 
 Tier = ReferenceTier | OptimizedTier

@@ -64,6 +64,7 @@ settings_st = st.builds(
 # --- page sizes (CFG-2..CFG-5) --------------------------------------------------------
 
 def test_page_sizes_follow_the_formulas() -> None:
+    """CFG-2 (attention), CFG-3 (full attention), CFG-4 (MLA), CFG-5 (Mamba)."""
     assert FullAttentionSpec(16, 8, 128, BF16).page_size_bytes == 2 * 16 * 8 * 128 * 2
     assert FullAttentionSpec(16, 8, 128, BF16, head_size_v=64).page_size_bytes == 16 * 8 * (128 + 64) * 2
     assert SlidingWindowSpec(16, 8, 128, "float32", 1024).page_size_bytes == 2 * 16 * 8 * 128 * 4
@@ -148,6 +149,7 @@ def test_max_memory_usage_is_whole_pages_and_positive(setting: ModelSetting, spe
 
 @given(settings_st, st.sampled_from([1, 16, 64]), st.integers(1, 40_000))
 def test_sliding_window_cap(setting: ModelSetting, block_size: int, window: int) -> None:
+    """CFG-7: the sliding-window admission cap and usage."""
     spec = SlidingWindowSpec(block_size, 8, 128, BF16, window)
     cap = spec.max_admission_blocks_per_request(setting.max_num_batched_tokens, setting.max_model_len)
     tokens = min(window - 1 + setting.max_num_batched_tokens, setting.max_model_len)
@@ -166,6 +168,7 @@ def test_sliding_window_cap_example() -> None:
 
 @given(settings_st, st.sampled_from([1, 16, 64]), st.integers(1, 40_000))
 def test_chunked_local_cap(setting: ModelSetting, block_size: int, chunk: int) -> None:
+    """CFG-8: the chunked-local admission cap."""
     spec = ChunkedLocalAttentionSpec(block_size, 8, 128, BF16, chunk)
     cap = spec.max_admission_blocks_per_request(setting.max_num_batched_tokens, setting.max_model_len)
     assert cap == cdiv(min(chunk + setting.max_num_batched_tokens, setting.max_model_len), block_size)
@@ -184,6 +187,7 @@ def test_full_attention_usage_with_context_parallelism() -> None:
 
 
 def test_mamba_and_cross_attention_usage() -> None:
+    """CFG-9 (Mamba pages per mode) and CFG-10 (cross attention)."""
     shapes, dts = ((16, 16),), (BF16,)
     setting = ModelSetting(1000, max_num_encoder_input_tokens=1500)
     page = 16 * 16 * 2

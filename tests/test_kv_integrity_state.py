@@ -267,7 +267,8 @@ def encoder_blocks_freed_early() -> Iterator[None]:
     original_remove, original_release = CrossAttentionManager.remove_skipped_blocks, CrossAttentionManager.release
     given_back: dict[tuple[int, str], list[int]] = {}
 
-    def remove(self: CrossAttentionManager, request_id: str, num_total_computed_tokens: int) -> None:
+    def remove(self: CrossAttentionManager, request_id: str, num_total_computed_tokens: int,
+               num_prompt_tokens: int | None = None) -> None:
         key = (id(self), request_id)
         blocks = [block for block in self.req_to_blocks.get(request_id, []) if block]
         if key not in given_back and blocks:

@@ -1,7 +1,7 @@
 """Mamba prefill checkpoints (spec/mamba.md, spec/examples.md "Mamba prefill
 checkpoints"), one suite over every implementation.
 
-The worker exports a chunk's checkpoint where ``pagedkv.spec.mamba_checkpoints``
+The worker exports a chunk's checkpoint where ``pagedkv.reference.features.mamba_checkpoint_rules``
 says; the manager must have reserved a real block at that column (MCKPT-1),
 and never publishes a checkpoint under a key naming another position (MCKPT-3).
 """
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from pagedkv.spec.errors import InvalidConfigError
-from pagedkv.spec.kv_cache_spec import KVCacheSpec, SlidingWindowSpec
-from pagedkv.spec.mamba_checkpoints import (
+from pagedkv.reference.features.mamba_checkpoint_rules import (
     checkpoint_column,
     checkpoint_exportable,
     checkpoint_position,
     partial_hash_hits_configured,
 )
+from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.errors import InvalidConfigError
+from pagedkv.spec.kv_cache_spec import KVCacheSpec, SlidingWindowSpec
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.implementations import IMPLEMENTATIONS
 

@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 
+from pagedkv.reference.features.mamba_checkpoint_rules import (
+    checkpoint_published,
+    mamba_kept_boundaries,
+    mamba_retention_mask,
+)
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
-from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
 from pagedkv.spec.mamba_spec import MambaSpec
 
 N = 0  # the null block
@@ -145,8 +149,8 @@ def hybrid(impl: ModuleType) -> Any:
 
 
 def test_finished_producer_hands_its_tail_over_once(impl: ModuleType) -> None:
-    """A producer publishing its tail at 6 (Mamba column 1, block 4): a
-    finalize off the boundary consumes the record, so nothing is handed later."""
+    """MTAIL-1: a producer publishing its tail at 6 (Mamba column 1, block 4):
+    a finalize off the boundary consumes the record, so nothing is handed later."""
     manager = hybrid(impl)
     producer = manager.make_request("0", [0, 0, 1, 1, 2, 2, 3])
     assert manager.allocate_slots(producer, 6) is not None

@@ -100,6 +100,7 @@ def test_planned_configs_are_well_formed(setting: ModelSetting, specs: dict[str,
 @given(settings_st, models(), memories)
 def test_max_model_len_estimate_is_maximal(setting: ModelSetting, specs: dict[str, KVCacheSpec],
                                            memory: int) -> None:
+    """CFG-18: the estimate fits and one token more does not."""
     try:
         _, used = get_kv_cache_groups(setting, specs)
     except IncompatibleSpecError:
@@ -124,6 +125,7 @@ def test_max_model_len_estimate_is_maximal(setting: ModelSetting, specs: dict[st
 
 
 def test_grouping_of_10_full_and_20_sliding_window_layers() -> None:
+    """CFG-14: a type's layers dealt out to its groups."""
     specs: dict[str, KVCacheSpec] = {}
     for i in range(30):
         specs[f"layers.{i}"] = FULL if i % 3 == 0 else SW
@@ -156,6 +158,7 @@ def test_types_of_nearly_equal_size_share_the_larger_group_size() -> None:
 
 
 def test_attention_free_and_uniform_type() -> None:
+    """CFG-14 (attention free, uniform type), CFG-24 and CFG-19 of an attention-free config."""
     config = get_kv_cache_config(ModelSetting(1024), {}, GiB)
     assert config == KVCacheConfig(1, (), ())
     assert kv_cache_size_tokens(ModelSetting(1024), config) == 0
@@ -171,6 +174,7 @@ def test_attention_free_and_uniform_type() -> None:
 
 
 def test_uniform_model_figures() -> None:
+    """CFG-12 (blocks), CFG-24 (size in tokens), CFG-19 (concurrency), CFG-18 (largest length)."""
     specs = {f"layers.{i}": FULL for i in range(32)}
     setting = ModelSetting(8192)
     config = get_kv_cache_config(setting, specs, 40 * GiB)
@@ -206,6 +210,7 @@ def test_num_gpu_blocks_override() -> None:
 
 
 def test_unify_hybrid_specs() -> None:
+    """CFG-26: the hybrid manager disabled."""
     specs: dict[str, KVCacheSpec] = {"f": FULL, "s": SW, "c": ChunkedLocalAttentionSpec(16, 8, 128, BF16, 64)}
     with pytest.raises(IncompatibleSpecError, match="attention_chunk_size"):
         unify_hybrid_kv_cache_specs(specs)  # a window and a chunk cannot be recorded together
@@ -220,6 +225,7 @@ def test_unify_hybrid_specs() -> None:
 
 
 def test_page_size_unification_targets_the_largest_page() -> None:
+    """CFG-15."""
     # vLLM 0.33's rule (D-SPEC-17): the common page is the largest one.
     mamba = MambaSpec(8192, ((8192, 3), (8192, 16)), (BF16, BF16), mamba_type="mamba1")
     specs: dict[str, KVCacheSpec] = {"attn": FULL, "m0": mamba, "m1": mamba}
@@ -243,6 +249,7 @@ def test_page_size_unification_targets_the_largest_page() -> None:
 
 
 def test_unify_configs_across_workers() -> None:
+    """CFG-25."""
     g1 = KVCacheGroupSpec(("a",), FULL)
     g2 = KVCacheGroupSpec(("b",), SW)
     t = (KVCacheTensor(1 << 20, ("a", "b")),)

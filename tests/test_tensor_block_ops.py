@@ -12,12 +12,12 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pagedkv.optimized.tensor import KVCacheMemory, check_block_pairs, copy_blocks, swap_blocks  # noqa: E402,E501
-from pagedkv.reference.tensor_model import (  # noqa: E402
+from pagedkv.reference.features.tensor_model import (  # noqa: E402
     ReferenceCache,
     reference_copy_blocks,
     reference_swap_blocks,
 )
-from pagedkv.reference.tensor_model import check_block_pairs as reference_check  # noqa: E402
+from pagedkv.reference.features.tensor_model import check_block_pairs as reference_check  # noqa: E402
 from pagedkv.spec.errors import InvalidArgumentError, PagedKVError, UnknownBlockError  # noqa: E402
 from pagedkv.spec.kv_cache_spec import FullAttentionSpec, KVCacheSpec  # noqa: E402
 from pagedkv.spec.mamba_spec import MambaSpec  # noqa: E402

@@ -1,5 +1,5 @@
 """Differential tests: ``BlockTables`` and slot mapping (torch) against
-``pagedkv.reference.tensor_model`` (plain Python), on CPU and on CUDA when present."""
+``pagedkv.reference.features.tensor_model`` (plain Python), on CPU and on CUDA when present."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pagedkv.optimized.tensor import PAD_SLOT_ID, BlockTables, token_batch  # noqa: E402
-from pagedkv.reference.tensor_model import (  # noqa: E402
+from pagedkv.reference.features.tensor_model import (  # noqa: E402
     ReferenceBlockTables,
     reference_slot_mapping,
     reference_slot_mapping_padded,

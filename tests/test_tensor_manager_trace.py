@@ -19,7 +19,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pagedkv.optimized.tensor import BlockTables, token_batch  # noqa: E402
-from pagedkv.reference.tensor_model import reference_slot_mapping  # noqa: E402
+from pagedkv.reference.features.tensor_model import reference_slot_mapping  # noqa: E402
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor  # noqa: E402
 from pagedkv.spec.kv_cache_spec import FullAttentionSpec  # noqa: E402
 

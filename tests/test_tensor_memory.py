@@ -13,7 +13,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pagedkv.optimized.tensor import KVCacheMemory  # noqa: E402
-from pagedkv.reference.tensor_model import reference_byte_offset  # noqa: E402
+from pagedkv.reference.features.tensor_model import reference_byte_offset  # noqa: E402
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor  # noqa: E402
 from pagedkv.spec.errors import InvalidConfigError  # noqa: E402
 from pagedkv.spec.kv_cache_spec import (  # noqa: E402

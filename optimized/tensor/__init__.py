@@ -16,7 +16,7 @@ one with a typed error from ``pagedkv.spec.errors`` naming the argument
 
 Import it explicitly (``import pagedkv.optimized.tensor``); the rest of
 pagedkv never imports torch. The plain-Python model these are tested against
-is ``pagedkv.reference.tensor_model``; the layouts and an engine-side example
+is ``pagedkv.reference.features.tensor_model``; the layouts and an engine-side example
 are in docs/tensor-path.md.
 """
 

@@ -1,6 +1,6 @@
 """Batched block operations: copy blocks within a cache, swap blocks between caches.
 
-Semantics (``pagedkv.reference.tensor_model``): for every pair ``(src, dst)``,
+Semantics (``pagedkv.reference.features.tensor_model``): for every pair ``(src, dst)``,
 the page of block ``dst`` becomes the page block ``src`` had *before* the
 batch, in every tensor concerned; all sources are read before any destination
 is written. A batch is checked whole before any byte moves: block ids in

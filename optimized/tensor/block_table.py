@@ -1,6 +1,6 @@
 """Block tables of every KV cache group, on the device, updated incrementally.
 
-Model (the same as ``pagedkv.reference.tensor_model.ReferenceBlockTables``):
+Model (the same as ``pagedkv.reference.features.tensor_model.ReferenceBlockTables``):
 each group ``g`` has a table of ``max_num_reqs`` rows and
 ``max_blocks_per_req[g]`` columns. A row is free or holds one request's block
 ids for the group, in block order; skipped blocks are the null block ``0``; every

@@ -17,8 +17,8 @@ import dataclasses
 from typing import Any
 
 from pagedkv.optimized.hisparse import HostTierManager
+from pagedkv.optimized.hisparse_rules import full_sequence_need
 from pagedkv.spec.allocate_args import check_counts
-from pagedkv.spec.hisparse_rules import full_sequence_need
 
 from . import _compat
 from .config import UnsupportedVllmSpecError

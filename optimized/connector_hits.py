@@ -16,13 +16,14 @@ the connector writes into a fresh block), so step 6 drops them all as
 skipped and no hit block is read. Without external tokens the shorter hit
 would resume from a state nobody wrote, so it stays refused.
 
-Shared vocabulary: both implementations' step 1f call this once per Mamba
-group.
+The optimized implementation's copy: step 1f calls this once per Mamba group;
+the reference states them again in ``pagedkv.reference.features``, so the
+lockstep machines compare two versions.
 """
 
 from __future__ import annotations
 
-from pagedkv.spec.mamba_partial import hit_fits
+from pagedkv.optimized.mamba_partial_rules import hit_fits
 
 __all__ = ["connector_completes_state"]
 

@@ -10,18 +10,18 @@ spans several hash blocks, and a hit may end inside one: the request
 shares that block's leading tokens and copies the block before writing on,
 as a Mamba state is copied (MPART).
 
-Shared vocabulary: both implementations read the configuration rule, the
-prompt-tail boundary and the tail choice from here.
+The reference's statement of the configuration rule, the prompt-tail boundary and the tail
+choice; ``pagedkv.optimized`` states them again in its own module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.reference.features.mamba_checkpoint_rules import FINE_GRAINED_KINDS
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
-from pagedkv.spec.mamba_checkpoints import FINE_GRAINED_KINDS
 from pagedkv.spec.mamba_spec import MambaSpec
 
 __all__ = ["context_parallel_block_size", "partial_hits_configured_under_dcp", "check_dcp_world_size",

@@ -3,8 +3,8 @@
 These are the contract with the worker, not a manager rule: the worker
 exports a Mamba state at the position these functions name, into the block
 at the column they name, and the manager must have reserved exactly that
-block (MCKPT-1) or left the column null (MCKPT-2). Both implementations
-read them from here so the two sides of the contract cannot drift apart.
+block (MCKPT-1) or left the column null (MCKPT-2). The reference's statement;
+``pagedkv.optimized`` states them again in its own module.
 """
 
 from __future__ import annotations

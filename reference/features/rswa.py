@@ -12,11 +12,15 @@ null. Block 1 (tokens 4..7) holds prompt tokens and is kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from pagedkv.reference import rules
-from pagedkv.reference.single_type import FullAttentionManager
+from pagedkv.reference.block_pool import KVCacheBlock
+from pagedkv.reference.hooks import Feature
+from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager
 from pagedkv.spec.attention_variants import RSWASpec
 
-__all__ = ["RSWAManager"]
+__all__ = ["RSWA", "RSWAManager"]
 
 
 class RSWAManager(FullAttentionManager):
@@ -29,6 +33,22 @@ class RSWAManager(FullAttentionManager):
         assert isinstance(self.kv_cache_spec, RSWASpec)
         window_start = max(num_prompt_tokens, num_settled_tokens - self.kv_cache_spec.rswa_window)
         return rules.cdiv(num_prompt_tokens, self.block_size), window_start // self.block_size
+
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        """Full attention skips nothing; the gap is released when the prompt
+        length is known (RSWA-1)."""
+        if num_prompt_tokens is None:
+            super().remove_skipped_blocks(request_id, num_total_computed_tokens)
+        else:
+            self.remove_gap_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
+
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
+        # R-SWA: null blocks only where its gap was released (RSWA-1).
+        real_ids = [block.block_id for block in blocks if not block.is_null]
+        if len(set(real_ids)) != len(real_ids):
+            return f"RSWA-1: request {request_id!r} holds a block twice: {[b.block_id for b in blocks]}"
+        return None
 
     def remove_gap_blocks(self, request_id: str, num_settled_tokens: int, num_prompt_tokens: int) -> None:
         """Replace the gap's blocks by the null block and release them, last
@@ -45,3 +65,10 @@ class RSWAManager(FullAttentionManager):
             released.append(blocks[index])
             blocks[index] = self.block_pool.null_block
         self.block_pool.free_blocks(released)
+
+
+class RSWA(Feature):
+    """The R-SWA feature: the ``rswa`` manager kind (H1)."""
+
+    def attention_types(self) -> Mapping[str, type[SingleTypeManager]]:
+        return {"rswa": RSWAManager}

@@ -1,18 +1,19 @@
 """Sub-block (partial) hits for Mamba ``align`` groups: which configurations
 support them and which key names a state (spec/mamba.md, "Sub-block hits").
 
-Shared vocabulary (D-MAMBA-11, D-MAMBA-15): both implementations look states
-up and publish them under these keys, so the formulas live here once.
+The reference's statement (D-MAMBA-11, D-MAMBA-15); ``pagedkv.optimized``
+states them again in its own module, and the
+lockstep machines compare the keys both publish and look up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.reference.features.mamba_checkpoint_rules import checkpoint_position
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
-from pagedkv.spec.mamba_checkpoints import checkpoint_position
 from pagedkv.spec.mamba_spec import MambaSpec
 from pagedkv.spec.types import BlockHash
 

@@ -5,19 +5,24 @@ built: each manager learns whether the EAGLE hit rule applies to it
 (``use_eagle``) and whether the model drafts at all (``replay_eagle``: the
 replay positions sparse retention keeps, and the Mamba checkpoint shift,
 are the model's, not the group's). The Mamba sparse-retention mask is
-:func:`pagedkv.reference.mamba_publish.retention_mask`.
+:func:`pagedkv.reference.features.mamba_publish.retention_mask`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from pagedkv.reference.features.eagle_rules import eagle_group_mask
+from pagedkv.reference.hooks import Feature
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.config import KVCacheGroupSpec
-from pagedkv.spec.eagle import eagle_group_mask
 from pagedkv.spec.registry import manager_kind_for
 
-__all__ = ["apply_eagle_groups"]
+if TYPE_CHECKING:
+    from pagedkv.reference.coordinator import KVCacheCoordinator
+
+__all__ = ["Eagle", "apply_eagle_groups"]
 
 
 def apply_eagle_groups(managers: Sequence[SingleTypeManager], groups: Sequence[KVCacheGroupSpec],
@@ -31,3 +36,11 @@ def apply_eagle_groups(managers: Sequence[SingleTypeManager], groups: Sequence[K
     for manager, flag in zip(managers, flags):
         manager.use_eagle = flag and manager.uses_eagle_rule
         manager.replay_eagle = use_eagle
+
+
+class Eagle(Feature):
+    """EAGLE per group (H2): marked groups and their same-spec siblings (D-SWA-14)."""
+
+    def configure(self, coordinator: KVCacheCoordinator) -> None:
+        apply_eagle_groups(coordinator.managers, coordinator.kv_cache_groups, coordinator.block_sizes,
+                           coordinator.use_eagle)

@@ -13,7 +13,20 @@ import pprint
 from collections.abc import Sequence
 from typing import Literal
 
-from pagedkv.reference.hisparse_state import RequestState, TierPool
+from pagedkv.reference.features.hisparse_rules import (
+    AllocationCounts,
+    check_transfer_ids,
+    full_sequence_need,
+    import_pages,
+    plan_allocation,
+    residency_update,
+    row_mirrors,
+    stored_events,
+    wants_hot_region,
+    writeback_window,
+)
+from pagedkv.reference.features.hisparse_state import RequestState, TierPool
+from pagedkv.reference.features.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvariantViolation,
@@ -31,19 +44,6 @@ from pagedkv.spec.hisparse import (
     ResidencyUpdate,
     RowMirror,
 )
-from pagedkv.spec.hisparse_rules import (
-    AllocationCounts,
-    check_transfer_ids,
-    full_sequence_need,
-    import_pages,
-    plan_allocation,
-    residency_update,
-    row_mirrors,
-    stored_events,
-    wants_hot_region,
-    writeback_window,
-)
-from pagedkv.spec.hisparse_steps import HostTierSteps
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierManager"]
@@ -478,7 +478,7 @@ class HostTierManager(HostTierSteps):
 
     def check_invariants(self) -> None:
         """HOST-1..HOST-14, by ID (raises InvariantViolation with a state dump)."""
-        from pagedkv.reference.hisparse_invariants import check_host_tier
+        from pagedkv.reference.features.hisparse_invariants import check_host_tier
 
         check_host_tier(self)
 

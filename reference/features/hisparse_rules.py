@@ -1,10 +1,11 @@
-"""The pure rules of the host tier (spec/host_tier.md), shared by both implementations.
+"""The pure rules of the host tier (spec/host_tier.md): reference's statement.
 
 Each function here reads plain values (rows, counts, page sets, maps) and
 returns a decision or raises a typed error; none holds or changes state.
-``pagedkv.reference.hisparse`` and ``pagedkv.optimized.hisparse`` keep only
+``pagedkv.reference.features.hisparse`` and ``pagedkv.optimized.hisparse`` keep only
 their own state handling (pools, rows, free queues) and ask these functions
-what an operation needs, which pages it touches and whether it is refused.
+what an operation needs, which pages it touches and whether it is refused
+(each side its own copy of these functions).
 Both implementations reaching the same answers from different state is what
 the lockstep machine (tests/test_hisparse_lockstep.py) checks; the rules
 themselves are checked against their definitions in tests/test_hisparse_rules.py.

@@ -20,16 +20,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pagedkv.reference import rules
-from pagedkv.reference.mamba_partial import key_block
+from pagedkv.reference.features.mamba_checkpoint_rules import (
+    checkpoint_published,
+    mamba_kept_boundaries,
+    mamba_retention_mask,
+    partial_hash_hits_configured,
+)
+from pagedkv.reference.features.mamba_partial import key_block
+from pagedkv.reference.features.mamba_partial_rules import resume_position, state_key
+from pagedkv.reference.hooks import Feature
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.mamba_checkpoints import checkpoint_published, mamba_kept_boundaries, mamba_retention_mask
-from pagedkv.spec.mamba_partial import resume_position, state_key
+from pagedkv.spec.registry import manager_kind_for
 
 if TYPE_CHECKING:
     from pagedkv.reference.block_pool import KVCacheBlock
+    from pagedkv.reference.coordinator import KVCacheCoordinator
     from pagedkv.reference.mamba import MambaManager
 
-__all__ = ["retention_mask", "publish_checkpoint", "finalize_partial_tail", "publish_resume_state"]
+__all__ = ["MambaCheckpoints", "retention_mask", "publish_checkpoint", "finalize_partial_tail", "publish_resume_state"]
 
 
 def retention_mask(manager: MambaManager, request: HashedRequest, num_cached: int,
@@ -124,3 +132,21 @@ def publish_resume_state(manager: MambaManager, request: HashedRequest, request_
     manager.producer_tail[request_id] = (block, num_tokens)
     manager.partial_hit[request_id] = (column, block)
     manager.num_cached_blocks[request_id] = min(manager.num_cached_blocks[request_id], column)
+
+
+class MambaCheckpoints(Feature):
+    """Mamba prefill checkpoints (H2): they land on the alignment vLLM would
+    give hits (MCKPT-4), the hash block with sub-block hits configured, else
+    the coordinator's."""
+
+    def configure(self, coordinator: KVCacheCoordinator) -> None:
+        from pagedkv.reference.mamba import MambaManager  # the kernel module imports this one
+
+        specs = [group.kv_cache_spec for group in coordinator.kv_cache_groups]
+        fine = coordinator.enable_caching and partial_hash_hits_configured(
+            [manager_kind_for(spec) for spec in specs], specs, coordinator.block_sizes,
+            coordinator.hash_block_size)
+        for manager in coordinator.managers:
+            if isinstance(manager, MambaManager):
+                manager.hash_block_size = coordinator.hash_block_size
+                manager.cache_hit_alignment_tokens = coordinator.hash_block_size if fine else coordinator.alignment

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.mamba_partial import key_block
+from pagedkv.reference.features.dcp_rules import prompt_tail_boundary, tail_boundaries
+from pagedkv.reference.features.eagle_rules import sub_block_eagle_limit
+from pagedkv.reference.features.mamba_partial import key_block
+from pagedkv.reference.features.mamba_partial_rules import state_keys_in_block
 from pagedkv.reference.single_type import FullAttentionManager
-from pagedkv.spec.dcp import prompt_tail_boundary, tail_boundaries
-from pagedkv.spec.eagle import sub_block_eagle_limit
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
-from pagedkv.spec.mamba_partial import state_keys_in_block
 from pagedkv.spec.types import BlockHash, BlockHashWithGroupId, make_block_hash_with_group_id
 
 __all__ = ["FullAttentionSubBlockManager"]

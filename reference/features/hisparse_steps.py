@@ -1,14 +1,13 @@
 """The per-step and release operations of the host tier (spec/host_tier.md),
-shared by ``pagedkv.reference.hisparse`` and ``pagedkv.optimized.hisparse``:
+of ``pagedkv.reference.features.hisparse``:
 ``advance``, ``take_transfers``, ``report_transfers`` (D-HOST-12/13),
 ``pop_for_free`` / ``release_fence`` (D-HOST-16), ``evict_host_blocks``
 (D-HOST-17), ``take_shared`` / ``free_shared`` (D-HOST-18), ``take_host`` /
 ``free_host`` and ``capacity_needed`` (D-HOST-23), ``take_host_events`` (D-HOST-26).
 
-A mixin of both ``HostTierManager`` classes. The two implementations had
-carried it as two textually equal modules (only their pools' release call
-differed), so the lockstep machine never compared two versions of it; one
-copy over a state protocol loses no checking and cannot drift (D-HOST-27).
+A mixin of the ``HostTierManager`` class. Each implementation keeps its own
+copy (no rule lives in ``pagedkv.spec``), so a mistake on one side is seen by
+the lockstep machine.
 What it reads and calls is named by ``_Tier``; a pool is anything with
 ``hold``, ``release_batch``, a sized free queue, ref counts and hash maps.
 The scenarios of tests/test_hisparse*.py pin its behaviour on both tiers.
@@ -19,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence, Sized
 from typing import Any, Protocol
 
-from pagedkv.spec.errors import InvalidArgumentError
-from pagedkv.spec.hisparse import FenceHold, HostCacheEvent, HostTierConfig, PageTransfer
-from pagedkv.spec.hisparse_rules import (
+from pagedkv.reference.features.hisparse_rules import (
     check_block_count,
     check_held_blocks,
     check_host_block_ids,
@@ -30,6 +27,8 @@ from pagedkv.spec.hisparse_rules import (
     tally_worker_counts,
     writeback_tokens,
 )
+from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.hisparse import FenceHold, HostCacheEvent, HostTierConfig, PageTransfer
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["HostTierSteps"]

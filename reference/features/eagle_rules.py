@@ -1,6 +1,6 @@
-"""EAGLE per KV-cache group: shared vocabulary (spec/coordinators.md section 4.1).
+"""EAGLE per KV-cache group: its rules (spec/coordinators.md section 4.1).
 
-Pure functions both implementations call, so the rules are stated once:
+The reference's statement; ``pagedkv.optimized`` states them again in its own module:
 
 - :func:`eagle_group_mask`: which groups apply the EAGLE hit rule. A model
   marks its draft groups (``KVCacheGroupSpec.is_eagle_group``); with none
@@ -13,7 +13,7 @@ Pure functions both implementations call, so the rules are stated once:
   hits inside its own blocks looks before giving one hash block back
   (FPART-5, D-MAMBA-38).
 The Mamba sparse-retention rule (D-MAMBA-35) lives with the other Mamba
-publication rules in :mod:`pagedkv.spec.mamba_checkpoints`.
+publication rules in :mod:`pagedkv.reference.features.mamba_checkpoint_rules`.
 """
 
 from __future__ import annotations

@@ -9,14 +9,15 @@ never releases a block early.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pagedkv.reference.block_pool import KVCacheBlock
+from pagedkv.reference.hooks import Feature
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["RingManager"]
+__all__ = ["Ring", "RingManager"]
 
 
 class RingManager(SingleTypeManager):
@@ -60,7 +61,8 @@ class RingManager(SingleTypeManager):
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int) -> list[KVCacheBlock]:
         return self._claim(request_id)
 
-    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
         return  # the compressor reads its ring until the request ends
 
     def admission_blocks(self, num_tokens: int) -> int:
@@ -69,3 +71,17 @@ class RingManager(SingleTypeManager):
     def cache_blocks(self, request: HashedRequest, block_hashes: Sequence[BlockHash],
                      request_id: str, num_tokens: int) -> None:
         return  # never cached (PFX-1)
+
+    def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
+        # RING-1: a ring group holds at most one block, real and never cached.
+        if len(blocks) > 1 or any(block.is_null or block.block_hash is not None for block in blocks):
+            ids = [block.block_id for block in blocks]
+            return f"RING-1: request {request_id!r} ring group {self.group_id} holds {ids}"
+        return None
+
+
+class Ring(Feature):
+    """The ring feature: the ``circular_buffer`` manager kind (H1)."""
+
+    def attention_types(self) -> Mapping[str, type[SingleTypeManager]]:
+        return {"circular_buffer": RingManager}

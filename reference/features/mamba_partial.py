@@ -7,11 +7,19 @@ dict directly, one block at a time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference.features.mamba_partial_rules import hit_fits
+from pagedkv.reference.hooks import Feature
 from pagedkv.spec.types import BlockHash, BlockHashWithGroupId, make_block_hash_with_group_id
 
-__all__ = ["key_block", "move_key", "hit_padding"]
+if TYPE_CHECKING:
+    from pagedkv.reference.coordinator import KVCacheCoordinator
+    from pagedkv.reference.single_type import SingleTypeManager
+
+__all__ = ["SubBlockHits", "key_block", "move_key", "hit_padding"]
 
 
 def key_block(pool: BlockPool, block: KVCacheBlock, block_hash: BlockHash, group_id: int,
@@ -44,3 +52,13 @@ def move_key(pool: BlockPool, source: KVCacheBlock, destination: KVCacheBlock) -
 def hit_padding(num_tokens: int, block_size: int) -> int:
     """Null blocks before the state block of a hit of ``num_tokens`` tokens."""
     return rules.cdiv(num_tokens, block_size) - 1
+
+
+class SubBlockHits(Feature):
+    """With sub-block hits on, a group that hits inside its blocks takes a
+    hit of whole hash blocks and the block holding the last of them (H4, MPART-1)."""
+
+    def accepts_hit(self, coordinator: KVCacheCoordinator, manager: SingleTypeManager, num_tokens: int,
+                    num_blocks: int, num_external_computed_tokens: int) -> bool:
+        return bool(getattr(manager, "partial_hits", False)) and hit_fits(
+            num_tokens, num_blocks, manager.block_size, coordinator.hash_block_size, True)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from pagedkv.spec.hisparse import ACTIVE_TAIL_PAGES
 
 if TYPE_CHECKING:
-    from pagedkv.reference.hisparse import HostTierManager
-    from pagedkv.reference.hisparse_state import TierPool
+    from pagedkv.reference.features.hisparse import HostTierManager
+    from pagedkv.reference.features.hisparse_state import TierPool
 
 __all__ = ["check_host_tier"]
 
