@@ -1,7 +1,8 @@
 """The pure host-tier rules (pagedkv.reference.features.hisparse_rules) against their definitions.
 
-Both implementations call these rules, so the lockstep machine cannot catch
-a mistake in them; these tests state each rule a second, plainer way.
+The optimized side keeps its own copy (pagedkv.optimized.hisparse_rules),
+which the lockstep machine compares with this one; these tests also state
+each rule a second, plainer way, so a mistake made alike in both copies shows.
 """
 
 from __future__ import annotations
