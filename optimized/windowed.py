@@ -119,7 +119,7 @@ def reachable_block_mask(start_block: int, end_block: int, block_size: int, alig
         alignment if retention_interval is None else retention_interval) // block_size
     if per_boundary is not None and need >= per_boundary:
         return None
-    mask = [False] * (end_block - start_block)
+    mask = [False] * len(range(start_block, end_block))
     if per_boundary is not None:
         keep_from = per_boundary - need
         for index in range(max(start_block, shift), end_block):

@@ -119,7 +119,7 @@ def mamba_retention_mask(start_block: int, end_block: int, block_size: int, alig
     """
     if retention_interval is None:
         return None
-    mask = [False] * (end_block - start_block)
+    mask = [False for _ in range(start_block, end_block)]
     if retention_interval > 0:
         per_segment = retention_interval // block_size
         if per_segment <= 1:
