@@ -52,6 +52,7 @@ from pagedkv.spec.errors import (
     PoolExhaustedError,
 )
 from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.stored_events import PER_CALL, check_block_stored_events
 from pagedkv.spec.types import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -79,16 +80,20 @@ class BlockPool(PoolView):
         enable_kv_cache_events: collect events for :meth:`take_events`.
         num_groups: number of KV cache groups; group ids of cache keys lie in
             ``[0, num_groups)`` (CACHE-3).
+        block_stored_events: ``"per_call"`` (vLLM's one ``BlockStored`` per
+            caching call) or ``"per_run"`` (one per contiguous run of newly
+            cached blocks); :mod:`pagedkv.spec.stored_events`.
 
     Raises:
-        InvalidConfigError: ``num_blocks`` or ``num_groups`` malformed.
+        InvalidConfigError: ``num_blocks``, ``num_groups`` or
+            ``block_stored_events`` malformed.
     """
 
     __slots__ = (
         "num_blocks", "enable_caching", "enable_kv_cache_events",
         "num_groups", "_ids", "_ref", "_hash", "_gid", "_key_tokens", "cached_by_group", "dup_by_group",
         "_queue", "_events", "reserved", "num_hash_lookahead_tokens", "map_epoch", "last_hit",
-        "last_scan",
+        "last_scan", "block_stored_events",
     )
 
     def __init__(
@@ -98,11 +103,13 @@ class BlockPool(PoolView):
         *,
         enable_kv_cache_events: bool = False,
         num_groups: int = 1,
+        block_stored_events: str = PER_CALL,
     ) -> None:
         if type(num_blocks) is not int or num_blocks < 1:
             raise InvalidConfigError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         if type(num_groups) is not int or num_groups < 0:
             raise InvalidConfigError(f"num_groups must be an int >= 0, got {num_groups!r}")
+        self.block_stored_events = check_block_stored_events(block_stored_events)
         self.num_blocks = num_blocks
         self.enable_caching = bool(enable_caching)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -401,7 +408,8 @@ class BlockPool(PoolView):
         is the group's view of the request's hashes (at ``block_size``). Null
         blocks, blocks already hashed and blocks the ``mask`` (indexed from
         ``num_cached_blocks``) rules out are skipped. With events on, one
-        ``BlockStored`` per contiguous run of newly hashed blocks (D-EVT-2).
+        ``BlockStored`` for the call, or one per contiguous run of newly
+        hashed blocks, as ``block_stored_events`` says (D-EVT-15).
         No-op with caching disabled.
 
         Cost: O(num_full_blocks - num_cached_blocks).
@@ -443,6 +451,7 @@ class BlockPool(PoolView):
         min(len(blocks), len(block_hashes))``. Cost: O(num_full_blocks - num_cached_blocks)."""
         # Runs of newly hashed positions: (first index, hashes), for events.
         runs: list[tuple[int, list[BlockHash]]] = []
+        call = (num_cached_blocks, num_full_blocks)  # the range a per-call event covers
         if mask is None and num_full_blocks - num_cached_blocks > 1:
             # The rule first, in bulk (pool_caching.py); one block (a decode
             # step filling its block) costs less through the loop below.
@@ -478,9 +487,10 @@ class BlockPool(PoolView):
                 else:
                     runs.append((i, [block_hash]))
                 last = i
-        if runs:
-            self._events.extend(stored_events(request, runs, block_hashes, block_size, group_id,
-                                              self.num_hash_lookahead_tokens))
+        if events and (runs or self.block_stored_events == PER_CALL):
+            self._events.extend(stored_events(
+                request, runs, block_hashes, block_size, group_id, self.num_hash_lookahead_tokens,
+                call if self.block_stored_events == PER_CALL else None))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks, in the given order (each

@@ -30,6 +30,7 @@ from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
+from pagedkv.spec.stored_events import PER_CALL
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 from . import validation
@@ -77,10 +78,14 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         num_prefill_lookahead: a multi-module drafter re-prefills the last
             ``num_prefill_lookahead - 1`` computed tokens; they are never
             cached (D-HASH-12).
+        block_stored_events: ``"per_call"`` (default): one ``BlockStored``
+            per caching call, as vLLM sends it; ``"per_run"``: one per
+            contiguous run of newly cached blocks, each a valid chain segment
+            (:mod:`pagedkv.spec.stored_events`, D-EVT-15).
 
     Raises:
         InvalidConfigError: max_model_len, world sizes, hash_block_size,
-            retention_interval or max_num_batched_tokens malformed, context
+            retention_interval, max_num_batched_tokens or block_stored_events malformed, context
             parallelism with a group other than full attention, or a group
             the pool cannot hold (sink blocks).
         InvalidArgumentError: unknown hash_fn.
@@ -104,6 +109,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         max_num_batched_tokens: int | None = None,
         num_hash_lookahead_tokens: int = 0,
         num_prefill_lookahead: int = 0,
+        block_stored_events: str = PER_CALL,
     ) -> None:
         block_sizes, hbs = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
@@ -124,7 +130,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         self.hash_block_size = hbs
         self._pool = BlockPool(kv_cache_config.num_blocks, self.enable_caching,
                                enable_kv_cache_events=bool(enable_kv_cache_events),
-                               num_groups=len(block_sizes))
+                               num_groups=len(block_sizes), block_stored_events=block_stored_events)
         self._coordinator: KVCacheCoordinator = make_coordinator(
             kv_cache_config, block_pool=self._pool, block_sizes=block_sizes,
             hash_block_size=hbs if hbs is not None else 1, enable_caching=self.enable_caching,

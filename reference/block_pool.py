@@ -23,6 +23,7 @@ from pagedkv.spec.errors import (
 )
 from pagedkv.spec.hashing import HashedRequest, event_block_keys
 from pagedkv.spec.snapshot import PoolSnapshot
+from pagedkv.spec.stored_events import PER_CALL, check_block_stored_events
 from pagedkv.spec.types import (
     AllBlocksCleared,
     BlockHash,
@@ -63,18 +64,24 @@ class BlockPool:
 
     ``enable_caching`` turns the prefix cache on; ``enable_kv_cache_events``
     records :mod:`pagedkv.spec.types` events for :meth:`take_events`;
-    cache keys carry a group id in ``[0, num_groups)`` (CACHE-3).
+    cache keys carry a group id in ``[0, num_groups)`` (CACHE-3);
+    ``block_stored_events`` picks the shape of ``BlockStored``: one per
+    caching call, as vLLM (``"per_call"``), or one per contiguous run of
+    newly keyed blocks (``"per_run"``; :mod:`pagedkv.spec.stored_events`).
 
     Raises:
-        InvalidConfigError: ``num_blocks`` or ``num_groups`` malformed.
+        InvalidConfigError: ``num_blocks``, ``num_groups`` or
+            ``block_stored_events`` malformed.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool, *,
-                 enable_kv_cache_events: bool = False, num_groups: int = 1) -> None:
+                 enable_kv_cache_events: bool = False, num_groups: int = 1,
+                 block_stored_events: str = PER_CALL) -> None:
         if type(num_blocks) is not int or num_blocks < 1:
             raise InvalidConfigError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         if type(num_groups) is not int or num_groups < 0:
             raise InvalidConfigError(f"num_groups must be an int >= 0, got {num_groups!r}")
+        self.block_stored_events = check_block_stored_events(block_stored_events)
         self.num_blocks = num_blocks
         self.num_groups = num_groups
         self.enable_caching = enable_caching
@@ -199,9 +206,10 @@ class BlockPool:
         their cache keys: ``block_hashes[i]`` (the group's view of the
         request's hashes) plus the group id. Null blocks, already-hashed
         blocks and blocks the ``mask`` (indexed from ``num_cached_blocks``)
-        rules out are skipped. One ``BlockStored`` per contiguous run of newly
-        hashed blocks (D-EVT-2)."""
-        runs: list[list[int]] = []
+        rules out are skipped. Events: one ``BlockStored`` for the call, or
+        one per contiguous run of newly hashed blocks, as
+        ``block_stored_events`` says (D-EVT-15)."""
+        stored: list[int] = []
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
             if block.is_null or block.block_hash is not None or (
@@ -212,18 +220,27 @@ class BlockPool:
             block.block_hash = key
             block.key_tokens = (index + 1) * block_size
             self.cached.setdefault(key, []).append(block)
-            if runs and runs[-1][-1] == index - 1:
-                runs[-1].append(index)
-            else:
-                runs.append([index])
-        if not self.enable_kv_cache_events:
+            stored.append(index)
+        if not self.enable_kv_cache_events or num_cached_blocks >= num_full_blocks:
             return
-        for run in runs:
-            first, end = run[0], run[-1] + 1
+        if self.block_stored_events == PER_CALL:
+            # vLLM's shape: the whole range's tokens and parent, the new hashes.
+            spans = [(num_cached_blocks, num_full_blocks, stored)]
+        else:
+            # Maximal runs of consecutive positions, each its own chain segment.
+            spans = []
+            for index in stored:
+                if spans and spans[-1][1] == index:
+                    first, _, positions = spans[-1]
+                    positions.append(index)
+                    spans[-1] = (first, index + 1, positions)
+                else:
+                    spans.append((index, index + 1, [index]))
+        for first, end, positions in spans:
             extra_keys, lookahead_token_ids = event_block_keys(
-                request, first, end, block_size, self.num_hash_lookahead_tokens)
+                request, positions, block_size, self.num_hash_lookahead_tokens)
             self.events.append(BlockStored(
-                block_hashes=tuple(block_hashes[first:end]),
+                block_hashes=tuple(block_hashes[index] for index in positions),
                 parent_block_hash=None if first == 0 else block_hashes[first - 1],
                 token_ids=tuple(request.all_token_ids[first * block_size:end * block_size]),
                 block_size=block_size,

@@ -25,6 +25,7 @@ from pagedkv.spec.hashing import normalize_hash_fn
 from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
+from pagedkv.spec.stored_events import PER_CALL
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 __all__ = ["KVCacheManager"]
@@ -59,7 +60,7 @@ class KVCacheManager:
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  hash_seed: str | None = None, retention_interval: int | None = None,
                  max_num_batched_tokens: int | None = None, num_hash_lookahead_tokens: int = 0,
-                 num_prefill_lookahead: int = 0) -> None:
+                 num_prefill_lookahead: int = 0, block_stored_events: str = PER_CALL) -> None:
         self.block_sizes, hash_block_size = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
@@ -79,7 +80,8 @@ class KVCacheManager:
         self.hash_seed = hash_seed
         self._pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
                                enable_kv_cache_events=enable_kv_cache_events,
-                               num_groups=len(self.block_sizes))
+                               num_groups=len(self.block_sizes),
+                               block_stored_events=block_stored_events)
         self.coordinator: KVCacheCoordinator = make_coordinator(
             kv_cache_config, block_pool=self._pool, block_sizes=self.block_sizes,
             hash_block_size=hash_block_size or 1, enable_caching=enable_caching,

@@ -255,22 +255,23 @@ def lookahead_extra_keys(request: HashedRequest, start: int, end: int, lookahead
 
 
 def event_block_keys(
-    request: HashedRequest, first: int, end: int, block_size: int, lookahead: int,
+    request: HashedRequest, positions: Sequence[int], block_size: int, lookahead: int,
 ) -> tuple[tuple[ExtraKeys, ...] | None, tuple[tuple[int, ...], ...] | None]:
     """The ``extra_keys`` and ``lookahead_token_ids`` of a ``BlockStored``
-    event for the blocks ``[first, end)`` of ``block_size`` tokens
-    (spec/hashing.md section 8): per block, its window extra keys, or
-    ``None`` for the whole event when no block has any; per block, the
-    ``lookahead`` tokens after it, or ``None`` without lookahead. Cost:
-    O(1) for a request without extra keys and no lookahead."""
+    event whose hashes are those of the blocks at ``positions`` (of
+    ``block_size`` tokens; spec/hashing.md section 8): per listed block, its
+    window extra keys, or ``None`` for the whole event when none has any; per
+    listed block, the ``lookahead`` tokens after it, or ``None`` without
+    lookahead. A per-call event lists the positions it keyed, skipping gaps
+    (D-EVT-15). Cost: O(1) for a request without extra keys and no lookahead."""
     lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
     if lookahead:
         tokens = request.all_token_ids
         lookahead_token_ids = tuple(
             tuple(tokens[(index + 1) * block_size:(index + 1) * block_size + lookahead])
-            for index in range(first, end))
+            for index in positions)
     if not need_extra_keys(request):
         return None, lookahead_token_ids
     keys = tuple(window_extra_keys(request, index * block_size, (index + 1) * block_size, lookahead)
-                 for index in range(first, end))
+                 for index in positions)
     return (keys if any(key is not None for key in keys) else None), lookahead_token_ids

@@ -53,13 +53,14 @@ def get_group_id(key: BlockHashWithGroupId) -> int:
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """Blocks became prefix-cache entries: one event per run of consecutive
-    positions a ``cache_full_blocks`` call newly cached, none when it cached
-    nothing (spec/operations.md, ``cache_full_blocks``; D-EVT-1, D-EVT-2).
+    """Blocks became prefix-cache entries: by default one event per
+    ``cache_full_blocks`` call, as vLLM; with ``block_stored_events="per_run"``
+    one per run of consecutive positions it newly cached, none when it cached
+    nothing (spec/operations.md, ``cache_full_blocks``; D-EVT-15).
 
-    ``token_ids`` are the tokens of every block in the range that was cached,
-    ``parent_block_hash`` is the hash of the block before the range (``None``
-    when the range starts at the request's first block).
+    ``token_ids`` are the tokens of every block in the range (the call's or
+    the run's), ``parent_block_hash`` is the hash of the block before the
+    range (``None`` when the range starts at the request's first block).
 
     With these a consumer recomputes ``block_hashes`` (spec/hashing.md
     section 8): ``extra_keys`` holds each block's extra keys as hashed (over

@@ -527,15 +527,19 @@ def test_stale_hit_is_refused_before_any_change() -> None:
 
 # ------------------------------------------------------------------- hybrid
 
-def test_pool_events_one_per_contiguous_run_under_a_view() -> None:
-    pool = BlockPool(8, True, enable_kv_cache_events=True)
+@pytest.mark.parametrize("mode", ["per_call", "per_run"])
+def test_pool_events_under_a_view_per_call_or_per_run(mode: str) -> None:
+    pool = BlockPool(8, True, enable_kv_cache_events=True, block_stored_events=mode)
     request = Request("r", list(range(16)), block_hasher=make_block_hasher("sha256", 2))
     view = group_view(request.block_hashes, 2)
     blocks = pool.get_new_blocks(4)
     cache(pool, request, blocks, 4, view=view, mask=[True, False, True, True])
     events = pool.take_events()
-    assert [(e.block_hashes, e.parent_block_hash) for e in events if isinstance(e, BlockStored)] == [
-        ((view[0],), None), ((view[2], view[3]), view[1])]
+    shape = [(e.block_hashes, e.parent_block_hash, e.token_ids) for e in events if isinstance(e, BlockStored)]
+    if mode == "per_call":  # vLLM's: the keyed hashes, the whole range's tokens (D-EVT-15)
+        assert shape == [((view[0], view[2], view[3]), None, tuple(range(16)))]
+    else:
+        assert shape == [((view[0],), None, tuple(range(4))), ((view[2], view[3]), view[1], tuple(range(8, 16)))]
     assert pool.cache_key(blocks[1]) is None
     pool.check_invariants()
 

@@ -40,6 +40,7 @@ VOCABULARY: dict[str, str] = {
     "setting": "configuration: the model setting",
     "sizing": "configuration arithmetic (CFG rules, one implementation)",
     "snapshot": "types: read-only snapshots",
+    "stored_events": "configuration: the BlockStored shape option and its check that only refuses",
     "types": "types and events",
     "uniform_spec": "KV cache specs: the uniform-type merge",
 }

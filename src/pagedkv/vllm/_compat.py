@@ -166,7 +166,8 @@ def block_stored_hash_inputs(extra_keys: Any, lookahead_token_ids: Any, num_bloc
     """
     out: dict[str, Any] = {}
     if "extra_keys" in _BLOCK_STORED_FIELDS:
-        out["extra_keys"] = [None] * num_blocks if extra_keys is None else [
+        # An event without blocks (every position null or masked) has none, as vLLM's.
+        out["extra_keys"] = None if num_blocks == 0 else [None] * num_blocks if extra_keys is None else [
             None if keys is None else tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
             for keys in extra_keys]
     if lookahead_token_ids is not None and "lookahead_token_ids" in _BLOCK_STORED_FIELDS:
