@@ -110,6 +110,17 @@ verify-router: install
 	ROUTER_VENV=$(ROUTER_VENV) PYTHON=$(PYTHON) bash tools/verify_router/install.sh
 	timeout 600 $(PY) tools/verify_router/verify_router.py --dynamo-python $(ROUTER_VENV)/bin/python $(VERIFY_ROUTER_ARGS)
 
+# The same indexer subscribed to a running vLLM engine on pagedkv.vllm.Scheduler (vLLM's own
+# --kv-events-config publisher, loopback ZMQ): the engine's pool, vLLM's decoder of the stream
+# and Dynamo's /dump and /query must agree through stores, hits, evictions and a reset
+# (docs/fleet.md). Not part of `verify`; needs verify-engine's venv ($(ENGINE_VENV)): skipped,
+# with a message, where it is absent.
+.PHONY: verify-router-engine
+verify-router-engine: install
+	ROUTER_VENV=$(ROUTER_VENV) PYTHON=$(PYTHON) bash tools/verify_router/install.sh
+	if [ -x $(ENGINE_VENV)/bin/python ]; then ENGINE_VENV=$(ENGINE_VENV) PYTHON=$(PYTHON) bash tools/verify_engine/install.sh; fi
+	timeout 1500 $(PY) tools/verify_router/verify_router.py --engine --engine-python $(ENGINE_VENV)/bin/python --dynamo-python $(ROUTER_VENV)/bin/python $(VERIFY_ROUTER_ARGS)
+
 # Serving under abuse: the OpenAI server on pagedkv and on stock vLLM under the same
 # seeded abuse workload (bad requests, disconnects, aborts of waiting and preempted requests,
 # resets, a burst), and a negative control that leaks a block (docs/vllm-engine.md). Not part of

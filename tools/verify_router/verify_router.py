@@ -27,19 +27,28 @@ the overlap ``/query`` reports equals the replica's real prefix hit in
 blocks (``get_computed_blocks`` on the prompt plus one token, so the hit
 is not capped at ``num_tokens - 1``). Any difference is a disagreement;
 exit status 1 if there is one. Block sizes 16 and 512 by default.
+
+With ``--engine`` the indexer reads a running vLLM engine instead: one
+engine on ``pagedkv.vllm.Scheduler`` (the verify-engine venv, ``--engine-python``)
+publishing with vLLM's own ``--kv-events-config`` ZMQ publisher;
+``engine_router.py`` (run in that venv) says what it checks. Without an
+engine venv it is skipped with a message saying how to build one.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pagedkv
 from pagedkv.events import WireOptions, ZmqEventPublisher, external_hash, group_metadata
-from pagedkv.events.dynamo import DynamoIndexer, DynamoNotInstalled
+from pagedkv.events.dynamo import DynamoIndexer, DynamoNotInstalled, find_dynamo_python
 from pagedkv.spec.types import BlockHashWithGroupId, get_block_hash
 from pagedkv.trace import standard_kv_cache_config
 
@@ -266,6 +275,29 @@ def run_block_size(block_size: int, args: argparse.Namespace) -> list[Check]:
     return checks
 
 
+def run_engine(args: argparse.Namespace) -> int:
+    """``--engine``: run engine_router.py in the engine venv against Dynamo's indexer."""
+    engine_python = args.engine_python or os.environ.get("PAGEDKV_ENGINE_PYTHON") or str(
+        Path("~/.cache/pagedkv/engine-venv/bin/python").expanduser())
+    probe = subprocess.run([engine_python, "-c", "import vllm, pagedkv.vllm"], capture_output=True, check=False) \
+        if Path(engine_python).exists() else None
+    if probe is None or probe.returncode != 0:
+        print(f"verify-router --engine: SKIPPED: {engine_python} cannot import vllm and pagedkv.vllm. Build the "
+              "engine venv with `make verify-engine` (ENGINE_VENV, vLLM 0.32 CPU) and pass --engine-python "
+              "ENGINE_VENV/bin/python (`make verify-router-engine` does both).", file=sys.stderr)
+        return 0
+    try:
+        dynamo_python = find_dynamo_python(args.dynamo_python)
+    except DynamoNotInstalled as error:
+        print(f"verify-router --engine: {error}", file=sys.stderr)
+        return 2
+    command = [engine_python, str(Path(__file__).resolve().parent / "engine_router.py"),
+               "--dynamo-python", dynamo_python, "--scheduler", args.engine_scheduler, "--seed", str(args.seed)]
+    if args.indexer_log:
+        command += ["--indexer-log", args.indexer_log.replace("{B}", "engine")]
+    return subprocess.run(command, check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="verify_router", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dynamo-python", default=None, metavar="PATH",
@@ -280,7 +312,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long a phase waits for the indexer to catch up")
     parser.add_argument("--indexer-log", default=None, metavar="FILE",
                         help="the indexer's log ({B} is replaced by the block size)")
+    parser.add_argument("--engine", action="store_true",
+                        help="check Dynamo against a running vLLM engine on pagedkv.vllm.Scheduler instead")
+    parser.add_argument("--engine-python", default=None, metavar="PATH",
+                        help="with --engine: the engine venv's python (default: $PAGEDKV_ENGINE_PYTHON, then "
+                             "~/.cache/pagedkv/engine-venv)")
+    parser.add_argument("--engine-scheduler", choices=["pagedkv", "stock"], default="pagedkv",
+                        help="with --engine: stock runs the same check on stock vLLM's scheduler")
     args = parser.parse_args(argv)
+    if args.engine:
+        return run_engine(args)
     started = time.monotonic()
     checks: list[Check] = []
     try:
