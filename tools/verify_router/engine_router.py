@@ -24,7 +24,10 @@ Then for a sample of prompts, one at a time: Dynamo's ``/query`` overlap (in
 blocks) must equal the prefix hit the engine reports for the same prompt
 (``num_cached_tokens`` of a one-token request on the prompt plus one token,
 so the hit is not capped by the last token); each probe is itself a request,
-so the views are brought to agreement again before the next prompt. Any
+so the views are brought to agreement again before the next prompt. vLLM
+publishes a step's events at the end of the step, so a reset between steps
+reaches subscribers with the next one; the check shows that lag and runs a
+step that stores nothing before comparing. Any
 difference is a disagreement; exit status 1 if there is one, 2 when a piece
 is missing (the message says which and how to install it).
 """
@@ -81,7 +84,7 @@ class Engine:
                                             endpoint=self.endpoint, replay_endpoint=self.replay_endpoint))
         self.scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler
         manager = self.scheduler.kv_cache_manager
-        self.served = manager.__class__.__module__
+        self.served = sys.modules[manager.__class__.__module__].__file__
 
     def generate(self, prompts: list[list[int]], max_tokens: list[int]) -> list[int]:
         """Serve ``prompts`` as one batch; the cached prompt tokens of each."""
@@ -126,6 +129,7 @@ class VllmDecodedView:
         self.endpoint = replay_endpoint
         self.decoder = Decoder(type=KVEventBatch)
         self.batches = 0
+        self.kinds: dict[str, int] = {}
 
     def cached(self, timeout_ms: int = 10_000) -> set[int]:
         """Replay from sequence 0 and apply every event in order."""
@@ -135,6 +139,7 @@ class VllmDecodedView:
         sock.connect(self.endpoint)
         held: set[int] = set()
         expected = 0
+        kinds = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
         try:
             sock.send_multipart([b"", (0).to_bytes(8, "big")])
             while True:
@@ -147,6 +152,7 @@ class VllmDecodedView:
                 expected += 1
                 for event in self.decoder.decode(payload).events:
                     kind = type(event).__name__
+                    kinds[kind] = kinds.get(kind, 0) + 1
                     if kind == "BlockStored":
                         held.update(int(h) & MASK for h in event.block_hashes)
                     elif kind == "BlockRemoved":
@@ -155,7 +161,7 @@ class VllmDecodedView:
                         held.clear()
         finally:
             sock.close()
-        self.batches = expected
+        self.batches, self.kinds = expected, kinds
         return held
 
 
@@ -258,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 bad.append(f"Dynamo /dump: {len(dump - truth)} blocks the engine does not hold, "
                            f"{len(truth - dump)} it holds missing")
             blocks, batches = len(truth), decoded.batches
+            kinds = "/".join(str(n) for n in decoded.kinds.values())
             queries = hits = 0
             for tokens in prompts.sample(args.samples):
                 views()  # the previous probe's own blocks reached every view
@@ -268,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 if overlap != real:
                     bad.append(f"prompt of {len(tokens)} tokens: Dynamo says {overlap} blocks, the engine hit {real}")
             disagreements += len(bad)
-            print(f"  {name:<12} engine holds {blocks:>3} blocks  stream {batches:>4} batches  "
+            print(f"  {name:<12} engine holds {blocks:>3} blocks  stream {batches:>4} batches "
+                  f"(stored/removed/cleared {kinds})  "
                   f"probes {queries:>3} (hits {hits:>3})  disagreements {len(bad)}", flush=True)
             for line in bad[:8]:
                 print(f"    {line}", flush=True)
@@ -286,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
         if not engine.llm.reset_prefix_cache():
             print("    reset_prefix_cache refused (blocks in use)", flush=True)
             disagreements += 1
+        # vLLM's scheduler publishes the manager's events only at the end of a step, so the
+        # AllBlocksCleared of a reset between steps reaches subscribers with the next step
+        # (stock vLLM alike: --engine-scheduler stock). Shown, then flushed by a step that
+        # stores nothing (a prompt shorter than a block, one output token).
+        truth, got = engine.cached(), decoded.cached()
+        print(f"    after reset_prefix_cache, before the next step: engine holds {len(truth)} blocks, "
+              f"the published stream still {len(got)}", flush=True)
+        engine.generate([[3] * (block_size // 2)], [1])
         phase("reset")
         serve([prompts.again() for _ in range(5)])
         phase("after-reset")
