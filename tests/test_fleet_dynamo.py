@@ -149,3 +149,12 @@ def test_dynamos_view_equals_pagedkvs_own_router_in_engine_mode(dynamo_python: s
         assert sum(r.stats.evicted_blocks for r in fleet) > 0
     finally:
         router.close()
+
+
+def test_verify_router_engine_without_an_engine_venv_is_skipped_with_the_way_to_build_one(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "verify_router" / "verify_router.py"), "--engine",
+         "--engine-python", str(tmp_path / "no-venv" / "bin" / "python")],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0
+    assert "SKIPPED" in done.stderr and "make verify-engine" in done.stderr
