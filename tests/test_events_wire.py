@@ -182,7 +182,7 @@ def test_group_metadata_names_vllms_kinds() -> None:
 
 _hashes = st.binary(min_size=32, max_size=32).map(BlockHash)
 _stored = st.builds(
-    BlockStored, block_hashes=st.lists(_hashes, min_size=1, max_size=3).map(tuple),
+    BlockStored, block_hashes=st.lists(_hashes, min_size=0, max_size=3).map(tuple),
     parent_block_hash=st.none() | _hashes, token_ids=st.lists(st.integers(0, 2 ** 31), max_size=6).map(tuple),
     block_size=st.sampled_from([1, 16, 512]), lora_id=st.none() | st.integers(1, 9),
     medium=st.just("GPU"), lora_name=st.none() | st.text(max_size=40), group_idx=st.none() | st.integers(0, 2),
