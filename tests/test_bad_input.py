@@ -261,6 +261,8 @@ CASES: list[Case] = [
          _ctor(lambda: KVCacheConfig(3, (), (KVCacheGroupSpec(("l0",), SinkFullAttentionSpec(
              4, 1, 8, "float16", sink_len=16)),))), CONFIG),
     Case("ctor_hash_seed_int", "hash_seed", _ctor(hash_seed=5), CONFIG),
+    Case("ctor_block_stored_events_unknown", "block_stored_events", _ctor(block_stored_events="per-step"), CONFIG),
+    Case("ctor_block_stored_events_bool", "block_stored_events", _ctor(block_stored_events=True), CONFIG),
     # --- specs and configuration values (shared vocabulary) --------------------------------------
     Case("spec_block_size_zero", "block_size", lambda w: FullAttentionSpec(0, 1, 8, "float16"), CONFIG),
     Case("spec_block_size_float", "block_size", lambda w: FullAttentionSpec(2.0, 1, 8, "float16"), CONFIG),  # type: ignore[arg-type]
