@@ -88,6 +88,11 @@ class RetentionBlockPool(BlockPool):
         self._tenant_count: dict[str, int] = {}
         self._timers: list[tuple[float, int, int, int]] = []
         self.pins_granted = self.pins_refused = self.quota_evictions = 0
+        # Passive while the policy is lru with no pin and no quota: the kernel's
+        # queue front is then the victim (RET-1), so nothing is ranked and each
+        # call costs the kernel's plus the clock; the first pin, quota or
+        # priority policy ranks the queue once (O(n)) and stays active.
+        self._active = policy != "lru"
         self._rebuild()
 
     # ----------------------------------------------------- the ranked set
@@ -106,8 +111,13 @@ class RetentionBlockPool(BlockPool):
         self._front_seq, self._back_seq = 0, len(order)
         for seq, block in enumerate(order):
             self._seq[block] = seq
-            if block not in self.pins:
+            if self._active and block not in self.pins:
                 self._enter(block)
+
+    def _activate(self) -> None:
+        if not self._active:
+            self._active = True
+            self._rebuild()
 
     def _rank_of(self, block: int) -> int:
         # Under lru every block ranks at the default: the level's heap is the
@@ -173,6 +183,8 @@ class RetentionBlockPool(BlockPool):
             raise InvariantViolation(f"RET-3: the clock went back from {self.now} to {now}")
         self.now = now
         timers = self._timers
+        if not (timers and timers[0][0] <= now) and not self.quotas:
+            return  # nothing due: the common case costs a clock read
         while timers and timers[0][0] <= now:
             when, kind, block, stamp = heapq.heappop(timers)
             if kind == _PIN_END:
@@ -211,7 +223,7 @@ class RetentionBlockPool(BlockPool):
 
     def get_num_free_blocks(self) -> int:
         """Free unpinned blocks (RET-7). O(1)."""
-        return self._ranked
+        return self._ranked if self._active else self._queue.size
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         """The policy's victims, taken by the kernel's pop (RET-4, RET-5).
@@ -223,6 +235,13 @@ class RetentionBlockPool(BlockPool):
         if type(num_blocks) is not int or num_blocks < 0:
             raise InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
         self.settle()
+        if not self._active:
+            taken = super().get_new_blocks(num_blocks)
+            prio = self._prio
+            for block in taken:
+                if prio[block] >= 0 or block in self.tenant:
+                    self._forget(block)
+            return taken
         if num_blocks > self._ranked:
             raise PoolExhaustedError(
                 f"asked for {num_blocks} blocks, only {self._ranked} are free and unpinned")
@@ -243,6 +262,9 @@ class RetentionBlockPool(BlockPool):
         never share a hit: their keys differ by ``cache_salt`` (RET-9)."""
         ids = list(blocks)
         self.settle()
+        if not self._active:
+            super().touch_held(ids)
+            return
         for block in ids:
             pin = self.pins.get(block) if block else None
             if pin is not None and pin[0] is not None:
@@ -260,6 +282,9 @@ class RetentionBlockPool(BlockPool):
         ref = self._ref
         released = [block for block in ids if block and ref[block] == 1]
         super().free_held(ids, with_null=with_null)
+        if not self._active:
+            self._released_passive(released)
+            return
         front = [block for block in released if self._gid[block] < 0]
         self._front_seq -= len(front)
         for offset, block in enumerate(front):
@@ -276,6 +301,9 @@ class RetentionBlockPool(BlockPool):
         self.settle()
         super().release_to_back(ids)
         released = [block for block in ids if not self._ref[block]]
+        if not self._active:
+            self._released_passive(released)
+            return
         for block in released:
             self._seq[block] = self._back_seq
             self._back_seq += 1
@@ -293,6 +321,19 @@ class RetentionBlockPool(BlockPool):
                 self._enter(block)
         self.settle()  # a zero duration ends at once
 
+    def _released_passive(self, released: Sequence[int]) -> None:
+        """Release bookkeeping while passive: only records need a release time."""
+        prio = self._prio
+        for block in released:
+            if prio[block] >= 0:
+                self._stamp[block] += 1
+                self._released_at[block] = self.now
+                duration = self._dur[block]
+                if duration is not None:
+                    heapq.heappush(self._timers, (self.now + duration, _DECAY, block, self._stamp[block]))
+        if self._timers:
+            self.settle()  # a zero duration ends at once
+
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """The kernel's explicit eviction; an evicted block keeps nothing."""
         ids = list(block_ids)
@@ -304,7 +345,7 @@ class RetentionBlockPool(BlockPool):
         super().evict_blocks(ids)
         for block in keyed:
             self._forget(block)
-            if not self._ref[block]:
+            if self._active and not self._ref[block]:
                 self._leave(block)
                 self._enter(block)
 
@@ -364,6 +405,7 @@ class RetentionBlockPool(BlockPool):
             if self._gid[block] < 0:
                 raise InvalidRetentionError(f"block_ids: block {block} is not cached, nothing to pin")
         self.settle()
+        self._activate()
         new = {block for block in ids if block not in self.pins}
         if len(self.pins) + len(new) > self.pin_capacity():
             self.pins_refused += 1
@@ -394,6 +436,11 @@ class RetentionBlockPool(BlockPool):
         """Switch the policy; records are kept, every free block re-ranked. O(n log n)."""
         self.policy = check_policy(policy)
         self.settle()
+        if not self._active:
+            if policy == "lru":
+                return
+            self._activate()
+            return
         seq = self._seq
         order = sorted((block for block in range(1, self.num_blocks) if not self._ref[block]),
                        key=lambda block: seq[block])
@@ -413,6 +460,7 @@ class RetentionBlockPool(BlockPool):
         if quota is None:
             self.quotas.pop(tenant, None)
         else:
+            self._activate()
             self.quotas[tenant] = quota
         self.settle()
 
@@ -456,7 +504,7 @@ def check_retention(pool: RetentionBlockPool) -> None:
         raise InvariantViolation(
             f"RET-7: {pool.get_num_free_blocks()} allocatable + {held} held < (1 - budget) of the pool")
     free = [b for b in range(1, pool.num_blocks) if not pool._ref[b] and b not in pool.pins]
-    if sorted(free) != sorted(b for b in range(pool.num_blocks) if pool._level[b] >= 0):
+    if pool._active and sorted(free) != sorted(b for b in range(pool.num_blocks) if pool._level[b] >= 0):
         raise InvariantViolation("RET-4: the ranked set is not the free unpinned blocks")
     for block in range(1, pool.num_blocks):
         if pool._prio[block] >= 0 and not pool._ref[block]:
