@@ -232,6 +232,7 @@ def test_ret_1_lru_gives_the_same_blocks_and_events_as_the_plain_pool(kernel: An
     plain = kernel(16, True, enable_kv_cache_events=True)
     retained = pool(16, True, policy="lru", enable_kv_cache_events=True)
     held: list[list[int]] = []
+    freed: list[list[int]] = []
     counter = 0
 
     def ids(blocks: list[Any]) -> list[int]:
@@ -258,8 +259,15 @@ def test_ret_1_lru_gives_the_same_blocks_and_events_as_the_plain_pool(kernel: An
             blocks = held.pop(rng.randrange(len(held)))
             for p in (plain, retained):
                 p.free_blocks(as_blocks(p, list(reversed(blocks))))
-        elif held:
-            blocks = held[rng.randrange(len(held))]
+            freed.append(blocks)
+        elif action < 0.75:
+            victim = rng.randrange(16)
+            for p in (plain, retained):
+                p.evict_blocks([victim])
+        elif held or freed:
+            # A hit on blocks held or freed (a freed one may be cached still, or reused).
+            pool_of = held + freed
+            blocks = pool_of[rng.randrange(len(pool_of))]
             for p in (plain, retained):
                 p.touch(as_blocks(p, blocks))
             held.append(list(blocks))
@@ -335,3 +343,26 @@ def test_gate_reference_checker_names_a_broken_budget() -> None:
     twins.ref.pins.update({block: (None, None) for block in ids})  # plant: past the budget
     with pytest.raises(AssertionError, match="RET-6"):
         twins.check()
+
+
+def _forced_active_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _ORIGINAL_INIT(self, *args, **kwargs)
+    self._activate()  # rank the queue even under lru (the heaps, not the kernel's front)
+
+
+_ORIGINAL_INIT = OptimizedPool.__init__
+
+
+def test_ret_1_holds_with_the_ranked_structure_too() -> None:
+    """RET-1 again with the optimized pool ranking under lru: its heaps give the kernel's order."""
+    with planted(OptimizedPool, "__init__", _forced_active_init):
+        test_ret_1_lru_gives_the_same_blocks_and_events_as_the_plain_pool(OptimizedKernel, OptimizedPool)
+
+
+def test_gate_lru_order_unkeyed_first() -> None:
+    """RET-1's gate: ranking unkeyed free blocks below the default breaks vLLM's order (D-RET-2)."""
+    def unkeyed_first(self: Any, block: int) -> int:
+        return 0 if self._gid[block] < 0 else 35
+    with planted(OptimizedPool, "__init__", _forced_active_init), planted(OptimizedPool, "_rank_of", unkeyed_first), \
+            pytest.raises(AssertionError):
+        test_ret_1_lru_gives_the_same_blocks_and_events_as_the_plain_pool(OptimizedKernel, OptimizedPool)
