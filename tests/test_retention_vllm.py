@@ -139,3 +139,42 @@ def test_hints_drive_a_retention_pool_and_a_refusal_changes_nothing() -> None:
     with pytest.raises(InvalidRetentionError):
         parse_kv_hints(envelope(("pagedkv.retain", "1", {"ranges": [{"start": 0, "priority": 900}]})))
     assert twins.opt.retention_state() == before
+
+
+@dataclass
+class PriorityRequest:
+    priority: int
+    kv_hints: Envelope | None = None
+    sampling_params: Any = None
+
+
+def test_request_priority_maps_only_when_asked() -> None:
+    assert request_retention(PriorityRequest(-20)).empty
+    mapped = request_retention(PriorityRequest(-20), map_request_priority=True)
+    assert mapped.ranges == (RetentionDirective(0, None, 55),)
+    assert request_retention(PriorityRequest(500), map_request_priority=True).ranges[0].priority == 0
+    explicit = request_retention(PriorityRequest(-20, envelope(("pagedkv.retain", "1", RETAIN))),
+                                 map_request_priority=True)
+    assert explicit.ranges[0].priority == 90  # an explicit directive wins
+
+
+def test_apply_hints_retains_pins_and_unpins_a_requests_blocks_on_both_pools() -> None:
+    from pagedkv.vllm.retention import apply_hints
+    from tests.retention_twins import RetentionTwins
+    twins = RetentionTwins(17, pin_budget=0.25)  # 4 blocks may be pinned
+    assert twins.allocate("r", 4)
+    twins.cache("r")
+    ids = twins.holdings["r"]
+    hints = parse_kv_hints(envelope(
+        ("pagedkv.retain", "1", {"ranges": [{"start": 0, "end": 4, "priority": 90}], "generated": {"priority": 5}}),
+        ("pagedkv.pin", "1", {"num_tokens": 4, "ttl": 10})))
+    for pool in (twins.ref, twins.opt):
+        apply_hints(pool, hints, ids, num_prompt_tokens=6, num_keyed_blocks=4, block_size=2)
+    twins.check()
+    assert [twins.opt.retention_state()[1][i][1][0] for i in range(4)] == [90, 90, 35, 5]  # type: ignore[index]
+    assert sorted(twins.opt.pins) == sorted(ids[:2])
+    unpin = parse_extra_args({"pagedkv_retention": {"unpin": {}}})
+    for pool in (twins.ref, twins.opt):
+        apply_hints(pool, unpin, ids, num_prompt_tokens=6, num_keyed_blocks=4, block_size=2)
+    twins.check()
+    assert not twins.opt.pins

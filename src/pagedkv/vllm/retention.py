@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pagedkv.spec.errors import InvalidRetentionError
 from pagedkv.spec.retention import (
@@ -44,7 +44,7 @@ from pagedkv.spec.retention import (
 )
 
 __all__ = ["ACTION_VERSION", "RETAIN", "PIN", "UNPIN", "XARGS_KEY", "RetentionHints", "parse_kv_hints",
-           "parse_extra_args", "request_retention", "block_priorities"]
+           "parse_extra_args", "request_retention", "block_priorities", "RetentionPool", "apply_hints"]
 
 RETAIN, PIN, UNPIN = "pagedkv.retain", "pagedkv.pin", "pagedkv.unpin"
 ACTION_VERSION = "1"
@@ -193,9 +193,12 @@ def parse_extra_args(extra_args: Mapping[str, Any] | None, where: str = "extra_a
                      for kind in ("retain", "pin", "unpin") if kind in entry])
 
 
-def request_retention(request: object) -> RetentionHints:
+def request_retention(request: object, *, map_request_priority: bool = False) -> RetentionHints:
     """A vLLM request's retention: ``kv_hints`` if it carries pagedkv
-    actions, else its sampling params' ``extra_args``.
+    actions, else its sampling params' ``extra_args``. With
+    ``map_request_priority`` (off by default), a request with no retain
+    directive gets its whole prompt at ``35 - request.priority`` clamped to
+    [0, 100] (vLLM schedules lower values first; its default 0 maps to 35).
 
     Raises:
         InvalidRetentionError: both carriers hold pagedkv directives, or one is malformed.
@@ -205,7 +208,54 @@ def request_retention(request: object) -> RetentionHints:
     from_xargs = parse_extra_args(getattr(params, "extra_args", None))
     if not from_hints.empty and not from_xargs.empty:
         raise InvalidRetentionError("kv_hints and extra_args.pagedkv_retention: give retention in one of them")
-    return from_xargs if from_hints.empty else from_hints
+    hints = from_xargs if from_hints.empty else from_hints
+    priority = getattr(request, "priority", 0)
+    if map_request_priority and not hints.ranges and type(priority) is int:
+        mapped = min(100, max(0, DEFAULT_PRIORITY - priority))
+        hints = RetentionHints((RetentionDirective(0, None, mapped),), hints.generated, hints.tenant, hints.pin,
+                               hints.unpin)
+    return hints
+
+
+class RetentionPool(Protocol):
+    """What :func:`apply_hints` needs of a pool (both ``RetentionBlockPool`` s)."""
+
+    def retain(self, block_ids: Sequence[int], priority: int, duration: float | None = None,
+               tenant: str | None = None) -> None: ...
+
+    def pin(self, block_ids: Sequence[int], ttl: float | None = None) -> None: ...
+
+    def unpin(self, block_ids: Sequence[int]) -> None: ...
+
+
+def apply_hints(pool: RetentionPool, hints: RetentionHints, block_ids: Sequence[int], *, num_prompt_tokens: int,
+                num_keyed_blocks: int, block_size: int) -> None:
+    """Apply a request's hints to the blocks it holds (``block_ids``, in
+    order; the first ``num_keyed_blocks`` carry keys): each block's directive
+    (:func:`block_priorities`, grouped so each distinct directive is one
+    call), then the pin of the first ``pin.num_tokens`` tokens' full keyed
+    blocks (all keyed blocks when ``None``), or the unpin of the keyed blocks.
+
+    Raises:
+        PinBudgetExceededError: the pin passes the pool's budget (directives
+            already applied stay; the pin changes nothing).
+    """
+    if hints.empty:
+        return
+    groups: dict[tuple[int, float | None], list[int]] = {}
+    if hints.ranges or hints.generated is not None:
+        for block, key in zip(block_ids, block_priorities(hints, num_prompt_tokens, len(block_ids), block_size)):
+            if block:
+                groups.setdefault(key, []).append(block)
+    for (priority, duration), blocks in groups.items():
+        pool.retain(blocks, priority, duration, hints.tenant)
+    keyed = [block for block in block_ids[:num_keyed_blocks] if block]
+    if hints.pin is not None:
+        count = len(keyed) if hints.pin.num_tokens is None else min(len(keyed), hints.pin.num_tokens // block_size)
+        if count:
+            pool.pin(keyed[:count], hints.pin.ttl)
+    elif hints.unpin:
+        pool.unpin(keyed)
 
 
 def block_priorities(hints: RetentionHints, num_prompt_tokens: int, num_blocks: int,
