@@ -298,6 +298,9 @@ class RetentionBlockPool(BlockPool):
     def release_to_back(self, blocks: Iterable[int]) -> None:
         """The kernel's release to the back (all released blocks numbered at the back)."""
         ids = list(blocks)
+        self._check_ids(ids)
+        if 0 in ids or len(set(ids)) != len(ids) or any(self._ref[b] < 1 for b in ids):
+            super().release_to_back(ids)  # refused (POOL-3) before the clock is read
         self.settle()
         super().release_to_back(ids)
         released = [block for block in ids if not self._ref[block]]

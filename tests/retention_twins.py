@@ -125,6 +125,11 @@ class RetentionTwins:
         ids = list(reversed(self.holdings.pop(name)))
         self.both(lambda p: p.free_blocks(self._ref_blocks(ids)), lambda p: p.free_blocks(ids))
 
+    def release_to_back(self, name: str) -> None:
+        """Release a holding to the back of the queue (D-HOST-18's path)."""
+        ids = self.holdings.pop(name)
+        self.both(lambda p: p.release_to_back(self._ref_blocks(ids)), lambda p: p.release_to_back(ids))
+
     def retain(self, name: str, priority: int, duration: float | None, tenant: str | None = None) -> None:
         """A directive on a holding's blocks."""
         ids = self.holdings[name]
@@ -155,10 +160,12 @@ class RetentionTwins:
         """Reset the prefix cache (refused while a block is held)."""
         self.both(lambda p: p.reset_prefix_cache(), lambda p: p.reset_prefix_cache())
 
-    def advance(self, seconds: float) -> None:
-        """Move the clock; both settle on their next call (checked with a no-op unpin)."""
+    def advance(self, seconds: float, settle: bool = True) -> None:
+        """Move the clock; both settle on their next call (at once with
+        ``settle``, through a no-op unpin)."""
         self.clock.now += seconds
-        self.unpin([])
+        if settle:
+            self.unpin([])
 
     def keyed(self) -> list[int]:
         """Block ids carrying a key (the reference's view; the twins agree)."""

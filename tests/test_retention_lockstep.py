@@ -67,6 +67,11 @@ class RetentionLockstep(RuleBasedStateMachine):
         self.twins.free(data.draw(st.sampled_from(sorted(self.twins.holdings))))
 
     @precondition(lambda self: bool(self.twins.holdings))
+    @rule(data=st.data())
+    def release_back(self, data: st.DataObject) -> None:
+        self.twins.release_to_back(data.draw(st.sampled_from(sorted(self.twins.holdings))))
+
+    @precondition(lambda self: bool(self.twins.holdings))
     @rule(data=st.data(), priority=st.integers(0, 100), duration=st.sampled_from([None, 0.0, 1.0, 5.0]),
           tenant=st.sampled_from([None, *TENANTS]))
     def retain(self, data: st.DataObject, priority: int, duration: float | None, tenant: str | None) -> None:
@@ -88,9 +93,9 @@ class RetentionLockstep(RuleBasedStateMachine):
     def quota(self, tenant: str, quota: int | None) -> None:
         self.twins.quota(tenant, quota)
 
-    @rule(seconds=st.sampled_from([0.5, 1.0, 3.0, 10.0]))
-    def advance(self, seconds: float) -> None:
-        self.twins.advance(seconds)
+    @rule(seconds=st.sampled_from([0.5, 1.0, 3.0, 10.0]), settle=st.booleans())
+    def advance(self, seconds: float, settle: bool) -> None:
+        self.twins.advance(seconds, settle)
 
     @rule(policy=st.sampled_from(["lru", "priority"]))
     def switch(self, policy: Any) -> None:
@@ -99,6 +104,22 @@ class RetentionLockstep(RuleBasedStateMachine):
     @rule(data=st.data())
     def evict(self, data: st.DataObject) -> None:
         self.twins.evict(data.draw(st.lists(st.integers(0, self.twins.num_blocks - 1), max_size=2)))
+
+    @rule(data=st.data())
+    def refused(self, data: st.DataObject) -> None:
+        # Refused calls (a block freed past its count, an unknown id) change nothing on either side.
+        free = [b.block_id for b in self.twins.ref.free_queue]
+        over_free, back_again = data.draw(st.booleans()), data.draw(st.booleans())
+        if free and over_free:
+            ids = [data.draw(st.sampled_from(free))]
+            self.twins.both(lambda p: p.free_blocks([p.blocks[i] for i in ids]), lambda p: p.free_blocks(ids))
+        else:
+            bad = [data.draw(st.sampled_from([-1, self.twins.num_blocks]))]
+            self.twins.evict(bad)
+        if free and back_again:
+            back = [data.draw(st.sampled_from(free))]  # a free block cannot be released again
+            self.twins.both(lambda p: p.release_to_back([p.blocks[i] for i in back]),
+                            lambda p: p.release_to_back(back))
 
     @rule()
     def reset(self) -> None:

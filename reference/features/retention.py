@@ -200,6 +200,8 @@ class RetentionBlockPool(BlockPool):
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """The kernel's free; each released block's duration starts now (RET-3)."""
         blocks = list(ordered_blocks)
+        if any(block.ref_cnt < sum(1 for other in blocks if other is block) for block in blocks if not block.is_null):
+            super().free_blocks(blocks)  # refused (POOL-3) before the clock is read: nothing changes
         self.settle()
         held = {block.block_id for block in blocks if block.ref_cnt > 0}
         super().free_blocks(blocks)
@@ -208,6 +210,8 @@ class RetentionBlockPool(BlockPool):
     def release_to_back(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """The kernel's release to the back; durations start now (RET-3)."""
         blocks = list(ordered_blocks)
+        if any(b.is_null or b.ref_cnt < 1 for b in blocks) or len({id(b) for b in blocks}) != len(blocks):
+            super().release_to_back(blocks)  # refused (POOL-3) before the clock is read
         self.settle()
         super().release_to_back(blocks)
         self._released({block.block_id for block in blocks})
@@ -221,9 +225,10 @@ class RetentionBlockPool(BlockPool):
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """The kernel's explicit eviction; an evicted block keeps nothing (pins included)."""
         ids = list(block_ids)
+        if any(type(block_id) is not int or not 0 <= block_id < self.num_blocks for block_id in ids):
+            super().evict_blocks(ids)  # refused (UnknownBlockError) before the clock is read
         self.settle()
-        keyed = [block_id for block_id in ids if type(block_id) is int and 0 < block_id < self.num_blocks
-                 and self.blocks[block_id].block_hash is not None]
+        keyed = [block_id for block_id in ids if block_id and self.blocks[block_id].block_hash is not None]
         super().evict_blocks(ids)
         for block_id in keyed:
             self._forget(block_id)
