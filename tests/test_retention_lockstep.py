@@ -132,7 +132,8 @@ class RetentionLockstep(RuleBasedStateMachine):
 
 
 TestRetentionLockstep = RetentionLockstep.TestCase
-TestRetentionLockstep.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+# The profile (quick, ci, pure, thorough) sets the number of examples, as for the other machines.
+TestRetentionLockstep.settings = settings(stateful_step_count=40, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -232,7 +233,7 @@ def test_ret_8_a_tenant_over_quota_loses_its_own_blocks_only() -> None:
 
 @given(tokens=st.lists(st.integers(0, 50), min_size=4, max_size=24),
        salts=st.lists(st.text(min_size=1, max_size=4), min_size=2, max_size=2, unique=True))
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 def test_ret_9_cross_tenant_hits_are_impossible(tokens: list[int], salts: list[str]) -> None:
     """RET-9: requests with different salts share no block hash, whatever their tokens."""
     from pagedkv.reference.hasher import make_block_hasher
