@@ -65,7 +65,7 @@ test-quick: install
 # without a C compiler stays checked against the reference (a quarter of the `ci` examples: the same machines).
 LOCKSTEP_TESTS := tests/test_differential.py tests/test_differential_hybrid.py tests/test_mamba_lockstep.py \
 	tests/test_mamba_partial_lockstep.py tests/test_dcp_lockstep.py tests/test_hisparse_lockstep.py \
-	tests/test_optimized_unit.py tests/test_gates.py
+	tests/test_optimized_unit.py tests/test_gates.py tests/test_retention_lockstep.py
 test-pure: install
 	PAGEDKV_PURE_PYTHON=1 HYPOTHESIS_PROFILE=pure $(PY) -m pytest -q -p no:cacheprovider $(LOCKSTEP_TESTS)
 

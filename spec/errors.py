@@ -20,6 +20,8 @@ __all__ = [
     "InsufficientMemoryError",
     "PoolExhaustedError",
     "InvariantViolation",
+    "InvalidRetentionError",
+    "PinBudgetExceededError",
 ]
 
 
@@ -73,3 +75,14 @@ class PoolExhaustedError(PagedKVError, RuntimeError):
 class InvariantViolation(PagedKVError, AssertionError):
     """``check_invariants()`` found a broken invariant; the message starts
     with the invariant's ID (e.g. ``POOL-3``) and carries a state dump."""
+
+
+class InvalidRetentionError(InvalidArgumentError):
+    """A retention directive, pin, unpin or quota is malformed or names
+    blocks it cannot apply to (spec/retention.md); the message names the
+    field. Nothing changes."""
+
+
+class PinBudgetExceededError(PagedKVError, RuntimeError):
+    """A pin would take more blocks than the pool's pin budget allows
+    (RET-6). Refused as a whole: no block of it is pinned."""

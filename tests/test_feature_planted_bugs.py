@@ -123,6 +123,14 @@ def _slot_one_block_off(table: Any, block_size: int, token_rows: Any, positions:
     return [(table[r][p // block_size] + 1) * block_size + p % block_size for r, p in zip(token_rows, positions)]
 
 
+def _last_directive_wins(old: Any, priority: int, duration: Any) -> Any:
+    return (priority, duration)  # RET-2's maximum rule dropped: a lower directive demotes
+
+
+def _priorities_ignored(self: Any, block: Any) -> int:
+    return 35  # RET-4 under priority: every block ranked at the default
+
+
 @dataclass(frozen=True)
 class Plant:
     """Where a bug goes and which tests must catch it."""
@@ -158,6 +166,9 @@ PLANTS: dict[str, Plant] = {plant.module: plant for plant in (
     Plant("hisparse", "HostTierManager.lookup", _host_lookup_finds_nothing, ("tests/test_hisparse.py",)),
     Plant("hisparse_state", "TierPool.take", _host_take_from_the_back, ("tests/test_hisparse_steps.py",)),
     Plant("hisparse_invariants", "check_host_tier", _host_tier_checks_nothing, ("tests/test_hisparse_config.py",)),
+    Plant("retention_rules", "merged_record", _last_directive_wins, ("tests/test_retention_lockstep.py",)),
+    Plant("retention", "RetentionBlockPool.effective_priority", _priorities_ignored,
+          ("tests/test_retention_lockstep.py",)),
     Plant("tensor_model", "reference_slot_mapping", _slot_one_block_off,
           ("tests/test_tensor_manager_trace.py", "tests/test_tensor_block_table.py")),
 )}

@@ -10,7 +10,6 @@ from itertools import combinations
 
 import pytest
 
-from bench.retention_policies import ChainShape, KeyedPolicy, key_lru
 from bench.retention_study import (
     BLOCK_TOKENS,
     POLICIES,
@@ -20,6 +19,7 @@ from bench.retention_study import (
     simulate,
     system_prompt_workload,
 )
+from pagedkv.simulate.retention_policies import ChainShape, KeyedPolicy, key_lru
 
 
 def _workload(*chains: tuple[int, ...], prefix: tuple[int, ...] = ()) -> Workload:

@@ -246,6 +246,14 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``pagedkv simulate [ARGS...]``; returns the exit status."""
+    words = sys.argv[1:] if argv is None else argv
+    if any(word == "--policy" or word.startswith("--policy=") for word in words):
+        # Eviction policies on the block-level cache model (docs/retention.md).
+        from pagedkv.simulate.retention_cli import main as retention_main
+        try:
+            return retention_main(words)
+        except SystemExit as exc:
+            return int(exc.code or 0)
     parser = argparse.ArgumentParser(prog="pagedkv simulate", description=DESCRIPTION)
     add_arguments(parser)
     try:

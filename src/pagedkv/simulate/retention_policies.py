@@ -1,10 +1,10 @@
-"""Eviction policies for the prefix-cache retention study (:mod:`bench.retention_study`).
+"""Eviction policies for the prefix-cache retention study (:mod:`pagedkv.simulate.retention_model`).
 
 Semantic model. A cache holds at most ``capacity`` blocks, each named by its
 block id. A block id stands for the block *and* its whole prefix (as in the
 Mooncake traces), so every block but a chain's first has exactly one parent,
 the block before it, and a request's prompt is a chain of ids. A request
-runs in three steps, driven by :func:`bench.retention_study.simulate`:
+runs in three steps, driven by :func:`pagedkv.simulate.retention_model.simulate`:
 
 1. :meth:`Policy.hit` for each of its blocks already resident;
 2. :meth:`Policy.admit` for each missing block, in chain order: the block
