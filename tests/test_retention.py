@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pagedkv.reference import rules
+from pagedkv.reference.features import sparse_retention as rules
 from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
 from tests.scenario_kit import build_manager, full, window
 
