@@ -1,7 +1,5 @@
-"""Mamba (state-space) layers: one running state per request instead of
-per-token KV (spec/managers.md §6, MAMBA-1, MAMBA-2).
-
-Modes (``MambaSpec.mamba_cache_mode``):
+"""Mamba (spec/managers.md §6, MAMBA-1, MAMBA-2): one running state per
+request instead of per-token KV. Modes (``MambaSpec.mamba_cache_mode``):
 - ``"none"``: the state is never cached; a hit can only be empty.
 - ``"all"``: every full block's state is cached; a hit of ``L`` tokens needs
   only the state block ending at ``L``.
