@@ -1,12 +1,8 @@
-"""pagedkv.reference: the simplest code that is obviously right.
-
-Mirrors spec/ section by section: :mod:`.block_pool` (spec/operations.md,
-block pool), :mod:`.single_type` (spec/managers.md), :mod:`.coordinator`
-(spec/coordinators.md), :mod:`.manager` (the facade), :mod:`.validation` (every argument check),
-:mod:`.hasher`
-(spec/hashing.md), :mod:`.rules` (the arithmetic, with CrossHair contracts)
-and :mod:`.invariants` (``check_invariants``, spec/state.md). Speed is not
-its job; the differential tests hold ``pagedkv.optimized`` to it.
+"""pagedkv.reference: the simplest code that is obviously right. The kernel
+(this folder) reads top to bottom: :mod:`.block_pool`, :mod:`.hasher`,
+:mod:`.rules`, :mod:`.single_type` and the seed types, :mod:`.coordinator`,
+:mod:`.manager` (the facade), :mod:`.validation`, :mod:`.invariants`; the
+features (``features/``) plug in through :mod:`.hooks` (spec/managers.md §9).
 """
 
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock

@@ -1,11 +1,8 @@
-"""The block pool (spec/operations.md, "Block pool").
-
-Semantic model: ``num_blocks`` numbered blocks; block 0 is the null block.
-Each other block is free (in the free queue) or in use (ref count > 0), and
-may carry a cache key. The free queue is a plain list, front first; the
-prefix cache is a dict from cache key to the list of blocks carrying it, in
-insertion order. Nothing here is fast on purpose: every operation is a
-direct transcription of the spec.
+"""The block pool (spec/operations.md, "Block pool"): ``num_blocks``
+numbered blocks, block 0 the null block; each other block is free (in the
+free queue, a plain list, front first) or in use (ref count > 0), and may
+carry a cache key (the prefix cache: key -> the blocks carrying it, in
+insertion order). Slow on purpose: each operation transcribes the spec.
 """
 
 from __future__ import annotations
@@ -41,11 +38,7 @@ __all__ = ["KVCacheBlock", "BlockPool"]
 
 @dataclass(eq=False)
 class KVCacheBlock:
-    """One block: its id, how many requests hold it, its cache key if any.
-
-    Compared by identity: two blocks are never "equal" just because their
-    fields match.
-    """
+    """One block: its id, how many hold it, its cache key if any. Compared by identity."""
 
     block_id: int
     ref_cnt: int = 0
@@ -60,14 +53,9 @@ class KVCacheBlock:
 
 
 class BlockPool:
-    """The pool of ``num_blocks`` blocks shared by every KV cache group.
-
-    ``enable_caching`` turns the prefix cache on; ``enable_kv_cache_events``
-    records :mod:`pagedkv.spec.types` events for :meth:`take_events`;
-    cache keys carry a group id in ``[0, num_groups)`` (CACHE-3);
-    ``block_stored_events`` picks the shape of ``BlockStored``: one per
-    caching call, as vLLM (``"per_call"``), or one per contiguous run of
-    newly keyed blocks (``"per_run"``; :mod:`pagedkv.spec.stored_events`).
+    """The blocks every KV cache group shares; keys carry a group id in
+    ``[0, num_groups)`` (CACHE-3); events are kept for :meth:`take_events`,
+    ``BlockStored`` shaped as ``block_stored_events`` says (D-EVT-15).
 
     Raises:
         InvalidConfigError: ``num_blocks``, ``num_groups`` or
@@ -94,8 +82,7 @@ class BlockPool:
         self.events: list[KVCacheEvent] = []
         # Blocks held for the pool's lifetime (attention sinks, D-SINK-1).
         self.reserved: list[KVCacheBlock] = []
-        # Tokens after each block its hash covers (spec/hashing.md section 7):
-        # events carry them; the manager sets it.
+        # Tokens past each block its hash covers, which events carry (spec/hashing.md §7).
         self.num_hash_lookahead_tokens = 0
 
     # -- allocation --------------------------------------------------------
@@ -109,8 +96,7 @@ class BlockPool:
         return rules.usage(len(self.free_queue), self.num_blocks)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop ``num_blocks`` blocks from the front of the free queue, evicting
-        the cache key of any that carries one; each gets ref count 1.
+        """EVICT-1..5: take ``num_blocks`` free blocks, dropping their keys; each gets ref count 1.
 
         Raises:
             PoolExhaustedError: fewer free blocks than asked for (no change).
@@ -121,24 +107,27 @@ class BlockPool:
         if num_blocks > len(self.free_queue):
             raise PoolExhaustedError(
                 f"asked for {num_blocks} blocks, only {len(self.free_queue)} are free")
-        popped = self.free_queue[:num_blocks]  # EVICT-2
-        del self.free_queue[:num_blocks]
+        popped = self.choose_victims(num_blocks)  # EVICT-2
+        taken = {block.block_id for block in popped}
+        self.free_queue = [block for block in self.free_queue if block.block_id not in taken]
         for block in popped:
             if self.enable_caching:
                 self._evict(block)  # EVICT-3, EVICT-4
             block.ref_cnt = 1  # EVICT-5
         return popped
 
+    def choose_victims(self, num_blocks: int) -> list[KVCacheBlock]:
+        """EVICT-2: the victims, the front of the free queue (at most its length)."""
+        return self.free_queue[:num_blocks]
+
     def reserve(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Take ``num_blocks`` blocks from the front for good (attention sink
-        blocks): ref count 1, never freed, never hashed (SINK-1)."""
+        """Take ``num_blocks`` blocks for good (attention sinks, SINK-1)."""
         blocks = self.get_new_blocks(num_blocks)
         self.reserved.extend(blocks)
         return blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on each block (a prefix hit); a free one leaves
-        the free queue, wherever it stands. The null block is skipped."""
+        """Take a reference on each non-null block (a hit); a free one leaves the queue."""
         for block in blocks:
             if block.is_null:
                 continue
@@ -147,19 +136,16 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference on each block, in the given order; those that
-        reach zero return to the free queue (:func:`rules.requeue`)."""
+        """FREE-3..5: drop one reference per block, in order; blocks reaching zero are requeued."""
         blocks = [block for block in ordered_blocks if not block.is_null]
-        # FREE-3: checked before any count moves, so a refused call changes nothing:
-        # a block named k times needs a ref count of at least k.
+        # FREE-3, before any count moves: a block named k times needs a ref count >= k.
         for block in blocks:
             times = sum(1 for other in blocks if other is block)
             if block.ref_cnt < times:
                 raise InvariantViolation(
                     f"POOL-3: freeing block {block.block_id} {times} time(s) but its ref count is "
                     f"{block.ref_cnt}")
-        # One pass, as vLLM's: a block named twice is released at the
-        # occurrence that brings its count to 0 (D-API-35).
+        # One pass, as vLLM's: released where its count reaches 0 (D-API-35).
         released: list[KVCacheBlock] = []
         for block in blocks:  # FREE-4
             block.ref_cnt -= 1
@@ -172,24 +158,10 @@ class BlockPool:
         )
         self.free_queue = [self.blocks[block_id] for block_id in order]
 
-    def release_to_back(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference of each block (held, none twice, no null block);
-        those reaching zero go to the back of the free queue, hashed or not: a
-        block its last holder keeps reading is reused last (D-HOST-18)."""
-        blocks = list(ordered_blocks)
-        if any(b.is_null or b.ref_cnt < 1 for b in blocks) or len({id(b) for b in blocks}) != len(
-                blocks):
-            raise InvariantViolation("POOL-3: release_to_back needs held blocks, none twice")
-        for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_queue.append(block)
-
     # -- prefix cache ------------------------------------------------------
 
     def get_cached_block(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
-        """The first block cached under ``block_hash`` in each group, or
-        ``None`` if any group has none."""
+        """The first block cached under ``block_hash`` in each group, or ``None`` if one has none."""
         found = []
         for group_id in group_ids:
             blocks = self.cached.get(make_block_hash_with_group_id(block_hash, group_id))
@@ -202,20 +174,16 @@ class BlockPool:
                           block_hashes: Sequence[BlockHash], num_cached_blocks: int,
                           num_full_blocks: int, block_size: int, group_id: int,
                           mask: Sequence[bool] | None = None) -> None:
-        """Give blocks ``[num_cached_blocks, num_full_blocks)`` of a request
-        their cache keys: ``block_hashes[i]`` (the group's view of the
-        request's hashes) plus the group id. Null blocks, already-hashed
-        blocks and blocks the ``mask`` (indexed from ``num_cached_blocks``)
-        rules out are skipped. Events: one ``BlockStored`` for the call, or
-        one per contiguous run of newly hashed blocks, as
-        ``block_stored_events`` says (D-EVT-15)."""
+        """Key blocks ``[num_cached_blocks, num_full_blocks)`` with the group's
+        view of the hashes, skipping null, keyed and masked-out blocks (REQ-7,
+        KEYTOK-1); one ``BlockStored`` for the call (vLLM's shape) or one per
+        run of newly keyed blocks, as ``block_stored_events`` says (D-EVT-15)."""
         stored: list[int] = []
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
             if block.is_null or block.block_hash is not None or (
                     mask is not None and not mask[index - num_cached_blocks]):
                 continue
-            # The key of its own position (REQ-7), covering its prefix (KEYTOK-1).
             key = make_block_hash_with_group_id(block_hashes[index], group_id)
             block.block_hash = key
             block.key_tokens = (index + 1) * block_size
@@ -253,28 +221,25 @@ class BlockPool:
             ))
 
     def key_tokens(self, block_id: int) -> int | None:
-        """How many tokens the key of block ``block_id`` covers: ``(i + 1) * b``
-        for a full-block key of position ``i``, the boundary for a Mamba
-        partial key (KEYTOK-1); ``None`` for an unkeyed block."""
+        """Tokens the key of block ``block_id`` covers (KEYTOK-1); ``None`` unkeyed."""
         block = self.blocks[block_id]
         return None if block.block_hash is None else block.key_tokens
 
     def _evict(self, block: KVCacheBlock) -> None:
-        """Drop a block's cache key, if any, with a ``BlockRemoved`` event."""
+        """EVICT-3, EVICT-4: drop a block's key, if any, with a ``BlockRemoved`` event."""
         key = block.block_hash
         if key is None:
             return
-        holders = self.cached[key]  # EVICT-3
+        holders = self.cached[key]
         holders.remove(block)
         if not holders:
             del self.cached[key]
-        block.block_hash = None  # EVICT-4
+        block.block_hash = None
         if self.enable_kv_cache_events:
             self.events.append(BlockRemoved(block_hashes=(get_block_hash(key),), group_idx=get_group_id(key)))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drop the cache keys of the given blocks, in the given order. Blocks
-        stay where they are (in use or in the free queue).
+        """Drop the keys of the given blocks, in order; blocks stay where they are.
 
         Raises:
             UnknownBlockError: an id outside ``[0, num_blocks)`` (no change).
@@ -287,8 +252,7 @@ class BlockPool:
             self._evict(self.blocks[block_id])
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every cache key, if no block is in use (reserved sink blocks
-        aside, D-SINK-2); ``False`` otherwise."""
+        """RESET-1..3: drop every key if no block but sinks is in use (D-SINK-2)."""
         if any(block.ref_cnt > 0 and all(block is not kept for kept in self.reserved)
                for block in self.blocks[1:]):
             return False  # RESET-1

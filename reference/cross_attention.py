@@ -1,6 +1,5 @@
-"""Cross-attention (encoder-decoder models): blocks hold the encoder's
-output for one request, sized by the encoder tokens, never cached and never
-hit (spec/managers.md, XATTN-1)."""
+"""Cross-attention (spec/managers.md §7, XATTN-1): blocks hold one request's
+encoder output, sized by the encoder tokens, never cached, never hit."""
 
 from __future__ import annotations
 
@@ -15,9 +14,7 @@ __all__ = ["CrossAttentionManager"]
 
 
 class CrossAttentionManager(SingleTypeManager):
-    """Sized by ``num_encoder_tokens`` (the coordinator passes those in place
-    of decoder tokens). Its state is per request, so a prefix hit of the
-    decoder cannot serve it: only the empty hit qualifies (D-XATTN-1)."""
+    """Sized by ``num_encoder_tokens``; only the empty hit qualifies (D-XATTN-1)."""
 
     uses_eagle_rule = False
 

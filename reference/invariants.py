@@ -1,8 +1,5 @@
-"""``check_invariants``: every invariant of spec/state.md, by ID.
-
-When everything works this is an expensive no-op. On failure it raises
-:class:`~pagedkv.spec.errors.InvariantViolation` whose message starts with
-the broken invariant's ID and ends with a dump of the state.
+"""``check_invariants`` (spec/invariants.md): an ``InvariantViolation``
+names the first broken invariant's ID and ends with a dump of the state.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.features.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.single_type import SinkFullAttentionManager
 from pagedkv.spec.errors import InvariantViolation
@@ -74,8 +70,8 @@ def check_pool(pool: BlockPool, num_groups: int) -> None:
 
 
 def check_manager(manager: KVCacheManager) -> None:
-    """Every invariant the state alone decides: the pool's, then the request
-    table's (REQ-1..6, SKIP-1 (a), XATTN-1, RING-1, SINK-1, MAMBA-2, MPART-2)."""
+    """Every invariant the state alone decides: the pool's, the request
+    table's (REQ-1..6, the types' own, SINK-1, MAMBA-2), the features' (H8)."""
     pool = manager.block_pool
     managers = manager.coordinator.managers
     check_pool(pool, len(managers))
@@ -89,11 +85,8 @@ def check_manager(manager: KVCacheManager) -> None:
     # REQ-1: a block's ref count is the number of places requests hold it
     # (plus one for a reserved sink block).
     holders: Counter[int] = Counter(block.block_id for block in pool.reserved)
-    # MPART-3: each copy endpoint, queued or taken and not yet released, holds one reference.
-    holders.update(manager.coordinator.retained)
-    for group in managers:
-        if isinstance(group, (MambaManager, FullAttentionSubBlockManager)):
-            holders.update(block.block_id for pair in group.copies for block in pair)
+    for feature in manager.coordinator.features:  # H7: e.g. copy endpoints (MPART-3)
+        holders.update(feature.held_blocks(manager.coordinator))
     for group in managers:
         for blocks in group.req_to_blocks.values():
             holders.update(block.block_id for block in blocks if not block.is_null)
@@ -141,12 +134,10 @@ def check_manager(manager: KVCacheManager) -> None:
         if isinstance(group, MambaManager) and any(get_group_id(key) != group.group_id
                                                    for key in group.cached_this_step):
             raise _fail("MAMBA-2", f"group {group.group_id} remembers another group's key", state)
-        # MPART-2: a recorded partial hit names the real block at its column.
-        if isinstance(group, (MambaManager, FullAttentionSubBlockManager)):
-            for request_id, (column, source) in group.partial_hit.items():
-                held = group.req_to_blocks.get(request_id, [])
-                if not 0 <= column < len(held) or held[column] is not source or source.is_null:
-                    raise _fail("MPART-2", f"request {request_id!r} group {group.group_id}: partial hit "
-                                f"({column}, {source.block_id}) is not a real block it holds there", state)
     if sorted(block.block_id for block in sink_blocks) != sorted(reserved):
         raise _fail("SINK-1", "the reserved blocks are not exactly the sink groups' blocks", state)
+    for feature in manager.coordinator.features:  # H8: the features' own invariants
+        violation = feature.check(manager.coordinator)
+        if violation is not None:
+            invariant, message = violation.split(": ", 1)
+            raise _fail(invariant, message, state)

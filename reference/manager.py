@@ -1,24 +1,21 @@
-"""The KV cache manager facade (spec/operations.md, "KVCacheManager").
-
-What an engine's scheduler calls. Each public method validates everything
-first and raises a typed error before touching state, so a refused call
-leaves the manager exactly as it was.
+"""The facade an engine's scheduler calls (spec/operations.md,
+"KVCacheManager"). Each method validates everything first, so a refused
+call changes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pagedkv.reference import rules, validation
-from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference.block_pool import BlockPool
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
-from pagedkv.reference.features.enabled import FEATURES
+from pagedkv.reference.features.enabled import FEATURES, FeatureOperations, recover
 from pagedkv.reference.hasher import make_block_hasher
-from pagedkv.reference.mamba import MambaManager
-from pagedkv.reference.recovery import recover
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hashing import normalize_hash_fn
@@ -39,18 +36,14 @@ def _request_id(request: RequestView) -> str:
         raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
 
 
-class KVCacheManager:
+class KVCacheManager(FeatureOperations):
     """Allocates, caches and frees the KV cache blocks of requests.
 
-    ``kv_cache_config`` gives the pool size and the groups; ``max_model_len``
-    bounds every request. ``hash_fn`` names the block hash
-    (spec/hashing.md); ``hash_block_size`` must divide every group's block
-    size (``None`` picks their GCD). The other arguments are those of
-    spec/operations.md, "KVCacheManager" (the optimized manager's docstring
-    describes each). The facade builds the pool; the coordinator builds the
-    per-group managers over it and holds the state;
-    ``pagedkv.spec.manager_args`` checks the constructor's arguments and
-    ``validation`` those of every other call.
+    The arguments are those of spec/operations.md, "KVCacheManager",
+    checked by ``pagedkv.spec.manager_args``. The facade builds the pool;
+    the coordinator builds the per-group managers over it, holds the state
+    and plugs in the features (``FEATURES``, spec/managers.md §9), whose
+    own operations this class inherits from ``FeatureOperations``.
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *,
@@ -88,9 +81,7 @@ class KVCacheManager:
             use_eagle=use_eagle, retention_interval=retention_interval,
             max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens,
             features=FEATURES)
-        # Lookahead hashing (spec/hashing.md section 7): events carry the
-        # lookahead tokens; a multi-module drafter's re-prefilled tokens are
-        # never cached (D-HASH-12).
+        # Events carry the lookahead tokens (spec/hashing.md §7); re-prefilled tokens are never cached (D-HASH-12).
         self._pool.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.coordinator.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
@@ -98,12 +89,10 @@ class KVCacheManager:
     # -- requests -------------------------------------------------------------
 
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int], **extra: Any) -> Request:
-        """A :class:`Request` whose block hashes follow this manager's hashing.
+        """A :class:`Request` hashed as this manager hashes.
 
         Raises:
-            InvalidArgumentError: as ``Request`` does, an option ``Request``
-                does not take, or the id of a request this manager holds
-                (one live request per id, D-API-22).
+            InvalidArgumentError: as ``Request`` does, or a live request's id (D-API-22).
         """
         check_request_options(extra)
         hasher = None if self.hash_block_size is None else make_block_hasher(
@@ -127,48 +116,18 @@ class KVCacheManager:
     # -- the scheduler's calls -------------------------------------------------
 
     def get_computed_blocks(self, request: RequestView) -> tuple[KVCacheBlocks, int]:
-        """The cached blocks of the longest prefix hit and its length in tokens.
-
-        Pure: nothing is reserved (``allocate_slots`` takes the hit). The hit
-        stops at least one token short of the request's end.
-        """
+        """The blocks of the longest prefix hit and its length (LOOKUP-1..6). Pure."""
         request = RequestFacts.capture(request)
         empty = KVCacheBlocks([[] for _ in self.coordinator.managers])
         if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
             return empty, 0  # LOOKUP-1
-        # LOOKUP-2: the last token is always recomputed.
-        max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))
-        # LOOKUP-3, LOOKUP-4: the longest common hit and each group's blocks.
-        hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
+        max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))  # LOOKUP-2
+        hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(  # LOOKUP-3, LOOKUP-4
+            request.block_hashes, max_length)
         if self.prefix_cache_stats is not None:  # LOOKUP-5
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens,
                                            preempted=request.num_preemptions > 0)
         return KVCacheBlocks(hits), num_hit_tokens  # LOOKUP-6: nothing else changed
-
-    def get_computed_blocks_per_group(self, request: RequestView) -> tuple[KVCacheBlocks, tuple[int, ...]]:
-        """Each group's own longest hit (at most ``num_tokens - 1`` tokens),
-        not reconciled across groups: what a KV connector reads. Pure; no stats."""
-        request = RequestFacts.capture(request)
-        if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
-            return KVCacheBlocks([[] for _ in self.coordinator.managers]), tuple(
-                0 for _ in self.coordinator.managers)
-        max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))
-        hits, lengths = self.coordinator.find_longest_cache_hit_per_group(request.block_hashes, max_length)
-        return KVCacheBlocks(hits), lengths
-
-    def shared_prefix_boundary(self, request: RequestView, num_hit_tokens: int) -> int:
-        """The junction of a prefix ``request`` shares with an earlier request
-        that the leading group caches but a sparser group does not (yet):
-        the leading group's own hit when it exceeds the common hit
-        ``num_hit_tokens`` (from ``get_computed_blocks``), else 0. The engine
-        may pin it as ``request.shared_prefix_boundary`` so that sparse
-        retention keeps the window tail there (D-SWA-11). Pure."""
-        request = RequestFacts.capture(request)
-        if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
-            return 0
-        max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))
-        extra = self.coordinator.uncached_shared_prefix(request.block_hashes, max_length, num_hit_tokens)
-        return num_hit_tokens + extra if extra else 0
 
     def allocate_slots(self, request: RequestView, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
@@ -177,32 +136,21 @@ class KVCacheManager:
                        delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
                        full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
                        num_in_flight_tokens: int = 0, watermark_blocks: int = 0) -> KVCacheBlocks | None:
-        """Give the request slots for ``num_new_tokens`` more tokens (plus
-        lookahead), taking the hit blocks of ``get_computed_blocks``.
-
-        Returns the newly allocated blocks, or ``None`` (and no change beyond
-        releasing blocks attention no longer reads, D-API-6) when the pool
-        cannot supply them. With ``full_sequence_must_fit`` the whole request
-        (all its tokens, windowed groups at their admission cap) must fit too,
-        so an engine admitting by that rule and startup sizing agree
-        (spec/managers.md §8). ``reserved_blocks`` more blocks must stay free
-        beside the step's blocks (D-API-13), ``watermark_blocks`` more beside
-        both the step's and the whole request's (D-API-48); skipped blocks
-        are released on the settled basis, the computed tokens less
-        ``num_in_flight_tokens`` (D-API-14); a call that adopts computed
-        tokens may bring no new token (D-API-12).
+        """Slots for ``num_new_tokens`` more tokens (plus lookahead), taking
+        the hit of ``get_computed_blocks``: the new blocks, or ``None`` when
+        the pool cannot supply them (ALLOC-1..9; the arguments:
+        spec/operations.md, "allocate_slots").
 
         Raises:
             InvalidTokenCountError, InvalidArgumentError, UnknownBlockError,
             ExceedsMaxModelLenError.
         """
-        # The engine's object is read once, here: no engine code runs once
-        # something has changed (spec/operations.md, "Exception safety").
+        # The engine's object is read once, before any change ("Exception safety").
         request = RequestFacts.capture(request)
         request_id = request.request_id
         coordinator = self.coordinator
         known = request_id in coordinator.known
-        # ALLOC-1: validate (all before any change).
+        # ALLOC-1: validate, all before any change.
         hits = validation.allocate_args(
             coordinator=coordinator, request=request, known_request=known,
             max_model_len=self.max_model_len, num_new_tokens=num_new_tokens,
@@ -212,83 +160,60 @@ class KVCacheManager:
             delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
             reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens,
             watermark_blocks=watermark_blocks)
-        # ALLOC-2: token counts.
+        # ALLOC-2: token counts; lookahead capped (D-API-3).
         local = request.num_computed_tokens + num_new_computed_tokens
         total = local + num_external_computed_tokens
         main = total + num_new_tokens
-        need = min(main + num_lookahead_tokens, self.max_model_len)  # lookahead capped (D-API-3)
-        try:
-            return self._commit_allocation(
-                request, known, hits, local=local, total=total, main=main, need=need,
-                num_lookahead_tokens=num_lookahead_tokens,
-                num_external_computed_tokens=num_external_computed_tokens,
-                delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
-                full_sequence_must_fit=full_sequence_must_fit, reserved_blocks=reserved_blocks,
-                num_in_flight_tokens=num_in_flight_tokens, watermark_blocks=watermark_blocks)
-        except BaseException:
-            recover(coordinator)
-            raise
-
-    def _commit_allocation(self, request: RequestFacts, known: bool,
-                           hits: tuple[tuple[KVCacheBlock, ...], ...], *, local: int, total: int,
-                           main: int, need: int, num_lookahead_tokens: int,
-                           num_external_computed_tokens: int, delay_cache_blocks: bool,
-                           num_encoder_tokens: int, full_sequence_must_fit: bool, reserved_blocks: int,
-                           num_in_flight_tokens: int, watermark_blocks: int) -> KVCacheBlocks | None:
-        """Steps 3 to 9 of ``allocate_slots``, on validated arguments."""
-        request_id = request.request_id
-        coordinator = self.coordinator
-        # ALLOC-3: remove skipped blocks: released even if the allocation is then
-        # refused; they are dead weight either way, and releasing them first
-        # spares cached blocks from eviction (D-API-6). A no-op for a new request.
-        # On the settled basis: an in-flight step still reads its window (D-API-14).
-        coordinator.remove_skipped_blocks(request_id=request_id,
-                                          num_total_computed_tokens=max(0, total - num_in_flight_tokens),
-                                          num_prompt_tokens=request.num_prompt_tokens)
-        # ALLOC-4, ALLOC-5: capacity (the Mamba step rule counts as a refusal here).
-        demand = coordinator.get_num_blocks_to_allocate(
-            request_id=request_id, num_tokens=need, new_computed_blocks=hits,
-            num_total_computed_tokens=total, num_main_tokens=main,
-            num_encoder_tokens=num_encoder_tokens,
-            num_external_computed_tokens=num_external_computed_tokens)
-        # Prefill checkpoints (spec/mamba.md): the chunk is [total, main).
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
-        demand += coordinator.checkpoint_demand(request_id, total, main, prefill_end)
-        # Two gates on the free blocks (D-API-13, D-API-48): the step's demand
-        # keeps reserved_blocks and the watermark free, the whole request's
-        # (with full_sequence_must_fit) the watermark only.
-        free = self._pool.get_num_free_blocks()
-        if demand + reserved_blocks + watermark_blocks > free:
-            return None
-        if full_sequence_must_fit:
+        need = min(main + num_lookahead_tokens, self.max_model_len)
+        with self._changing():
+            # ALLOC-3: released even if the allocation is refused (D-API-6), on
+            # the settled basis (D-API-14).
+            coordinator.remove_skipped_blocks(request_id=request_id,
+                                              num_total_computed_tokens=max(0, total - num_in_flight_tokens),
+                                              num_prompt_tokens=request.num_prompt_tokens)
+            # ALLOC-4, ALLOC-5: capacity, the features' step blocks included (H5).
+            demand = coordinator.get_num_blocks_to_allocate(
+                request_id=request_id, num_tokens=need, new_computed_blocks=hits,
+                num_total_computed_tokens=total, num_main_tokens=main, num_encoder_tokens=num_encoder_tokens,
+                num_external_computed_tokens=num_external_computed_tokens)
+            demand += coordinator.step_blocks(request, request_id, total, main, reserve=False)
+            # The step keeps reserved_blocks and the watermark free; the whole
+            # request (full_sequence_must_fit, §8) the watermark (D-API-13, D-API-48).
+            free = self._pool.get_num_free_blocks()
+            if demand + reserved_blocks + watermark_blocks > free:
+                return None
             whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
-            if coordinator.full_sequence_demand(
+            if full_sequence_must_fit and coordinator.full_sequence_demand(
                     request_id=request_id, num_tokens=whole, new_computed_blocks=hits,
                     num_encoder_tokens=num_encoder_tokens) + watermark_blocks > free:
                 return None
-        # ALLOC-6: admit computed blocks (a new request only).
-        if not known:
-            coordinator.admit(request_id=request_id, new_computed_blocks=hits,
-                              num_local_computed_tokens=local,
-                              num_external_computed_tokens=num_external_computed_tokens)
-        # ALLOC-7: allocate.
-        coordinator.reserve_checkpoints(request_id, total, main, prefill_end)
-        new_blocks = coordinator.allocate_new_blocks(
-            request_id=request_id, num_tokens=need, num_main_tokens=main,
-            num_encoder_tokens=num_encoder_tokens)
-        # ALLOC-8: cache (lookahead tokens never are).
-        if self.enable_caching and not delay_cache_blocks:
-            coordinator.cache_blocks(request=request, request_id=request_id,
-                                     num_tokens=min(main, request.num_tokens))
-        # ALLOC-9: return the blocks of ALLOC-7.
-        return KVCacheBlocks(new_blocks)
+            if not known:  # ALLOC-6
+                coordinator.admit(request_id=request_id, new_computed_blocks=hits,
+                                  num_local_computed_tokens=local,
+                                  num_external_computed_tokens=num_external_computed_tokens)
+            # ALLOC-7
+            coordinator.step_blocks(request, request_id, total, main, reserve=True)
+            new_blocks = coordinator.allocate_new_blocks(request_id=request_id, num_tokens=need,
+                                                         num_main_tokens=main, num_encoder_tokens=num_encoder_tokens)
+            if self.enable_caching and not delay_cache_blocks:  # ALLOC-8: lookahead tokens never
+                coordinator.cache_blocks(request=request, request_id=request_id,
+                                         num_tokens=min(main, request.num_tokens))
+            return KVCacheBlocks(new_blocks)  # ALLOC-9
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """A change; an exception leaves the manager consistent (D-API-24)."""
+        try:
+            yield
+        except BaseException:
+            recover(self.coordinator)
+            raise
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
-        """Release every block of the request, tail first.
+        """FREE-1..6: release every block of the request, tail first.
 
         Raises:
-            UnknownRequestError: the request holds no allocation (unless
-                ``missing_ok``, for engines aborting unadmitted requests).
+            UnknownRequestError: it holds no allocation (unless ``missing_ok``).
         """
         request_id = _request_id(request)
         if missing_ok:
@@ -298,29 +223,22 @@ class KVCacheManager:
             except TypeError:
                 pass  # validation.known names the bad id
         validation.known(self.coordinator, request_id)  # FREE-1
-        try:
+        with self._changing():
             self.coordinator.release(request_id)  # FREE-2..6
-        except BaseException:
-            recover(self.coordinator)
-            raise
 
     def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
-        """Hand the full blocks among the first ``num_computed_tokens`` tokens
-        to the prefix cache (no-op with caching off)."""
+        """Key the full blocks among the first ``num_computed_tokens`` tokens."""
         if not self.enable_caching:
             return
         request = RequestFacts.capture(request)
         validation.cache_blocks_args(coordinator=self.coordinator, request=request,
                                      num_computed_tokens=num_computed_tokens)
-        try:
+        with self._changing():
             self.coordinator.cache_blocks(request=request, request_id=request.request_id,
                                           num_tokens=num_computed_tokens)
-        except BaseException:
-            recover(self.coordinator)
-            raise
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drop the cache keys of the given blocks (spec: evict_blocks).
+        """Drop the cache keys of the given blocks.
 
         Raises:
             InvalidArgumentError: ``block_ids`` is not iterable.
@@ -330,24 +248,16 @@ class KVCacheManager:
             ids = list(block_ids)
         except TypeError:
             raise InvalidArgumentError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
-        try:
+        with self._changing():
             self._pool.evict_blocks(ids)
-        except BaseException:
-            recover(self.coordinator)
-            raise
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cache key if no block is in use; ``False`` otherwise."""
-        try:
+        with self._changing():
             reset = self._pool.reset_prefix_cache()
-        except BaseException:
-            recover(self.coordinator)
-            raise
-        if not reset:
-            return False
-        if self.prefix_cache_stats is not None:  # RESET-4
+        if reset and self.prefix_cache_stats is not None:  # RESET-4
             self.prefix_cache_stats.reset = True
-        return True
+        return reset
 
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, the leading blocks of ``request_id`` every known request holds."""
@@ -374,81 +284,10 @@ class KVCacheManager:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
-    def enable_partial_hash_hits(self, dcp_world_size: int = 1, *, shared_prefix_checkpoint: bool = False) -> None:
-        """Turn on sub-block hits with copy-on-write (spec/mamba.md, MPART-1..6,
-        FPART-1..5); ``dcp_world_size``: the decode context parallelism the
-        group block sizes already reflect (D-MAMBA-20); ``shared_prefix_checkpoint``:
-        Mamba groups also publish the state at a request's observed junction,
-        where an EAGLE sibling resumes (MPART-6, D-MAMBA-40).
-
-        Raises:
-            InvalidConfigError: unsupported configuration (D-MAMBA-15, D-MAMBA-21, D-MAMBA-40),
-                requests already known, or a malformed ``dcp_world_size``.
-        """
-        self.coordinator.enable_partial_hash_hits(dcp_world_size, shared_prefix_checkpoint=shared_prefix_checkpoint)
-
-    def take_kv_cache_block_copies(self, *, hand_over: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
-        """Copy-on-write copies queued since the last call, as ``(source id,
-        destination id)``, and the retained block ids (each pair's source then
-        destination): the caller runs the copies, then hands the retained ids
-        to :meth:`release_copy_retentions` (MPART-3). With ``hand_over`` the
-        retentions become plain references the caller frees through the pool
-        (an engine's own deferred free, D-MAMBA-19)."""
-        pairs = self.coordinator.take_block_copies(hand_over=hand_over)
-        return ([(source.block_id, destination.block_id) for source, destination in pairs],
-                [block.block_id for pair in pairs for block in pair])
-
-    def release_copy_retentions(self, block_ids: Sequence[int]) -> None:
-        """Drop the retention reference of each block id, in order (after the copies ran).
-
-        Raises:
-            InvalidArgumentError: an id not retained by a taken copy (no change).
-        """
-        self.coordinator.release_copy_retentions(block_ids)
-
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba ``align`` boundary states cached since the last call, for a KV
-        connector to offload: request id -> ``(group id, block id, tokens)``
-        by group, then oldest first (spec/mamba.md, MOFF-1)."""
-        offloads: dict[str, list[tuple[int, int, int]]] = {}
-        for group in self.coordinator.managers:
-            if isinstance(group, MambaManager):
-                for request_id, block, num_tokens in group.take_offers():
-                    offloads.setdefault(request_id, []).append((group.group_id, block.block_id, num_tokens))
-        return offloads
-
-    def finalize_partial_tail_offloads(self, request_id: str, num_computed_tokens: int,
-                                       num_in_flight_tokens: int) -> list[tuple[int, int, int]]:
-        """A finishing request's Mamba ``align`` prompt tails that no copy
-        preserved, for a KV connector to offload from the block itself:
-        ``(group id, block id, boundary)`` per group, in group order. Given only
-        when ``num_in_flight_tokens == 0`` and ``num_computed_tokens`` is the
-        boundary (no later token overwrote the state); the record is consumed
-        either way, so a second call gives nothing (spec/mamba.md, MTAIL-1).
-
-        Raises:
-            InvalidArgumentError: a count is not an int >= 0 (no change).
-        """
-        if not all(type(count) is int and count >= 0 for count in (num_computed_tokens, num_in_flight_tokens)):
-            raise InvalidArgumentError(
-                f"num_computed_tokens and num_in_flight_tokens must be ints >= 0, got "
-                f"{num_computed_tokens!r} and {num_in_flight_tokens!r}")
-        offloads: list[tuple[int, int, int]] = []
-        for group in self.coordinator.managers:
-            if isinstance(group, MambaManager):
-                tail = group.finalize_partial_tail(request_id, num_computed_tokens, num_in_flight_tokens)
-                if tail is not None:
-                    offloads.append((group.group_id, tail[0].block_id, tail[1]))
-        return offloads
-
     def new_step_starts(self) -> None:
-        """A scheduler step begins: Mamba groups may serve states cached in
-        the previous step from now on (MAMBA-2)."""
-        try:
+        """A scheduler step begins (MAMBA-2)."""
+        with self._changing():
             self.coordinator.new_step_starts()
-        except BaseException:
-            recover(self.coordinator)
-            raise
 
     # -- observation ------------------------------------------------------------
 
@@ -467,8 +306,7 @@ class KVCacheManager:
         return ManagerSnapshot(pool=self._pool.snapshot(), requests=requests, prefix_cache_stats=stats)
 
     def check_invariants(self) -> None:
-        """Check every invariant of spec/state.md; raise ``InvariantViolation``
-        naming the first broken one's ID, with a state dump."""
+        """Raise ``InvariantViolation`` naming the first broken invariant (spec/invariants.md)."""
         from pagedkv.reference.invariants import check_manager
 
         check_manager(self)

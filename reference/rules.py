@@ -14,7 +14,6 @@ from pagedkv.spec import sizing
 __all__ = [
     "cdiv",
     "num_new_blocks_needed",
-    "prefix_hit_blocks",
     "requeue",
     "usage",
     "common_prefix_blocks",
@@ -22,10 +21,7 @@ __all__ = [
     "sliding_window_skipped_tokens",
     "chunked_local_skipped_tokens",
     "contiguous_blocks_for_hit",
-    "replay_boundaries",
-    "reachable_block_mask",
     "hit_alignment",
-    "hash_block_size",
 ]
 
 
@@ -57,30 +53,6 @@ def max_hit_tokens(num_tokens: int) -> int:
     post: 0 <= __return__ < num_tokens
     """
     return num_tokens - 1
-
-
-def prefix_hit_blocks(is_cached: list[bool], max_blocks: int, drop_last: bool) -> int:
-    """How many leading blocks a full-attention hit serves.
-
-    ``is_cached[i]`` says whether block ``i``'s hash is in the cache. The hit
-    is the longest all-cached prefix of at most ``max_blocks`` blocks; with
-    ``drop_last`` (EAGLE/MTP) one matched block is given back so the drafter
-    sees its hidden states recomputed.
-
-    pre: max_blocks >= 0
-    post: 0 <= __return__ <= max_blocks
-    post: __return__ <= len(is_cached)
-    post: all(is_cached[:__return__])
-    post: drop_last or __return__ == min(max_blocks, len(is_cached)) or not is_cached[__return__]
-    post: not drop_last or __return__ + 1 == min(max_blocks, len(is_cached)) or __return__ == 0 or not is_cached[__return__ + 1]
-    """
-    limit = min(max_blocks, len(is_cached))
-    hit = 0
-    while hit < limit and is_cached[hit]:
-        hit += 1
-    if drop_last and hit > 0:
-        hit -= 1
-    return hit
 
 
 def requeue(queue: list[int], released: list[int], hashed: list[bool]) -> list[int]:
@@ -165,69 +137,6 @@ def contiguous_blocks_for_hit(sliding_window: int, block_size: int) -> int:
     return cdiv(sliding_window - 1, block_size)
 
 
-def replay_boundaries(num_prompt_tokens: int, alignment: int, use_eagle: bool) -> tuple[int, ...]:
-    """Token positions a later request replaying this prompt can resume at,
-    so sparse retention keeps the window tail ending there.
-
-    An exact resend is capped at ``num_prompt_tokens - 1`` (its last token is
-    recomputed for its logits). With EAGLE a hit drops its last block, so the
-    reachable positions are one alignment unit below the resend's and a
-    longer sibling's aligned ends (they differ only for an aligned prompt).
-    An empty prompt has none.
-
-    pre: num_prompt_tokens >= 0
-    pre: alignment >= 1
-    post: all(0 <= boundary < max(num_prompt_tokens, 1) for boundary in __return__)
-    post: num_prompt_tokens >= 1 or __return__ == ()
-    """
-    if num_prompt_tokens < 1:
-        return ()
-    if not use_eagle:
-        return (num_prompt_tokens - 1,)
-    resend = (num_prompt_tokens - 1) // alignment * alignment
-    extension = num_prompt_tokens // alignment * alignment
-    return tuple(sorted({max(resend - alignment, 0), max(extension - alignment, 0)}))
-
-
-def reachable_block_mask(start_block: int, end_block: int, block_size: int, alignment: int,
-                         need: int, shift: int, retention_interval: int | None,
-                         boundaries: tuple[int, ...]) -> list[bool] | None:
-    """Which sliding-window blocks in ``[start_block, end_block)`` are worth
-    caching: only those that can end a hit at some aligned length. ``None``
-    means every block is worth it.
-
-    A hit of length ``L`` (a multiple of ``alignment``) uses the ``need``
-    blocks before block ``L / block_size + shift`` (``shift`` is 1 with EAGLE,
-    whose hit peeks one block further). ``retention_interval`` thins the
-    kept tails: ``None`` keeps one at every aligned boundary, ``0`` only the
-    tails ending at ``boundaries`` (token positions, floored to the
-    alignment: the prompt's replay positions and a shared-prefix junction),
-    ``k > 0`` one per ``k``-token segment plus those tails.
-
-    pre: 0 <= start_block <= end_block
-    pre: block_size >= 1 and alignment >= block_size and alignment % block_size == 0
-    pre: need >= 1 and shift in (0, 1)
-    pre: retention_interval is None or (retention_interval >= 0 and retention_interval % alignment == 0)
-    pre: all(boundary >= 0 for boundary in boundaries)
-    post: __return__ is None or len(__return__) == end_block - start_block
-    """
-    per_boundary = None if retention_interval == 0 else (
-        alignment if retention_interval is None else retention_interval) // block_size
-    if per_boundary is not None and need >= per_boundary:
-        return None
-    mask = [False for _ in range(start_block, end_block)]
-    if per_boundary is not None:
-        for index in range(max(start_block, shift), end_block):
-            if (index - shift) % per_boundary >= per_boundary - need:
-                mask[index - start_block] = True
-    if retention_interval is not None:
-        for boundary in boundaries:
-            tail_end = boundary // alignment * alignment // block_size + shift
-            for index in range(max(start_block, tail_end - need), min(end_block, tail_end)):
-                mask[index - start_block] = True
-    return mask
-
-
 def hit_alignment(block_sizes: list[int]) -> int:
     """Hit lengths of a hybrid model are multiples of every group's block
     size: their least common multiple (1 with no groups).
@@ -240,21 +149,6 @@ def hit_alignment(block_sizes: list[int]) -> int:
     for size in block_sizes:
         alignment = alignment * size // _gcd(alignment, size)
     return alignment
-
-
-def hash_block_size(block_sizes: list[int]) -> int:
-    """Hashes are computed once at the greatest common divisor of the block
-    sizes; each group views them at its own size.
-
-    pre: len(block_sizes) >= 1
-    pre: all(size >= 1 for size in block_sizes)
-    post: __return__ >= 1
-    post: all(size % __return__ == 0 for size in block_sizes)
-    """
-    divisor = block_sizes[0]
-    for size in block_sizes[1:]:
-        divisor = _gcd(divisor, size)
-    return divisor
 
 
 def _gcd(a: int, b: int) -> int:

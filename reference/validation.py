@@ -1,13 +1,6 @@
-"""Argument validation of the reference manager: the one place this
-implementation checks an operation's arguments (the twin of
-``optimized/validation.py``, same functions, same order of checks). The
-constructor's arguments are checked by the shared
-:func:`pagedkv.spec.manager_args.check_manager_args`, and the checks of
-``allocate_slots`` that read no block by :mod:`pagedkv.spec.allocate_args`.
-
-Each function raises a typed error from ``pagedkv.spec.errors`` or returns
-what the caller needs; none changes state, so a refused operation changes
-nothing.
+"""The reference's argument checks (the twin of ``optimized/validation.py``,
+same order); the checks that read no block are ``pagedkv.spec``'s. Each
+raises a typed error or returns what the caller needs, and changes nothing.
 """
 
 from __future__ import annotations
@@ -29,11 +22,7 @@ __all__ = ["count", "allocate_args", "cache_blocks_args", "known", "hit_blocks"]
 
 
 def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
-    """Raise unless ``request_id`` holds an allocation.
-
-    Raises:
-        UnknownRequestError: it does not.
-    """
+    """Raise ``UnknownRequestError`` unless ``request_id`` holds an allocation."""
     try:
         is_known = request_id in coordinator.known
     except TypeError:
@@ -44,8 +33,7 @@ def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
 
 
 def hit_blocks(*, coordinator: KVCacheCoordinator, hits: tuple[tuple[KVCacheBlock, ...], ...]) -> None:
-    """Step 1h: every hit block is one of this pool's blocks, and a group
-    that cannot skip positions (full attention, sinks) holds no null block.
+    """Step 1h: hit blocks are this pool's, and no full-attention hit holds the null block.
 
     Raises:
         UnknownBlockError, InvalidArgumentError.
@@ -71,14 +59,13 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                   num_encoder_tokens: int, reserved_blocks: int = 0,
                   num_in_flight_tokens: int = 0,
                   watermark_blocks: int = 0) -> tuple[tuple[KVCacheBlock, ...], ...]:
-    """ALLOC-1 of ``allocate_slots`` (spec/operations.md), checks 1a to 1k in
-    order; returns the hit blocks per group (empty without a hit).
+    """ALLOC-1, checks 1a to 1k in order; returns the hit blocks per group.
 
     Raises:
         InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
     """
     request_id = request.request_id
-    # 1a-1b″. counts, the request's own counts (spec/operations.md Part E).
+    # 1a-1b″. counts.
     check_counts(request, known_request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                  num_external_computed_tokens, num_encoder_tokens, reserved_blocks, num_in_flight_tokens,
                  watermark_blocks)
@@ -90,18 +77,15 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
             raise InvalidArgumentError(
                 f"new_computed_blocks must be this manager's KVCacheBlocks with {num_groups} groups")
         hits = new_computed_blocks.blocks
-    # 1d, 1e, 1g. a hit only for a new request, with caching, with groups
-    # (with zero groups 1f checks nothing, so 1g may run first).
+    # 1d, 1e, 1g. a hit only for a new request, with caching, with groups.
     check_hit_allowed(request_id, known_request, coordinator.enable_caching, num_groups,
                       num_new_computed_tokens, any(hits))
-    # 1f. the hit's size matches num_new_computed_tokens in every group.
-    # A group outside prefix caching takes no hit block, at any length (PFX-1).
+    # 1f. the hit's size in every group; none outside prefix caching (PFX-1).
     for manager, group_hits, cacheable in zip(coordinator.managers, hits, coordinator.cacheable):
         if isinstance(manager, CrossAttentionManager) or not cacheable:
             fits = len(group_hits) == 0 and (not cacheable or num_new_computed_tokens % manager.block_size == 0)
         else:
-            # Whole blocks; a feature may accept another shape (H4: sub-block
-            # hits, MPART-1; a connector completing a Mamba state, D-API-46).
+            # Whole blocks, or a shape a feature accepts (H4).
             fits = (num_new_computed_tokens % manager.block_size == 0
                     and len(group_hits) == num_new_computed_tokens // manager.block_size)
             fits = fits or any(feature.accepts_hit(coordinator, manager, num_new_computed_tokens, len(group_hits),
@@ -112,12 +96,9 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                 f"num_new_computed_tokens={num_new_computed_tokens} does not match the "
                 f"{len(group_hits)} computed blocks of group {manager.group_id} "
                 f"(block size {manager.block_size})")
-    # 1h. the hit names this pool's blocks, and no null block where the
-    # group cannot skip a position (D-API-23).
     if any(hits):
-        hit_blocks(coordinator=coordinator, hits=hits)
-    # 1i. the hit is still cached (D-API-8).
-    if any(hits):
+        hit_blocks(coordinator=coordinator, hits=hits)  # 1h (D-API-23)
+        # 1i. the hit is still cached (D-API-8).
         stale = coordinator.stale_hit(request.block_hashes, hits)
         if stale is not None:
             raise InvalidArgumentError(f"request {request_id!r}: stale new_computed_blocks: {stale}")
@@ -130,8 +111,7 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
 
 def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
                       num_computed_tokens: int) -> None:
-    """Check the public ``cache_blocks``'s arguments: a known request, a
-    count, and in every caching group the blocks and hashes the count fills.
+    """``cache_blocks``' arguments: a known request, a count, the blocks it fills.
 
     Raises:
         UnknownRequestError, InvalidTokenCountError, InvalidArgumentError.

@@ -1,6 +1,5 @@
-"""Managers whose attention reads a bounded window: sliding window and
-chunked local attention (spec/managers.md). Both release blocks that fall
-out of the window and pad their place with the null block (SKIP-1)."""
+"""Sliding window and chunked local attention (spec/managers.md §4, §5):
+blocks out of the window are released, their places nulled (SKIP-1)."""
 
 from __future__ import annotations
 
@@ -9,23 +8,20 @@ from collections.abc import Sequence
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import KVCacheBlock
 from pagedkv.reference.single_type import SingleTypeManager
-from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, SlidingWindowSpec
 
 __all__ = ["SlidingWindowManager", "ChunkedLocalAttentionManager"]
 
 
 class _WindowedManager(SingleTypeManager):
-    """Blocks out of the window are recycled, so a whole request never holds
-    more than the spec's admission cap at once (spec/managers.md §8; SWA-1,
-    CHUNK-1)."""
+    """A whole request holds at most the admission cap at once (§8, SWA-1, CHUNK-1)."""
 
     def admission_blocks(self, num_tokens: int) -> int:
         needed = rules.cdiv(num_tokens, self.block_size)
         return needed if self.admission_cap is None else min(needed, self.admission_cap)
 
     def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
-        # SKIP-1 (a): windowed groups hold a null prefix, then distinct real blocks.
+        # SKIP-1 (a): a null prefix, then distinct real blocks.
         ids = [block.block_id for block in blocks]
         real = [block_id for block_id in ids if block_id != 0]
         if ids[len(ids) - len(real):] != real or len(set(real)) != len(real):
@@ -57,32 +53,6 @@ class SlidingWindowManager(_WindowedManager):
     def hit_span(self, length: int) -> tuple[int, int]:
         end = length // self.block_size
         return max(0, end - self.contiguous_blocks), end
-
-    def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
-        # Only blocks that can end a hit at some aligned length are worth a
-        # cache entry (they would otherwise push out useful ones); with
-        # retention, only those ending a kept boundary (spec/managers.md §4).
-        if self.retention_interval is None and self.alignment == self.block_size:
-            return None
-        shift = 1 if self.use_eagle else 0
-        return rules.reachable_block_mask(num_cached, num_full, self.block_size, self.alignment,
-                                          self.contiguous_blocks + shift, shift, self.retention_interval,
-                                          self.kept_boundaries(request))
-
-    def kept_boundaries(self, request: HashedRequest) -> tuple[int, ...]:
-        """The positions whose window tail sparse retention keeps: the
-        prompt's replay positions and the shared-prefix junction the engine
-        pinned (with EAGLE also one block below it: a sibling diverging
-        right after the junction cannot use the block past it as its peek)."""
-        prompt_tokens = getattr(request, "num_prompt_tokens", None)
-        boundaries = list(rules.replay_boundaries(prompt_tokens, self.alignment, self.replay_eagle)
-                          if isinstance(prompt_tokens, int) else ())
-        junction = getattr(request, "shared_prefix_boundary", 0)
-        if isinstance(junction, int) and junction > 0:
-            boundaries.append(junction)
-            if self.use_eagle and junction >= self.block_size:
-                boundaries.append(junction - self.block_size)
-        return tuple(boundaries)
 
 
 class ChunkedLocalAttentionManager(_WindowedManager):

@@ -131,6 +131,24 @@ def _priorities_ignored(self: Any, block: Any) -> int:
     return 35  # RET-4 under priority: every block ranked at the default
 
 
+def _no_checkpoint(self: Any, request_id: str, query_start: int, query_end: int, prefill_end: int) -> Any:
+    return None  # MCKPT-1: no chunk ever reserves a checkpoint
+
+
+def _per_group_hits_of_nothing(coordinator: Any, block_hashes: Any, max_length: int) -> Any:
+    empty: list[Any] = [[] for _ in coordinator.managers]
+    return tuple(empty), tuple(0 for _ in coordinator.managers)  # a connector sees no hit
+
+
+def _recover_nothing(coordinator: Any) -> None:
+    return None  # D-API-24: an interrupted change leaves the manager as it fell
+
+
+def _every_window_block_worth_caching(start_block: int, end_block: int, block_size: int, alignment: int,
+                                      need: int, shift: int, retention_interval: Any, boundaries: Any) -> Any:
+    return None  # sparse retention off: every sliding-window block keeps its key
+
+
 @dataclass(frozen=True)
 class Plant:
     """Where a bug goes and which tests must catch it."""
@@ -169,6 +187,12 @@ PLANTS: dict[str, Plant] = {plant.module: plant for plant in (
     Plant("retention_rules", "merged_record", _last_directive_wins, ("tests/test_retention_lockstep.py",)),
     Plant("retention", "RetentionBlockPool.effective_priority", _priorities_ignored,
           ("tests/test_retention_lockstep.py",)),
+    Plant("mamba_states", "MambaStateManager.checkpoint_for", _no_checkpoint, ("tests/test_mamba_checkpoints.py",)),
+    Plant("operations", "per_group_hits", _per_group_hits_of_nothing,
+          ("tests/test_connector_completes_state.py", "tests/test_retention.py")),
+    Plant("recovery", "recover", _recover_nothing, ("tests/test_fault_injection.py",)),
+    Plant("sparse_retention", "reachable_block_mask", _every_window_block_worth_caching,
+          ("tests/test_retention.py",)),
     Plant("tensor_model", "reference_slot_mapping", _slot_one_block_off,
           ("tests/test_tensor_manager_trace.py", "tests/test_tensor_block_table.py")),
 )}

@@ -559,7 +559,7 @@ def test_reserved_blocks_do_not_block_a_reset() -> None:
 def test_reachable_block_mask_matches_the_reference_rule(
         start: int, width: int, block_size: int, alignment: int, need: int,
         retention: int | None, boundaries: list[int]) -> None:
-    from pagedkv.reference import rules
+    from pagedkv.reference.features import sparse_retention as rules
 
     if alignment % block_size or (retention is not None and retention % alignment):
         return

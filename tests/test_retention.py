@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pagedkv.reference import rules
+from pagedkv.reference.features import sparse_retention as rules
 from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
 from tests.scenario_kit import build_manager, full, window
 
@@ -149,3 +149,19 @@ def test_extra_retained_tokens_delay_the_window_release(impl: ModuleType) -> Non
     assert length == 8 and hit.get_block_ids()[0][:2] == [N, N]
     with pytest.raises(Exception, match="extra_retained_tokens"):
         SlidingWindowSpec(2, 1, 8, "float16", sliding_window=4, extra_retained_tokens=-1)
+
+
+def test_without_full_attention_the_first_cacheable_group_leads(impl: ModuleType) -> None:
+    """D-SWA-11 with no full-attention group: group 0 leads. Group 1's copy
+    of the shared prefix is evicted, so the common hit is 0 and the junction
+    is group 0's own hit."""
+    manager = make(impl, window(size=4), window(size=8))
+    first = manager.make_request("A", list(range(16)))
+    assert manager.allocate_slots(first, 16) is not None
+    evicted = manager.get_block_ids("A")[1]
+    manager.free(first)
+    manager.evict_blocks(evicted)
+    second = manager.make_request("B", [*range(16), 99])
+    _, num_hit = manager.get_computed_blocks(second)
+    assert num_hit == 0
+    assert manager.shared_prefix_boundary(second, num_hit) == 16

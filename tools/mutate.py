@@ -18,7 +18,7 @@ would otherwise reuse the stale cache), and the file is restored. A mutant is *k
 fail (or exceed the time limit), *survived* otherwise.
 
     python tools/mutate.py [--per-file N] [--seed S] [--files GLOB...] [--out FILE]
-                           [--changed-since REV]
+                           [--changed-since REV] [--tests PYTEST_ARG...]
 
 ``--changed-since REV`` draws only mutants on lines that differ from git
 revision ``REV`` (the lines a branch added or changed), so a re-run scores
@@ -215,6 +215,8 @@ def main() -> int:
     parser.add_argument("--files", nargs="*", default=list(TARGETS))
     parser.add_argument("--out", default="tools/mutation_results.json")
     parser.add_argument("--list", action="store_true", help="only count the mutation points")
+    parser.add_argument("--tests", nargs="*", default=TESTS,
+                        help="the pytest arguments each mutant runs (default: the kernel's suite)")
     parser.add_argument("--changed-since", metavar="REV", default=None,
                         help="only mutants on lines changed since git revision REV")
     args = parser.parse_args()
@@ -233,7 +235,7 @@ def main() -> int:
     chosen = [m for rel in sorted(everything) for m in sorted(
         rng.sample(everything[rel], min(args.per_file, len(everything[rel]))), key=lambda m: m.index)]
     started = time.monotonic()
-    if run_tests(TESTS, 1800) != "survived":
+    if run_tests(args.tests, 1800) != "survived":
         print("the unmutated tests fail: fix them first", file=sys.stderr)
         return 2
     baseline = time.monotonic() - started
@@ -247,7 +249,7 @@ def main() -> int:
         try:
             path.write_text(apply(mutant))
             forget_bytecode(mutant.path)
-            outcome = run_tests(TESTS, timeout)
+            outcome = run_tests(args.tests, timeout)
         except SyntaxError:
             outcome = "invalid"
         finally:

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.features.dcp_rules import prompt_tail_boundary, tail_boundaries
-from pagedkv.reference.features.eagle_rules import sub_block_eagle_limit
 from pagedkv.reference.features.mamba_partial import key_block
 from pagedkv.reference.features.mamba_partial_rules import state_keys_in_block
 from pagedkv.reference.single_type import FullAttentionManager
@@ -105,19 +104,17 @@ class FullAttentionSubBlockManager(FullAttentionManager):
                 return block
         return None
 
-    def extra_entry_serves(self, fine_hashes: Sequence[BlockHash], index: int, block: KVCacheBlock) -> bool:
-        """Whether ``block``, at ``index`` of a hit, still serves through its
-        extra entry: the partial hash of a boundary inside that block, and
-        the block still carrying the full key it had then."""
+    def holds_hit(self, block_hashes: Sequence[BlockHash], view: Sequence[BlockHash], index: int,
+                  block: KVCacheBlock) -> bool:
+        # A block may carry the partial key of a boundary inside it (MPART-1),
+        # or serve it through its extra entry while it keeps its full key (FPART-2).
+        partials = state_keys_in_block(block_hashes, index, self.hash_block_size, self.block_size)
+        if block.block_hash in {make_block_hash_with_group_id(key, self.group_id) for key in partials}:
+            return True
         entry = self.extra_tail.get(block.block_id)
-        return (entry is not None and block.block_hash == entry[1]
-                and entry[0] in state_keys_in_block(fine_hashes, index, self.hash_block_size, self.block_size))
-
-    def lookup_limit(self, max_length: int, peek: int, num_hashed_tokens: int) -> int:
-        # EAGLE matches one hash block past the cap and gives it back (FPART-5).
-        if self.use_eagle:
-            return sub_block_eagle_limit(max_length, num_hashed_tokens, self.hash_block_size)
-        return max_length
+        if entry is not None and block.block_hash == entry[1] and entry[0] in partials:
+            return True
+        return super().holds_hit(block_hashes, view, index, block)
 
     def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
         """FPART-1; with EAGLE (FPART-5) the hit one hash block longer must be

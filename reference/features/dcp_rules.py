@@ -10,8 +10,8 @@ spans several hash blocks, and a hit may end inside one: the request
 shares that block's leading tokens and copies the block before writing on,
 as a Mamba state is copied (MPART).
 
-The reference's statement of the configuration rule, the prompt-tail boundary and the tail
-choice; ``pagedkv.optimized`` states them again in its own module.
+The reference states the boundary rules by trying every candidate; ``pagedkv.optimized``
+computes them in closed form in its own module, and the lockstep compares the two.
 """
 
 from __future__ import annotations
@@ -29,71 +29,74 @@ __all__ = ["context_parallel_block_size", "partial_hits_configured_under_dcp", "
 
 
 def context_parallel_block_size(spec: KVCacheSpec, dcp_world_size: int) -> int:
-    """A group's block size in tokens under DCP: attention blocks are
-    sharded over the ranks (``dcp`` times the spec's tokens); a Mamba state
-    is replicated and keeps its own size (D-MAMBA-20)."""
-    return spec.block_size if isinstance(spec, MambaSpec) else spec.block_size * dcp_world_size
+    """A group's block in tokens under DCP (D-MAMBA-20): a Mamba state is
+    the same on every rank; an attention block holds ``dcp_world_size``
+    times its spec's tokens, a share on each rank."""
+    if isinstance(spec, MambaSpec):
+        return spec.block_size
+    return dcp_world_size * spec.block_size
 
 
 def check_dcp_world_size(dcp_world_size: object) -> int:
-    """``dcp_world_size`` as a positive int.
+    """Return ``dcp_world_size`` if it is a whole number of ranks (an int >= 1).
 
     Raises:
-        InvalidConfigError: not a positive int.
+        InvalidConfigError: otherwise.
     """
-    if type(dcp_world_size) is not int or dcp_world_size < 1:
-        raise InvalidConfigError(f"dcp_world_size must be a positive int, got {dcp_world_size!r}")
-    return dcp_world_size
+    if type(dcp_world_size) is int and dcp_world_size >= 1:
+        return dcp_world_size
+    raise InvalidConfigError(f"dcp_world_size must be a positive int, got {dcp_world_size!r}")
 
 
 def partial_hits_configured_under_dcp(kinds: Sequence[str], specs: Sequence[KVCacheSpec],
                                       block_sizes: Sequence[int], hash_block_size: int,
                                       dcp_world_size: int) -> bool:
-    """Whether vLLM 0.33 turns sub-block hits on (MCKPT-4 widened by DCP,
-    D-MAMBA-20): two groups or more, a Mamba ``align`` group whose block is
-    larger than the hash block -- or, under DCP (``dcp_world_size > 1``), at
-    least the hash block, since the attention blocks DCP widened are the
-    ones hit inside -- and every group able to look up at hash-block
-    granularity. ``block_sizes`` are the effective sizes (DCP applied)."""
+    """Whether vLLM 0.33 turns sub-block hits on (MCKPT-4 as DCP widens it,
+    D-MAMBA-20), condition by condition; ``block_sizes`` have DCP applied."""
     if len(specs) < 2:
-        return False
-    least = hash_block_size if dcp_world_size > 1 else hash_block_size + 1
-    if not any(isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" and size >= least
-               for spec, size in zip(specs, block_sizes)):
-        return False
-    # Groups outside prefix caching (rings, the opted-out scratch tails) never
-    # look up, so they do not stand in the way (PFX-1), as in MCKPT-4.
-    return all(kind in FINE_GRAINED_KINDS or size == hash_block_size or not prefix_cacheable(spec)
-               for kind, size, spec in zip(kinds, block_sizes, specs))
+        return False  # one group: nothing to reconcile
+
+    def hit_inside(spec: KVCacheSpec, size: int) -> bool:
+        # A Mamba align state spanning several hash blocks; under DCP, whose
+        # widened attention blocks are the ones hit inside, one hash block suffices.
+        return isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" and (
+            size > hash_block_size or (dcp_world_size > 1 and size == hash_block_size))
+
+    def looks_up_by_hash_block(kind: str, spec: KVCacheSpec, size: int) -> bool:
+        # Groups outside prefix caching never look up (PFX-1).
+        return kind in FINE_GRAINED_KINDS or size == hash_block_size or not prefix_cacheable(spec)
+
+    groups = list(zip(kinds, specs, block_sizes))
+    return (any(hit_inside(spec, size) for _, spec, size in groups)
+            and all(looks_up_by_hash_block(kind, spec, size) for kind, spec, size in groups))
 
 
 def prompt_tail_boundary(num_prompt_tokens: int, num_block_hashes: int, hash_block_size: int,
                          use_eagle: bool = False) -> int:
-    """The prompt boundary a full-attention group publishes inside a block
-    (FPART-2): the last hash boundary a resend of the prompt can hit, which
-    leaves at least one prompt token to compute, and no further than the
-    request's hashes reach; 0 when there is none. An EAGLE group matches
-    one hash block past its hit before giving it back (FPART-5), so its
-    boundary may reach the whole prompt (D-MAMBA-39).
+    """FPART-2's boundary, by trying every hash boundary the request's hashes
+    reach: the last one a resend of the prompt can hit, which leaves a
+    prompt token to compute (an EAGLE group, matching one hash block past
+    its hit, may reach the whole prompt: FPART-5, D-MAMBA-39); 0 if none.
 
     pre: num_prompt_tokens >= 0 and num_block_hashes >= 0 and hash_block_size > 0
     post: __return__ % hash_block_size == 0
     post: __return__ <= num_block_hashes * hash_block_size
     post: __return__ <= num_prompt_tokens - (0 if use_eagle else 1) or __return__ == 0
     """
-    reach = num_prompt_tokens if use_eagle else num_prompt_tokens - 1
-    return max(0, min(reach // hash_block_size, num_block_hashes)) * hash_block_size
+    last_hittable = num_prompt_tokens if use_eagle else num_prompt_tokens - 1
+    boundaries = [count * hash_block_size for count in range(num_block_hashes + 1)]
+    return max((boundary for boundary in boundaries if boundary <= last_hittable), default=0)
 
 
 def tail_boundaries(length: int, max_length: int, num_hashed_tokens: int, hash_block_size: int,
-                    block_size: int) -> range:
-    """The boundaries whose partial key may serve the tail block of a hit of
-    ``length`` tokens (FPART-1), best first: from the last hash boundary
-    inside that block within ``max_length`` and the request's hashes, down
-    to ``length`` itself. Empty when ``length`` is a block end."""
+                    block_size: int) -> list[int]:
+    """FPART-1, by listing: the hash boundaries at or past ``length`` inside
+    the block that holds a hit of ``length`` tokens, within ``max_length``
+    and the hashed tokens, best (furthest) first; none when ``length`` ends
+    a block."""
     if length % block_size == 0:
-        return range(0)
+        return []
     block_end = (length // block_size + 1) * block_size
-    top = min(block_end - hash_block_size, max_length, num_hashed_tokens)
-    top -= top % hash_block_size
-    return range(top, length - 1, -hash_block_size)
+    inside = [boundary for boundary in range(length, block_end)
+              if boundary % hash_block_size == 0 and boundary <= max_length and boundary <= num_hashed_tokens]
+    return sorted(inside, reverse=True)

@@ -1,7 +1,7 @@
 """EAGLE per KV-cache group, reference side (spec/coordinators.md section 4.1).
 
-The coordinator calls :func:`apply_eagle_groups` once its managers are
-built: each manager learns whether the EAGLE hit rule applies to it
+:class:`Eagle` calls :func:`apply_eagle_groups` once the managers are
+built (H2): each manager learns whether the EAGLE hit rule applies to it
 (``use_eagle``) and whether the model drafts at all (``replay_eagle``: the
 replay positions sparse retention keeps, and the Mamba checkpoint shift,
 are the model's, not the group's). The Mamba sparse-retention mask is
@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pagedkv.reference.features.eagle_rules import eagle_group_mask
+from pagedkv.reference.features.eagle_rules import eagle_group_mask, eagle_peek_limit
 from pagedkv.reference.hooks import Feature
 from pagedkv.reference.single_type import SingleTypeManager
 from pagedkv.spec.config import KVCacheGroupSpec
 from pagedkv.spec.registry import manager_kind_for
+from pagedkv.spec.types import BlockHash
 
 if TYPE_CHECKING:
     from pagedkv.reference.coordinator import KVCacheCoordinator
@@ -39,8 +40,17 @@ def apply_eagle_groups(managers: Sequence[SingleTypeManager], groups: Sequence[K
 
 
 class Eagle(Feature):
-    """EAGLE per group (H2): marked groups and their same-spec siblings (D-SWA-14)."""
+    """EAGLE per group (H2): marked groups and their same-spec siblings
+    (D-SWA-14); with several groups an EAGLE group's given-back block may
+    reach past the hit cap (H3, D-SWA-15)."""
 
     def configure(self, coordinator: KVCacheCoordinator) -> None:
         apply_eagle_groups(coordinator.managers, coordinator.kv_cache_groups, coordinator.block_sizes,
                            coordinator.use_eagle)
+
+    def lookup(self, coordinator: KVCacheCoordinator, manager: SingleTypeManager,
+               block_hashes: Sequence[BlockHash], max_length: int) -> tuple[Sequence[BlockHash], int] | None:
+        if not manager.use_eagle:
+            return None
+        hashed = len(block_hashes) * coordinator.hash_block_size
+        return coordinator.view(manager, block_hashes), eagle_peek_limit(max_length, hashed, len(coordinator.managers))

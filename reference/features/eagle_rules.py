@@ -1,6 +1,7 @@
 """EAGLE per KV-cache group: its rules (spec/coordinators.md section 4.1).
 
-The reference's statement; ``pagedkv.optimized`` states them again in its own module:
+The reference's statement, written apart from ``pagedkv.optimized``'s (the group mask by
+comparing every pair of groups), so the lockstep compares two versions:
 
 - :func:`eagle_group_mask`: which groups apply the EAGLE hit rule. A model
   marks its draft groups (``KVCacheGroupSpec.is_eagle_group``); with none
@@ -24,13 +25,11 @@ __all__ = ["eagle_group_mask", "eagle_peek_limit", "sub_block_eagle_limit"]
 
 
 def eagle_group_mask(marked: Sequence[bool], sibling_keys: Sequence[Hashable], use_eagle: bool) -> tuple[bool, ...]:
-    """Per group, whether the EAGLE hit rule applies to it (before the
-    manager type's own exemption: Mamba and cross-attention never apply it).
-
-    ``marked[g]`` is group ``g``'s ``is_eagle_group``; ``sibling_keys[g]``
-    identifies the groups that are searched and cached as one (same spec).
-    Off without ``use_eagle``; with it and no group marked, every group; else
-    the marked groups and every group sharing a key with one of them.
+    """Whether each group applies the EAGLE hit rule (D-SWA-14; a type's
+    own exemption, Mamba's and cross-attention's, comes after): none without
+    ``use_eagle``; all when no group is marked (``marked[g]``:
+    ``is_eagle_group``); else each group some marked group shares its
+    ``sibling_keys`` entry with (the groups searched and cached as one).
 
     pre: len(marked) == len(sibling_keys)
     post: len(__return__) == len(marked)
@@ -38,13 +37,14 @@ def eagle_group_mask(marked: Sequence[bool], sibling_keys: Sequence[Hashable], u
     post: not use_eagle or any(marked) or all(__return__)
     post: all(flag for flag, mark in zip(__return__, marked) if mark) or not use_eagle
     """
-    count = len(marked)
+    groups = range(len(marked))
     if not use_eagle:
-        return tuple(False for _ in range(count))
+        return tuple(False for _ in groups)
     if not any(marked):
-        return tuple(True for _ in range(count))
-    keys = {sibling_keys[index] for index in range(count) if marked[index]}
-    return tuple(bool(marked[index]) or sibling_keys[index] in keys for index in range(count))
+        return tuple(True for _ in groups)
+    # A group applies the rule when some marked group shares its key (itself included).
+    return tuple(any(marked[other] and sibling_keys[other] == sibling_keys[group] for other in groups)
+                 for group in groups)
 
 
 def eagle_peek_limit(max_length: int, num_hashed_tokens: int, num_groups: int) -> int:
@@ -58,9 +58,8 @@ def eagle_peek_limit(max_length: int, num_hashed_tokens: int, num_groups: int) -
     post: __return__ >= max_length
     post: num_groups > 1 or __return__ == max_length
     """
-    if num_groups <= 1:
-        return max_length
-    return max(max_length, num_hashed_tokens)
+    several_groups = num_groups > 1
+    return max_length if not several_groups or num_hashed_tokens < max_length else num_hashed_tokens
 
 
 def sub_block_eagle_limit(max_length: int, num_hashed_tokens: int, hash_block_size: int) -> int:
@@ -75,4 +74,5 @@ def sub_block_eagle_limit(max_length: int, num_hashed_tokens: int, hash_block_si
     post: __return__ <= num_hashed_tokens
     post: __return__ <= max_length + hash_block_size
     """
-    return min(max_length + hash_block_size, num_hashed_tokens)
+    one_hash_block_past_the_cap = max_length + hash_block_size
+    return num_hashed_tokens if num_hashed_tokens < one_hash_block_past_the_cap else one_hash_block_past_the_cap

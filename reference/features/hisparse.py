@@ -10,9 +10,10 @@ fast on purpose. ``check_invariants`` checks HOST-1..HOST-14 by ID.
 from __future__ import annotations
 
 import pprint
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.features.hisparse_rules import (
     AllocationCounts,
     check_transfer_ids,
@@ -46,7 +47,20 @@ from pagedkv.spec.hisparse import (
 )
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["HostTierManager"]
+__all__ = ["HostTierManager", "release_to_back"]
+
+
+def release_to_back(pool: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    """Drop one reference of each block (held, none twice, no null block);
+    those reaching zero go to the back of ``pool``'s free queue, hashed or
+    not: a block its last holder keeps reading is reused last (D-HOST-18)."""
+    blocks = list(ordered_blocks)
+    if any(block.is_null or block.ref_cnt < 1 for block in blocks) or len({id(b) for b in blocks}) != len(blocks):
+        raise InvariantViolation("POOL-3: release_to_back needs held blocks, none twice")
+    for block in blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            pool.free_queue.append(block)
 
 
 class HostTierManager(HostTierSteps):

@@ -1,15 +1,12 @@
 """Which Mamba states enter the prefix cache, and which are handed to a KV
 connector (spec/mamba.md, "Publication": MRET-1, MCKPT-5, MOFF-2, MTAIL-1).
 
-Kept apart from :mod:`pagedkv.reference.mamba` so each rule reads on its own:
+Kept apart from :mod:`.mamba_states` so each rule reads on its own:
 
 - sparse retention thins the full-block states a Mamba group caches
   (:func:`retention_mask`);
 - a prefill checkpoint block is keyed at its exported position when that
   state is worth keeping, else it stays unkeyed (:func:`publish_checkpoint`);
-- a producer's published prompt tail is handed to the connector once:
-  as its copy-on-write destination, or, when the request ends before any
-  later token ran, as the block itself (:func:`finalize_partial_tail`);
 - with sub-block hits, the state where a sibling resumes -- the prompt's
   last reusable boundary or an observed shared-prefix junction -- is keyed
   when a caching call ends there (:func:`publish_resume_state`, MPART-4..6).
@@ -24,20 +21,15 @@ from pagedkv.reference.features.mamba_checkpoint_rules import (
     checkpoint_published,
     mamba_kept_boundaries,
     mamba_retention_mask,
-    partial_hash_hits_configured,
 )
 from pagedkv.reference.features.mamba_partial import key_block
 from pagedkv.reference.features.mamba_partial_rules import resume_position, state_key
-from pagedkv.reference.hooks import Feature
 from pagedkv.spec.hashing import HashedRequest
-from pagedkv.spec.registry import manager_kind_for
 
 if TYPE_CHECKING:
-    from pagedkv.reference.block_pool import KVCacheBlock
-    from pagedkv.reference.coordinator import KVCacheCoordinator
-    from pagedkv.reference.mamba import MambaManager
+    from pagedkv.reference.features.mamba_states import MambaStateManager as MambaManager
 
-__all__ = ["MambaCheckpoints", "retention_mask", "publish_checkpoint", "finalize_partial_tail", "publish_resume_state"]
+__all__ = ["retention_mask", "publish_checkpoint", "publish_resume_state"]
 
 
 def retention_mask(manager: MambaManager, request: HashedRequest, num_cached: int,
@@ -82,16 +74,6 @@ def publish_checkpoint(manager: MambaManager, request: HashedRequest, request_id
     manager.cached_this_step.add(key_block(pool, block, key, manager.group_id, position))
 
 
-def finalize_partial_tail(manager: MambaManager, request_id: str, num_computed_tokens: int,
-                          num_in_flight_tokens: int) -> tuple[KVCacheBlock, int] | None:
-    """A finishing producer's published tail block and boundary, when no token
-    past the boundary ran (MTAIL-1); the record is consumed either way."""
-    tail = manager.producer_tail.pop(request_id, None)
-    if tail is None or num_in_flight_tokens != 0 or num_computed_tokens != tail[1]:
-        return None
-    return tail
-
-
 def publish_resume_state(manager: MambaManager, request: HashedRequest, request_id: str, num_tokens: int) -> None:
     """Key the state a caching call ending at ``num_tokens`` leaves, when a
     sibling resumes there (``resume_position``) and the request has no
@@ -132,21 +114,3 @@ def publish_resume_state(manager: MambaManager, request: HashedRequest, request_
     manager.producer_tail[request_id] = (block, num_tokens)
     manager.partial_hit[request_id] = (column, block)
     manager.num_cached_blocks[request_id] = min(manager.num_cached_blocks[request_id], column)
-
-
-class MambaCheckpoints(Feature):
-    """Mamba prefill checkpoints (H2): they land on the alignment vLLM would
-    give hits (MCKPT-4), the hash block with sub-block hits configured, else
-    the coordinator's."""
-
-    def configure(self, coordinator: KVCacheCoordinator) -> None:
-        from pagedkv.reference.mamba import MambaManager  # the kernel module imports this one
-
-        specs = [group.kv_cache_spec for group in coordinator.kv_cache_groups]
-        fine = coordinator.enable_caching and partial_hash_hits_configured(
-            [manager_kind_for(spec) for spec in specs], specs, coordinator.block_sizes,
-            coordinator.hash_block_size)
-        for manager in coordinator.managers:
-            if isinstance(manager, MambaManager):
-                manager.hash_block_size = coordinator.hash_block_size
-                manager.cache_hit_alignment_tokens = coordinator.hash_block_size if fine else coordinator.alignment

@@ -1,5 +1,6 @@
 """Recovery after an exception interrupted a change (spec/operations.md,
-"Exception safety"; D-API-24).
+"Exception safety"; D-API-24). Not part of vLLM's manager, so not part of
+the kernel: the facade calls :func:`recover` only when an exception escapes.
 
 The request lists are the source of truth; everything else (ref counts, the
 cache map, the free queue, the set of known requests) is rebuilt from them
@@ -101,10 +102,8 @@ def recover(coordinator: Coordinator) -> None:
     holders: Counter[int] = Counter(
         block.block_id for manager in coordinator.managers
         for blocks in manager.req_to_blocks.values() for block in blocks if not block.is_null)
-    # Copy retentions hold their endpoints too (MPART-3).
-    holders.update(coordinator.retained)
-    for manager in coordinator.managers:
-        holders.update(block.block_id for pair in getattr(manager, "copies", ()) for block in pair)
+    for feature in coordinator.features:  # H7: copy retentions (MPART-3)
+        holders.update(feature.held_blocks(coordinator))
     _recover_pool(coordinator.block_pool, len(coordinator.managers), holders)
     for manager in coordinator.managers:
         cached_this_step = getattr(manager, "cached_this_step", None)
