@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
+from pagedkv.reference.features.hisparse import release_to_back
 from pagedkv.reference.features.retention_rules import (
     budget_blocks,
     decayed,
@@ -208,12 +209,13 @@ class RetentionBlockPool(BlockPool):
         self._released(held)
 
     def release_to_back(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """The kernel's release to the back; durations start now (RET-3)."""
+        """The host tier's release to the back (a pool function of the
+        HiSparse feature); durations start now (RET-3)."""
         blocks = list(ordered_blocks)
         if any(b.is_null or b.ref_cnt < 1 for b in blocks) or len({id(b) for b in blocks}) != len(blocks):
-            super().release_to_back(blocks)  # refused (POOL-3) before the clock is read
+            release_to_back(self, blocks)  # refused (POOL-3) before the clock is read
         self.settle()
-        super().release_to_back(blocks)
+        release_to_back(self, blocks)
         self._released({block.block_id for block in blocks})
 
     def _released(self, block_ids: set[int]) -> None:
