@@ -33,19 +33,24 @@ The GPU tensor path lives in ``pagedkv.optimized.tensor`` and is not
 imported here (it needs torch).
 """
 
+from pagedkv.optimized.coordination.coordinator import MANAGER_FOR_KIND, KVCacheCoordinator
+from pagedkv.optimized.coordination.coordinator_kinds import (
+    HybridCoordinator,
+    NoPrefixCacheCoordinator,
+    UnitaryCoordinator,
+    make_coordinator,
+)
+from pagedkv.optimized.groups.cross_attention import CrossAttentionManager
+from pagedkv.optimized.groups.mamba import MambaManager
+from pagedkv.optimized.groups.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
+from pagedkv.optimized.groups.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
+from pagedkv.optimized.pool.block_pool import NULL_BLOCK, BlockPool
+from pagedkv.optimized.pool.blocks import KVCacheBlocks
+from pagedkv.optimized.pool.free_queue import FreeBlockQueue
+from pagedkv.optimized.pool.hasher import make_block_hasher
 from pagedkv.spec.metrics import PrefixCachingMetrics
 
-from .block_pool import NULL_BLOCK, BlockPool
-from .blocks import KVCacheBlocks
-from .coordinator import MANAGER_FOR_KIND, KVCacheCoordinator
-from .coordinator_kinds import HybridCoordinator, NoPrefixCacheCoordinator, UnitaryCoordinator, make_coordinator
-from .cross_attention import CrossAttentionManager
-from .free_queue import FreeBlockQueue
-from .hasher import make_block_hasher
-from .mamba import MambaManager
 from .manager import KVCacheManager
-from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
-from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 __all__ = [
     "BlockPool", "ChunkedLocalAttentionManager", "CrossAttentionManager", "FreeBlockQueue",

@@ -26,6 +26,12 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
+from pagedkv.optimized.coordination.coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator
+from pagedkv.optimized.coordination.coordinator_kinds import make_coordinator
+from pagedkv.optimized.paths.recovery import recover
+from pagedkv.optimized.pool.block_pool import BlockPool
+from pagedkv.optimized.pool.blocks import KVCacheBlocks
+from pagedkv.optimized.pool.hasher import REQUEST_TYPE, make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.manager_args import check_manager_args
@@ -33,14 +39,8 @@ from pagedkv.spec.request import Request, RequestFacts, RequestView, check_reque
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 from . import validation
-from .block_pool import BlockPool
-from .blocks import KVCacheBlocks
-from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator
-from .coordinator_kinds import make_coordinator
-from .hasher import REQUEST_TYPE, make_block_hasher
 from .manager_reads import ManagerReads
 from .native import NATIVE
-from .recovery import recover
 from .sub_block_ops import SubBlockOperations
 
 __all__ = ["KVCacheManager"]

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
+from pagedkv.optimized.pool.block_pool import BlockPool
+from pagedkv.optimized.pool.blocks import KVCacheBlocks
+from pagedkv.optimized.pool.pool_invariants import check_request_invariants
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import PrefixCacheStats
 
 from . import validation
-from .block_pool import BlockPool
-from .blocks import KVCacheBlocks
-from .coordinator import KVCacheCoordinator
-from .pool_invariants import check_request_invariants
 
 __all__ = ["ManagerReads"]
 

@@ -78,7 +78,7 @@ def test_the_managers_own_request_type_is_counted() -> None:
     """make_request's class (spec's Request, or its subclass with the C token
     checks, D-PERF-35) is counted in single-group and hybrid coordinators alike:
     a no-op decode step of a request the manager made reads no num_tokens."""
-    from pagedkv.optimized.hasher import REQUEST_TYPE
+    from pagedkv.optimized.pool.hasher import REQUEST_TYPE
     from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
 
     full = KVCacheGroupSpec(("full",), FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16"))

@@ -1,4 +1,4 @@
-"""The filling branch of the several-group decode step (``optimized/fill_path.py``,
+"""The filling branch of the several-group decode step (``optimized/paths/fill_path.py``,
 D-PERF-37) against the general path.
 
 Two optimized managers are built alike; one keeps its decode step, the other
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pagedkv.optimized import KVCacheManager
-from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH, DecodeStep
+from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH, DecodeStep
 from pagedkv.spec import FullAttentionSpec, InvalidArgumentError, KVCacheConfig, KVCacheGroupSpec, Request
 from pagedkv.spec.attention_variants import CircularBufferSpec
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec

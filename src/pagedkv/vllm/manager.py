@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
-from pagedkv.optimized.coordinator_kinds import UnitaryCoordinator
-from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
+from pagedkv.optimized.coordination.coordinator_kinds import UnitaryCoordinator
+from pagedkv.optimized.groups.single_type import FullAttentionManager
 from pagedkv.optimized.manager import KVCacheManager as CoreManager
-from pagedkv.optimized.recovery import recover
-from pagedkv.optimized.single_type import FullAttentionManager
+from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH
+from pagedkv.optimized.paths.recovery import recover
+from pagedkv.optimized.pool.blocks import KVCacheBlocks as CoreBlocks
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
 

@@ -1,0 +1,190 @@
+"""Read-only views of the block pool: accessors, snapshot, invariant check.
+
+Split from :mod:`.block_pool` so the pool module holds only the operations
+that change state. Nothing here mutates the pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pagedkv.optimized.pool.free_queue import FreeBlockQueue
+from pagedkv.optimized.pool.pool_invariants import check_pool_invariants
+from pagedkv.spec.errors import InvalidArgumentError, InvariantViolation, UnknownBlockError
+from pagedkv.spec.snapshot import PoolSnapshot
+from pagedkv.spec.types import BlockHash, KVCacheEvent
+
+__all__ = ["NULL_BLOCK", "PoolView", "group_suffix"]
+
+NULL_BLOCK = 0
+"""Id of the null block."""
+
+
+def group_suffix(group_id: int) -> bytes:
+    """The 4 big-endian bytes a cache key appends to the block hash."""
+    return group_id.to_bytes(4, "big")
+
+
+class PoolView:
+    """Accessors and observation over the pool's state (see :class:`.BlockPool`)."""
+
+    __slots__ = ()
+
+    num_blocks: int
+    num_groups: int
+    _ref: list[int]
+    _hash: list[BlockHash | None]
+    _gid: list[int]
+    _key_tokens: list[int]
+    cached_by_group: list[dict[bytes, int]]
+    dup_by_group: list[dict[bytes, list[int]]]
+    _queue: FreeBlockQueue
+    _events: list[KVCacheEvent]
+
+    # ------------------------------------------------------------------ reads
+
+    @property
+    def null_block(self) -> int:
+        """The null block's id (0). Cost: O(1)."""
+        return NULL_BLOCK
+
+    @property
+    def ref_counts(self) -> list[int]:
+        """Ref count per block id (live list; do not mutate). Cost: O(1)."""
+        return self._ref
+
+    @property
+    def block_hashes(self) -> list[BlockHash | None]:
+        """Raw hash per block id (live list; do not mutate). Cost: O(1)."""
+        return self._hash
+
+    @property
+    def block_group_ids(self) -> list[int]:
+        """Group id of each block's key, ``-1`` where unhashed (live list).
+        Cost: O(1)."""
+        return self._gid
+
+    @property
+    def free_queue(self) -> FreeBlockQueue:
+        """The free queue itself (do not mutate). Cost: O(1)."""
+        return self._queue
+
+    @property
+    def pending_events(self) -> list[KVCacheEvent]:
+        """Events not yet taken (live list; do not mutate). Cost: O(1)."""
+        return self._events
+
+    def ref_count(self, block_id: int) -> int:
+        """Ref count of one block. Cost: O(1).
+
+        Raises:
+            UnknownBlockError: ``block_id`` outside ``[0, num_blocks)``.
+        """
+        self._check_ids((block_id,))
+        return self._ref[block_id]
+
+    # ------------------------------------------------------- introspection
+
+    def free_queue_ids(self) -> list[int]:
+        """The free queue, front first. Cost: O(free blocks)."""
+        return self._queue.to_list()
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue (evictable cached blocks included). Cost: O(1)."""
+        return self._queue.size
+
+    def get_usage(self) -> float:
+        """``1 - free / (num_blocks - 1)``; 0.0 when ``num_blocks == 1``. Cost: O(1)."""
+        if self.num_blocks == 1:
+            return 0.0
+        return 1.0 - self._queue.size / (self.num_blocks - 1)
+
+    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
+        """For each group id, the first block cached under ``block_hash`` in
+        that group; ``None`` if any group misses.
+
+        Cost: O(len(group_ids)).
+
+        Raises:
+            InvalidArgumentError: a group id outside ``[0, num_groups)``.
+        """
+        cached = self.cached_by_group
+        out: list[int] = []
+        for group_id in group_ids:
+            if not 0 <= group_id < self.num_groups:
+                raise InvalidArgumentError(
+                    f"group id must lie in [0, {self.num_groups}), got {group_id!r}")
+            first = cached[group_id].get(block_hash)
+            if first is None:
+                return None
+            out.append(first)
+        return out
+
+    def key_tokens(self, block_id: int) -> int | None:
+        """Tokens the key of ``block_id`` covers (KEYTOK-1); ``None`` when unkeyed. Cost: O(1)."""
+        return None if self._gid[block_id] < 0 else self._key_tokens[block_id]
+
+    def cache_key(self, block_id: int) -> bytes | None:
+        """The cache key (hash + group id) of a block, or None. Cost: O(1)."""
+        block_hash = self._hash[block_id]
+        if block_hash is None:
+            return None
+        return block_hash + group_suffix(self._gid[block_id])
+
+    def snapshot(self) -> PoolSnapshot:
+        """Observable state (spec/snapshot.py); pending events are copied,
+        not taken. Cost: O(num_blocks + cached keys * log)."""
+        cached: list[tuple[bytes, tuple[int, ...]]] = []
+        for group_id, table in enumerate(self.cached_by_group):
+            suffix = group_suffix(group_id)
+            dups = self.dup_by_group[group_id]
+            cached.extend((block_hash + suffix, (first, *dups.get(block_hash, ())))
+                          for block_hash, first in table.items())
+        cached.sort()
+        return PoolSnapshot(
+            num_blocks=self.num_blocks,
+            ref_counts=tuple(self._ref),
+            block_hashes=tuple(self.cache_key(b) for b in range(self.num_blocks)),
+            free_queue=tuple(self._queue.to_list()),
+            cached=tuple(cached),
+            pending_events=tuple(self._events),
+        )
+
+    def holders(self, group_id: int, block_hash: bytes) -> list[int]:
+        """The blocks cached under ``block_hash`` in group ``group_id``, in
+        insertion order (empty when none). Cost: O(holders)."""
+        first = self.cached_by_group[group_id].get(block_hash)
+        if first is None:
+            return []
+        return [first, *self.dup_by_group[group_id].get(block_hash, ())]
+
+    def check_invariants(self) -> None:
+        """Check POOL-1..4, CACHE-1..3 and EVT-1; "an expensive no-op" when
+        all is well. Cost: O(num_blocks + cached ids).
+
+        Raises:
+            InvariantViolation: the message starts with the invariant's ID.
+        """
+        from pagedkv.optimized.pool.block_pool import (
+            BlockPool,  # the concrete pool: imported late, it imports this module
+        )
+
+        assert isinstance(self, BlockPool)
+        check_pool_invariants(self)
+        # A block's key ``hash[b]`` is stored as two lists, and the hot loops
+        # test the group id, not the hash: group id -1 exactly where no key.
+        # A disagreement means the key the pool acts on differs from the one
+        # it reports, so it is reported as a hash/map disagreement (CACHE-1).
+        for block, (block_hash, group_id) in enumerate(zip(self._hash, self._gid)):
+            if (block_hash is None) != (group_id == -1):
+                raise InvariantViolation(
+                    f"CACHE-1: block {block}: stored hash {block_hash!r} and group id "
+                    f"{group_id} disagree (group id -1 exactly where no key)"
+                    f"\nstate: {self.snapshot()!r}")
+
+    def _check_ids(self, ids: Iterable[object]) -> None:
+        n = self.num_blocks
+        for block in ids:
+            if type(block) is not int or not 0 <= block < n:
+                raise UnknownBlockError(
+                    f"block id must be an int in [0, {n}), got {block!r}")
