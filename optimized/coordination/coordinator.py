@@ -22,10 +22,11 @@ from math import lcm
 from typing import Any
 
 from pagedkv.optimized.coordination.admission import admission_caps, full_sequence_demand
+from pagedkv.optimized.coordination.coordinator_checks import CoordinatorChecks
 from pagedkv.optimized.coordination.coordinator_sub_block import SubBlockCoordination
 from pagedkv.optimized.groups import group_hits
 from pagedkv.optimized.groups.cross_attention import CrossAttentionManager
-from pagedkv.optimized.groups.dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
+from pagedkv.optimized.groups.dcp_partial import FullAttentionSubBlockManager
 from pagedkv.optimized.groups.eagle import apply_eagle_groups
 from pagedkv.optimized.groups.hybrid_search import HashViews
 from pagedkv.optimized.groups.mamba import MambaManager
@@ -40,8 +41,14 @@ from pagedkv.optimized.paths.fill_path import probed_fill_step
 from pagedkv.optimized.pool.block_pool import BlockPool
 from pagedkv.optimized.pool.blocks import KVCacheBlocks
 from pagedkv.optimized.pool.hasher import REQUEST_TYPE
+from pagedkv.optimized.rules.dcp_rules import check_dcp_world_size, partial_hits_configured_under_dcp
 from pagedkv.optimized.rules.eagle_rules import eagle_peek_limit
 from pagedkv.optimized.rules.mamba_checkpoint_rules import partial_hash_hits_configured
+from pagedkv.optimized.rules.mamba_partial_rules import (
+    check_supported,
+    partial_hits_supported,
+    shared_prefix_checkpoint_supported,
+)
 from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidConfigError
@@ -70,7 +77,7 @@ MANAGER_FOR_KIND: dict[str, type[SingleTypeManager]] = {
 """The optimized manager for each manager kind of :mod:`pagedkv.spec.registry`."""
 
 
-class KVCacheCoordinator(SubBlockCoordination):
+class KVCacheCoordinator(SubBlockCoordination, CoordinatorChecks):
     """The pool, the managers of every group, and the known requests.
 
     Args:
@@ -397,14 +404,48 @@ class KVCacheCoordinator(SubBlockCoordination):
 
     def enable_partial_hash_hits(self, dcp_world_size: int = 1, *, shared_prefix_checkpoint: bool = False) -> None:
         """Turn sub-block hits on before any request is known (MPART-1..6,
-        FPART-1..5; ``dcp_partial.switch_on_sub_block_hits``).
+        FPART-1..5): check the configuration (D-MAMBA-15, D-MAMBA-20, D-MAMBA-21,
+        D-MAMBA-40), then give every Mamba group hash-block alignment and every
+        full-attention group larger than the hash block the sub-block manager.
 
         Raises:
             InvalidConfigError: unsupported configuration (D-MAMBA-15, D-MAMBA-21,
                 D-MAMBA-40), requests already known, bad ``dcp_world_size``.
         Cost: O(groups).
         """
-        switch_on_sub_block_hits(self, dcp_world_size, shared_prefix_checkpoint)
+        hash_size = self.hash_block_size
+        kinds, specs = self._kinds, self._specs
+        configured = self.enable_caching and partial_hits_configured_under_dcp(
+            kinds, specs, self.block_sizes, hash_size, check_dcp_world_size(dcp_world_size))
+        check_supported(partial_hits_supported(
+            kinds, specs, self.block_sizes, hash_size, enable_caching=self.enable_caching,
+            use_eagle=self._use_eagle, configured=configured))
+        if shared_prefix_checkpoint:
+            check_supported(shared_prefix_checkpoint_supported(
+                partial_hits_on=True, eagle_groups=self._use_eagle,
+                num_reprefillable_tokens=self.num_reprefillable_tokens))
+        if self.requests:
+            raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
+        self.partial_hits_enabled = self.partial_hash_hits = True
+        # A producer's published tail makes its next step allocate a copy,
+        # which the decode fast path does not know: general path only (D-MAMBA-17).
+        self.decode_step = None
+        managers = list(self.managers)
+        for index, manager in enumerate(managers):
+            # Hits land on every hash block (a Mamba group at the hash block size included).
+            manager.alignment = hash_size
+            if isinstance(manager, MambaManager):
+                manager.cache_hit_alignment_tokens = hash_size
+                manager.partial_hits = manager.block_size != hash_size
+                manager.sub_block_hits = manager.mode == "align"
+                manager.shared_prefix_checkpoint = shared_prefix_checkpoint
+            elif type(manager) is FullAttentionManager and manager.block_size != hash_size:
+                managers[index] = FullAttentionSubBlockManager.replacing(manager, hash_size)
+        self.managers = tuple(managers)
+        self.cacheable_managers = tuple(
+            manager for manager, cacheable in zip(managers, self.cacheable) if cacheable)
+        self.copy_managers = tuple(
+            manager for manager in managers if isinstance(manager, (MambaManager, FullAttentionSubBlockManager)))
 
     def new_step_starts(self) -> None:
         """Per-step hook of every manager (those that have one). Cost: O(groups)."""

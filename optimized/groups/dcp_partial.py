@@ -12,31 +12,21 @@ full blocks once, then probes only the first block past them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from pagedkv.optimized.groups.mamba_partial import key_block
 from pagedkv.optimized.groups.single_type import FullAttentionManager
 from pagedkv.optimized.rules.dcp_rules import (
-    check_dcp_world_size,
-    partial_hits_configured_under_dcp,
     prompt_tail_boundary,
     tail_boundaries,
 )
 from pagedkv.optimized.rules.eagle_rules import sub_block_eagle_limit
 from pagedkv.optimized.rules.mamba_partial_rules import (
-    check_supported,
-    partial_hits_supported,
-    shared_prefix_checkpoint_supported,
     state_keys_in_block,
 )
-from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import BlockHash
 
-if TYPE_CHECKING:
-    from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
-
-__all__ = ["FullAttentionSubBlockManager", "switch_on_sub_block_hits"]
+__all__ = ["FullAttentionSubBlockManager"]
 
 
 class FullAttentionSubBlockManager(FullAttentionManager):
@@ -261,51 +251,3 @@ class FullAttentionSubBlockManager(FullAttentionManager):
         if self.partial_hit:
             self.partial_hit.pop(request_id, None)
         super().release(request_id)
-
-
-def switch_on_sub_block_hits(coordinator: KVCacheCoordinator, dcp_world_size: int,
-                             shared_prefix_checkpoint: bool = False) -> None:
-    """``KVCacheCoordinator.enable_partial_hash_hits``: check the
-    configuration (D-MAMBA-15, D-MAMBA-20, D-MAMBA-21, D-MAMBA-40), then give every
-    Mamba group hash-block alignment and every full-attention group larger
-    than the hash block the sub-block manager. Cost: O(groups).
-
-    Raises:
-        InvalidConfigError: unsupported configuration, requests already
-            known, or a malformed ``dcp_world_size``.
-    """
-    from pagedkv.optimized.groups.mamba import MambaManager  # the coordinator's modules import this one
-
-    hash_size = coordinator.hash_block_size
-    kinds, specs = coordinator._kinds, coordinator._specs
-    configured = coordinator.enable_caching and partial_hits_configured_under_dcp(
-        kinds, specs, coordinator.block_sizes, hash_size, check_dcp_world_size(dcp_world_size))
-    check_supported(partial_hits_supported(
-        kinds, specs, coordinator.block_sizes, hash_size, enable_caching=coordinator.enable_caching,
-        use_eagle=coordinator._use_eagle, configured=configured))
-    if shared_prefix_checkpoint:
-        check_supported(shared_prefix_checkpoint_supported(
-            partial_hits_on=True, eagle_groups=coordinator._use_eagle,
-            num_reprefillable_tokens=coordinator.num_reprefillable_tokens))
-    if coordinator.requests:
-        raise InvalidConfigError("enable_partial_hash_hits: requests are already known")
-    coordinator.partial_hits_enabled = coordinator.partial_hash_hits = True
-    # A producer's published tail makes its next step allocate a copy,
-    # which the decode fast path does not know: general path only (D-MAMBA-17).
-    coordinator.decode_step = None
-    managers = list(coordinator.managers)
-    for index, manager in enumerate(managers):
-        # Hits land on every hash block (a Mamba group at the hash block size included).
-        manager.alignment = hash_size
-        if isinstance(manager, MambaManager):
-            manager.cache_hit_alignment_tokens = hash_size
-            manager.partial_hits = manager.block_size != hash_size
-            manager.sub_block_hits = manager.mode == "align"
-            manager.shared_prefix_checkpoint = shared_prefix_checkpoint
-        elif type(manager) is FullAttentionManager and manager.block_size != hash_size:
-            managers[index] = FullAttentionSubBlockManager.replacing(manager, hash_size)
-    coordinator.managers = tuple(managers)
-    coordinator.cacheable_managers = tuple(
-        manager for manager, cacheable in zip(managers, coordinator.cacheable) if cacheable)
-    coordinator.copy_managers = tuple(
-        manager for manager in managers if isinstance(manager, (MambaManager, FullAttentionSubBlockManager)))

@@ -6,9 +6,10 @@ this name; the shared formulas live in :mod:`pagedkv.optimized.rules.mamba_check
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pagedkv.optimized.groups.mamba_partial import key_block
+from pagedkv.optimized.pool.block_pool import BlockPool
 from pagedkv.optimized.rules.mamba_checkpoint_rules import (
     checkpoint_published,
     mamba_kept_boundaries,
@@ -16,14 +17,42 @@ from pagedkv.optimized.rules.mamba_checkpoint_rules import (
 )
 from pagedkv.optimized.rules.mamba_partial_rules import resume_position, state_key
 from pagedkv.spec.hashing import HashedRequest
+from pagedkv.spec.types import BlockHash
 
-if TYPE_CHECKING:
-    from pagedkv.optimized.groups.mamba import MambaManager
-
-__all__ = ["retention_mask", "publish_checkpoint", "finalize_partial_tail", "publish_resume_state"]
+__all__ = ["MambaState", "retention_mask", "publish_checkpoint", "finalize_partial_tail", "publish_resume_state"]
 
 
-def retention_mask(manager: MambaManager, request: HashedRequest, num_cached: int,
+class MambaState(Protocol):
+    """The tables of a :class:`~pagedkv.optimized.groups.mamba.MambaManager` these
+    functions read and write (each the attribute of that name there). A protocol, not
+    the class: ``mamba.py`` imports this module, so naming the class here would close
+    an import circle."""
+
+    block_pool: BlockPool
+    block_size: int
+    group_id: int
+    hash_block_size: int
+    cache_hit_alignment_tokens: int
+    replay_alignment: int
+    retention_interval: int | None
+    caching_end: int
+    drop_eagle_checkpoint: bool
+    replay_eagle: bool
+    partial_hits: bool
+    shared_prefix_checkpoint: bool
+    cached_this_step: set[BlockHash]
+    checkpoints: dict[str, tuple[int, int]]
+    num_cached_blocks: dict[str, int]
+    req_to_blocks: dict[str, list[int]]
+    partial_hit: dict[str, tuple[int, int]]
+    producer_tail: dict[str, tuple[int, int]]
+    published_tail: set[tuple[str, int]]
+
+    def hash_lookahead_tokens(self) -> int:
+        """Tokens past the computed ones whose hashes a lookup may read."""
+
+
+def retention_mask(manager: MambaState, request: HashedRequest, num_cached: int,
                    num_full: int) -> list[bool] | None:
     """The full-block states of ``[num_cached, num_full)`` retention keeps
     (MRET-1). Cost: O(1) when dense, else O(num_full - num_cached)."""
@@ -37,7 +66,7 @@ def retention_mask(manager: MambaManager, request: HashedRequest, num_cached: in
                                 manager.cache_hit_alignment_tokens, interval, boundaries)
 
 
-def publish_checkpoint(manager: MambaManager, request: HashedRequest, request_id: str) -> None:
+def publish_checkpoint(manager: MambaState, request: HashedRequest, request_id: str) -> None:
     """Key the request's checkpoint block at its position when published
     (MCKPT-5), replacing another key; else leave it unkeyed. Cost: O(1)
     plus the key's bytes."""
@@ -69,7 +98,7 @@ def publish_checkpoint(manager: MambaManager, request: HashedRequest, request_id
     manager.cached_this_step.add(key)
 
 
-def finalize_partial_tail(manager: MambaManager, request_id: str, num_computed_tokens: int,
+def finalize_partial_tail(manager: MambaState, request_id: str, num_computed_tokens: int,
                           num_in_flight_tokens: int) -> tuple[int, int] | None:
     """A finishing producer's uncopied tail (block, boundary), when no later
     token ran (MTAIL-1); consumed either way. Cost: O(1)."""
@@ -79,7 +108,7 @@ def finalize_partial_tail(manager: MambaManager, request_id: str, num_computed_t
     return tail
 
 
-def publish_resume_state(manager: MambaManager, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+def publish_resume_state(manager: MambaState, request: HashedRequest, request_id: str, num_tokens: int) -> None:
     """Key the state where a sibling resumes when a caching call ends there
     (MPART-4..6; the reference's rule of this name). Cost: O(1) plus the key's bytes."""
     prompt = getattr(request, "num_prompt_tokens", None)

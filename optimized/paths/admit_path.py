@@ -41,7 +41,7 @@ from pagedkv.spec.request import RequestFacts
 from pagedkv.spec.types import BlockHash
 
 if TYPE_CHECKING:
-    from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
+    from pagedkv.optimized.paths.coordinated import CoordinatorState
 
 __all__ = ["AdmitStep", "single_admit_step"]
 
@@ -68,7 +68,7 @@ class AdmitStep(Protocol):
                  raw: Literal[True]) -> KVCacheBlocks | list[int] | None: ...
 
 
-def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
+def single_admit_step(self: CoordinatorState) -> AdmitStep:
     """The admission step for one full-attention group hashed at its block
     size, caching on (a closure over the tables it reads, as
     :func:`decode_path.single_decode_step`; in a native build, the C step

@@ -29,7 +29,7 @@ from pagedkv.optimized.pool.blocks import KVCacheBlocks
 from pagedkv.spec.request import RequestFacts, RequestView
 
 if TYPE_CHECKING:
-    from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
+    from pagedkv.optimized.paths.coordinated import CoordinatorState
 
 __all__ = ["TAKE_GENERAL_PATH", "DecodeStep", "single_decode_step", "probed_decode_step"]
 
@@ -44,7 +44,7 @@ DecodeStep = Callable[[RequestView, int, bool], "KVCacheBlocks | None"]
 or :data:`TAKE_GENERAL_PATH`."""
 
 
-def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
+def single_decode_step(self: CoordinatorState) -> DecodeStep:
     """The decode step for one full-attention group hashed at its block
     size: a closure over the tables it reads (a cell load is cheaper
     than an attribute load, and this runs on most ``allocate_slots``
@@ -184,7 +184,7 @@ def single_decode_step(self: KVCacheCoordinator) -> DecodeStep:
     step.inlinable = (blocks_of, cached, block_size, max_model_len, caching, fill)  # type: ignore[attr-defined]
     return step
 
-def probed_decode_step(self: KVCacheCoordinator, probes: tuple[DecodeProbe, ...],
+def probed_decode_step(self: CoordinatorState, probes: tuple[DecodeProbe, ...],
                        fill: DecodeStep | None = None) -> DecodeStep:
     """The decode step for every other covered configuration (a closure,
     as :func:`single_decode_step`; in a native build the C step

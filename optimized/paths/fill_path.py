@@ -45,7 +45,7 @@ from pagedkv.optimized.pool.blocks import KVCacheBlocks
 from pagedkv.spec.request import RequestFacts, RequestView
 
 if TYPE_CHECKING:
-    from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
+    from pagedkv.optimized.paths.coordinated import CoordinatorState
 
 __all__ = ["FillStep", "probed_fill_step"]
 
@@ -57,7 +57,7 @@ _PLAIN = (FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManag
 """Exact classes whose release, demand and allocation are the base class's."""
 
 
-def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
+def probed_fill_step(self: CoordinatorState) -> FillStep | None:
     """The filling step for this coordinator's groups, or ``None`` when a
     Mamba group keeps prefill checkpoints (every step records or forgets
     one: the general path's business). ``self`` is the coordinator.

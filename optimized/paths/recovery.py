@@ -17,12 +17,12 @@ from pagedkv.optimized.groups.mamba import MambaManager
 from pagedkv.optimized.groups.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 if TYPE_CHECKING:
-    from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
+    from pagedkv.optimized.paths.coordinated import CoordinatorState
 
 __all__ = ["recover"]
 
 
-def recover(coordinator: KVCacheCoordinator) -> None:
+def recover(coordinator: CoordinatorState) -> None:
     """Make the manager consistent again: invariants hold, every known
     request can be freed, no block is leaked. Cost: O(num_blocks + blocks held)."""
     managers = coordinator.managers

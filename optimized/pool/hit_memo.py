@@ -31,7 +31,7 @@ from pagedkv.optimized.native import NATIVE
 from pagedkv.spec.types import BlockHash
 
 if TYPE_CHECKING:
-    from pagedkv.optimized.pool.block_pool import BlockPool
+    from pagedkv.optimized.pool.pool_view import PoolTables
 
 __all__ = ["remember", "same_prefix", "vouches"]
 
@@ -48,7 +48,7 @@ def same_prefix(items: Sequence[object], prefix: Sequence[object]) -> bool:
     return _same_prefix(items, prefix) if found is None else found
 
 
-def remember(pool: BlockPool, block_hashes: Sequence[BlockHash], hit: list[int]) -> None:
+def remember(pool: PoolTables, block_hashes: Sequence[BlockHash], hit: list[int]) -> None:
     """Leave the memo of a lookup that found ``hit`` for ``block_hashes``
     (the C scan, ``prefix_hits(..., owner=pool)``, leaves the same one itself,
     D-PERF-48). Cost: O(len(hit)) (two copies)."""
@@ -56,7 +56,7 @@ def remember(pool: BlockPool, block_hashes: Sequence[BlockHash], hit: list[int])
     pool.last_hit = (pool.map_epoch, keys if type(keys) is list else list(keys), hit[:])
 
 
-def vouches(pool: BlockPool, block_hashes: Sequence[BlockHash], hit: Sequence[int]) -> bool:
+def vouches(pool: PoolTables, block_hashes: Sequence[BlockHash], hit: Sequence[int]) -> bool:
     """True when the memo proves ``hit`` is what the map serves for the
     leading hashes of ``block_hashes`` now (a non-empty list hit); False
     means only "not proven here". Cost: O(len(hit)), no map probe."""

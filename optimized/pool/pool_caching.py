@@ -17,12 +17,12 @@ from pagedkv.optimized.native import NATIVE
 from pagedkv.spec.types import BlockHash
 
 if TYPE_CHECKING:
-    from pagedkv.optimized.pool.block_pool import BlockPool
+    from pagedkv.optimized.pool.pool_view import PoolView
 
 __all__ = ["cache_new_run"]
 
 
-def cache_new_run(pool: BlockPool, run: Sequence[int], keys: Sequence[BlockHash], group_id: int,
+def cache_new_run(pool: PoolView, run: Sequence[int], keys: Sequence[BlockHash], group_id: int,
                   first_index: int, block_size: int, fresh: bool = False) -> bool:
     """Key every block of ``run`` (``keys[i]`` for ``run[i]``, the request's
     block ``first_index + i``) with bulk operations, for the rule: no null

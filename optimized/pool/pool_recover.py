@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pagedkv.optimized.pool.block_pool import BlockPool
+    from pagedkv.optimized.pool.pool_view import PoolTables
 
 __all__ = ["recover_pool"]
 
 
-def recover_pool(pool: BlockPool, holders: Mapping[int, int]) -> None:
+def recover_pool(pool: PoolTables, holders: Mapping[int, int]) -> None:
     """Make ``pool`` consistent: ref counts from ``holders`` (id -> holding
     positions over all requests) plus the reserved blocks; the cache map
     from the blocks' own hashes; the free queue from the ref counts, in its

@@ -7,14 +7,14 @@ that change state. Nothing here mutates the pool.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from pagedkv.optimized.pool.free_queue import FreeBlockQueue
-from pagedkv.optimized.pool.pool_invariants import check_pool_invariants
 from pagedkv.spec.errors import InvalidArgumentError, InvariantViolation, UnknownBlockError
 from pagedkv.spec.snapshot import PoolSnapshot
 from pagedkv.spec.types import BlockHash, KVCacheEvent
 
-__all__ = ["NULL_BLOCK", "PoolView", "group_suffix"]
+__all__ = ["NULL_BLOCK", "PoolTables", "PoolView", "group_suffix"]
 
 NULL_BLOCK = 0
 """Id of the null block."""
@@ -23,6 +23,29 @@ NULL_BLOCK = 0
 def group_suffix(group_id: int) -> bytes:
     """The 4 big-endian bytes a cache key appends to the block hash."""
     return group_id.to_bytes(4, "big")
+
+
+class PoolTables(Protocol):
+    """The pool's tables as the modules that rebuild or memoize them write them
+    (``pool_recover``, ``hit_memo``; :class:`.BlockPool` has each): a protocol, as
+    those modules sit below ``block_pool``, which imports them."""
+
+    num_blocks: int
+    num_groups: int
+    enable_caching: bool
+    enable_kv_cache_events: bool
+    _ref: list[int]
+    _hash: list[BlockHash | None]
+    _gid: list[int]
+    _key_tokens: list[int]
+    _ids: list[int]
+    _queue: FreeBlockQueue
+    _events: list[KVCacheEvent]
+    cached_by_group: list[dict[bytes, int]]
+    dup_by_group: list[dict[bytes, list[int]]]
+    reserved: list[int]
+    map_epoch: int
+    last_hit: tuple[int, list[BlockHash], list[int]] | None
 
 
 class PoolView:
@@ -40,6 +63,10 @@ class PoolView:
     dup_by_group: list[dict[bytes, list[int]]]
     _queue: FreeBlockQueue
     _events: list[KVCacheEvent]
+    _ids: list[int]
+    enable_caching: bool
+    enable_kv_cache_events: bool
+    reserved: list[int]
 
     # ------------------------------------------------------------------ reads
 
@@ -165,12 +192,7 @@ class PoolView:
         Raises:
             InvariantViolation: the message starts with the invariant's ID.
         """
-        from pagedkv.optimized.pool.block_pool import (
-            BlockPool,  # the concrete pool: imported late, it imports this module
-        )
-
-        assert isinstance(self, BlockPool)
-        check_pool_invariants(self)
+        self._check_tables()
         # A block's key ``hash[b]`` is stored as two lists, and the hot loops
         # test the group id, not the hash: group id -1 exactly where no key.
         # A disagreement means the key the pool acts on differs from the one
@@ -181,6 +203,68 @@ class PoolView:
                     f"CACHE-1: block {block}: stored hash {block_hash!r} and group id "
                     f"{group_id} disagree (group id -1 exactly where no key)"
                     f"\nstate: {self.snapshot()!r}")
+
+    def _check_tables(self) -> None:
+        """POOL-1..4, CACHE-1..3 and EVT-1 over the tables the pool reports
+        (spec/state.md; the reference's ``reference/invariants.py`` checks the same
+        IDs over its own representation). Cost: O(num_blocks + cached ids).
+
+        Raises:
+            InvariantViolation: the message starts with the invariant's ID.
+        """
+        def fail(inv: str, what: str) -> None:
+            raise InvariantViolation(f"{inv}: {what}\nstate: {self.snapshot()!r}")
+
+        n = self.num_blocks
+        try:
+            self.free_queue.check()
+        except AssertionError as exc:
+            fail("POOL-2", f"free queue links broken: {exc}")
+        queue = self.free_queue.to_list()
+        if len(self.ref_counts) != n or len(self.block_hashes) != n or len(self.block_group_ids) != n:
+            fail("POOL-1", f"per-block tables do not cover exactly the ids 0..{n - 1}")
+        if self.ref_counts[0] != 0 or self.block_hashes[0] is not None or 0 in queue or 0 in self.reserved:
+            fail("POOL-1", "null block queued, referenced, hashed or reserved")
+        queued = set(queue)
+        if any(not 0 < b < n for b in queue):
+            fail("POOL-2", "free queue holds an id outside [1, num_blocks)")
+        for b in range(1, n):
+            if self.ref_counts[b] < 0:
+                fail("POOL-3", f"block {b} has ref count {self.ref_counts[b]}")
+            if (b in queued) != (self.ref_counts[b] == 0):
+                fail("POOL-2", f"block {b}: queued={b in queued} ref={self.ref_counts[b]}")
+        usage = 0.0 if n == 1 else 1 - len(queue) / (n - 1)
+        if self.get_num_free_blocks() != len(queue) or self.get_usage() != usage:
+            fail("POOL-4", f"free count {self.get_num_free_blocks()} or usage {self.get_usage()} "
+                           f"disagrees with the queue's {len(queue)} blocks")
+        seen: set[int] = set()
+        if len(self.dup_by_group) != len(self.cached_by_group):
+            fail("CACHE-1", f"{len(self.dup_by_group)} duplicate tables for {len(self.cached_by_group)} groups")
+        for group_id, table in enumerate(self.cached_by_group):
+            dups = self.dup_by_group[group_id]
+            for block_hash, later in dups.items():
+                if not later or block_hash not in table:
+                    fail("CACHE-1", f"map entry {block_hash.hex()} lists later holders {later} "
+                                    f"{'but no first one' if later else 'that are none'}")
+            for block_hash, first in table.items():
+                ids = [first, *dups.get(block_hash, ())]
+                if len(set(ids)) != len(ids):
+                    fail("CACHE-1", f"map entry {block_hash.hex()} holds {ids}")
+                for b in ids:
+                    if self.block_hashes[b] != block_hash or self.block_group_ids[b] != group_id:
+                        fail("CACHE-1", f"block {b} in map under another key")
+                    seen.add(b)
+        for b in range(n):
+            if self.block_hashes[b] is not None and not 0 <= self.block_group_ids[b] < self.num_groups:
+                fail("CACHE-3", f"block {b} has group id {self.block_group_ids[b]}")
+            if self.block_hashes[b] is not None and b not in seen:
+                fail("CACHE-1", f"block {b} hashed but not in the map")
+            if self.block_hashes[b] is None and self.block_group_ids[b] != -1:
+                fail("CACHE-1", f"block {b} carries no hash but group id {self.block_group_ids[b]}")
+        if not self.enable_caching and seen:
+            fail("CACHE-2", "caching disabled but blocks carry hashes")
+        if not self.enable_kv_cache_events and self.pending_events:
+            fail("EVT-1", "events disabled but events pending")
 
     def _check_ids(self, ids: Iterable[object]) -> None:
         n = self.num_blocks
