@@ -447,6 +447,12 @@ class KVCacheCoordinator(SubBlockCoordination, CoordinatorChecks):
         self.copy_managers = tuple(
             manager for manager in managers if isinstance(manager, (MambaManager, FullAttentionSubBlockManager)))
 
+    @property
+    def has_step_hooks(self) -> bool:
+        """Whether :meth:`new_step_starts` does anything (some group has a per-step
+        hook): an engine may skip the call when not. Cost: O(1)."""
+        return bool(self._stepped_managers)
+
     def new_step_starts(self) -> None:
         """Per-step hook of every manager (those that have one). Cost: O(groups)."""
         for manager in self._stepped_managers:

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
-from pagedkv.optimized.groups.single_type import FullAttentionManager
-from pagedkv.optimized.groups.single_type import SingleTypeManager as GroupManager
+from pagedkv.optimized.engine import FullAttentionManager, KVCacheCoordinator
+from pagedkv.optimized.engine import SingleTypeManager as GroupManager
 from pagedkv.spec.errors import InvalidConfigError
 
 from . import _compat

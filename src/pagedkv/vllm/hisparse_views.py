@@ -14,9 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from pagedkv.optimized.host_tier.hisparse import HostTierManager
-from pagedkv.optimized.host_tier.hisparse_state import TierPool
-from pagedkv.optimized.pool.block_pool import BlockPool
+from pagedkv.optimized.engine import BlockPool, HostTierManager, TierPool
 from pagedkv.spec.hisparse import HostCacheEvent
 
 from . import _compat

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pagedkv.optimized.groups.mamba import MambaManager as CoreMambaManager
-from pagedkv.optimized.groups.mamba_publish import publish_resume_state
+from pagedkv.optimized.engine import MambaManager as CoreMambaManager
+from pagedkv.optimized.engine import publish_resume_state
 from pagedkv.spec.errors import InvalidConfigError
 
 from . import _compat

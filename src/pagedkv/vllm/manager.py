@@ -20,12 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pagedkv.optimized.coordination.coordinator_kinds import UnitaryCoordinator
-from pagedkv.optimized.groups.single_type import FullAttentionManager
-from pagedkv.optimized.manager import KVCacheManager as CoreManager
-from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH
-from pagedkv.optimized.paths.recovery import recover
-from pagedkv.optimized.pool.blocks import KVCacheBlocks as CoreBlocks
+from pagedkv.optimized.engine import TAKE_GENERAL_PATH, FullAttentionManager, UnitaryCoordinator, recover
+from pagedkv.optimized.engine import KVCacheBlocks as CoreBlocks
+from pagedkv.optimized.engine import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
 
@@ -167,7 +164,7 @@ class KVCacheManager(Lookups, StepDrains):
         # and admission fast paths then apply.
         self._records_no_zeroing = not self._zeroing.groups
         # Whether new_step_starts has anything to tell the groups (fixed with the groups).
-        self._has_step_hooks = bool(self._core_coordinator._stepped_managers)
+        self._has_step_hooks = self._core_coordinator.has_step_hooks
         # The core's single-group decode step, which allocate_slots inlines while the
         # coordinator still has it (D-PERF-33); None for any other configuration.
         step = self._core_coordinator.decode_step
