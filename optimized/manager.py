@@ -327,7 +327,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         if (admit_step is not None and num_lookahead_tokens is zero and num_external_computed_tokens is zero
                 and num_encoder_tokens is zero
                 and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
-            raw = not self._pool.enable_kv_cache_events and request.__class__ in coordinator.counted_request_types
+            raw = not self._pool.enable_kv_cache_events and request.__class__ in coordinator.well_formed_request_types
             if not raw:
                 request = RequestFacts.capture(request)
             facts: Any = request

@@ -168,11 +168,11 @@ class KVCacheCoordinator(SubBlockCoordination, CoordinatorChecks):
         self.num_reprefillable_tokens = 0
         self.decode_step: DecodeStep | None = None
         """The decode fast path for this configuration, or ``None``."""
-        self.counted_request_types: set[type] = {Request, REQUEST_TYPE}
+        self.well_formed_request_types: set[type] = {Request, REQUEST_TYPE}
         """Request classes whose ``num_tokens`` is an int >= 1 by
         construction: the single-group decode step does not read it from
         them (D-PERF-22). An adapter may add its engine's class."""
-        self.fact_capturers: dict[type, Callable[[Any], RequestFacts]] = {}
+        self.request_facts_readers: dict[type, Callable[[Any], RequestFacts]] = {}
         """Per request class, how the decode step's filling branch takes the
         request's facts (``RequestFacts.capture`` for any other class): an
         adapter registers its engine's class with the snapshot its own

@@ -40,8 +40,8 @@ class CoordinatorState(Protocol):
     max_model_len: int
     cacheable: tuple[bool, ...]
     empty_blocks: KVCacheBlocks
-    counted_request_types: set[type]
-    fact_capturers: dict[type, Callable[[Any], RequestFacts]]
+    well_formed_request_types: set[type]
+    request_facts_readers: dict[type, Callable[[Any], RequestFacts]]
     _blocks0: dict[str, list[int]]
     _cached0: dict[str, int]
     _block_size0: int

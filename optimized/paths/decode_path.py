@@ -62,7 +62,7 @@ def single_decode_step(self: CoordinatorState) -> DecodeStep:
     ``num_computed_tokens`` or ``num_tokens``, max_model_len exceeded,
     too few block hashes): :data:`TAKE_GENERAL_PATH`. ``num_tokens`` is
     read only from objects whose class is not in the coordinator's
-    ``counted_request_types`` (pagedkv's own ``Request``, and any class an
+    ``well_formed_request_types`` (pagedkv's own ``Request``, and any class an
     adapter vouches for, D-PERF-22), whose count is an int >= 1 by
     construction (a non-empty prompt, tokens only appended): the property
     call would cost the no-op step about a tenth of its time.
@@ -84,7 +84,7 @@ def single_decode_step(self: CoordinatorState) -> DecodeStep:
     max_model_len = self.max_model_len
     caching = self.enable_caching
     empty = self.empty_blocks
-    counted = self.counted_request_types  # the set itself: an adapter may add to it later
+    counted = self.well_formed_request_types  # the set itself: an adapter may add to it later
     coordinator = self
     pool = self.block_pool
     queue = pool._queue
@@ -203,7 +203,7 @@ def probed_decode_step(self: CoordinatorState, probes: tuple[DecodeProbe, ...],
     caching = self.enable_caching
     hash_block_size = self.hash_block_size
     empty = self.empty_blocks
-    counted = self.counted_request_types  # Request and the manager's own subclass (D-PERF-35)
+    counted = self.well_formed_request_types  # Request and the manager's own subclass (D-PERF-35)
 
     def step(request: RequestView, num_new_tokens: int,
              delay_cache_blocks: bool) -> KVCacheBlocks | None:
@@ -212,7 +212,7 @@ def probed_decode_step(self: CoordinatorState, probes: tuple[DecodeProbe, ...],
         try:
             num_computed = request.num_computed_tokens
             # num_tokens: read where the step needs it (caching), or for the
-            # general path's check 1b′ on classes not in counted_request_types
+            # general path's check 1b′ on classes not in well_formed_request_types
             # (pagedkv's own Request classes and any an adapter vouches for: an
             # int >= 1 by construction, as in the single step, D-PERF-22).
             if caches or request.__class__ not in counted:

@@ -104,8 +104,8 @@ def probed_fill_step(self: CoordinatorState) -> FillStep | None:
     empty = self.empty_blocks
     hashes = pool.block_hashes  # the pool's live list (cleared in place, never replaced)
     capture = RequestFacts.capture
-    capturers = self.fact_capturers  # the dict itself: an adapter may register later
-    counted = self.counted_request_types  # the set itself, likewise
+    capturers = self.request_facts_readers  # the dict itself: an adapter may register later
+    counted = self.well_formed_request_types  # the set itself, likewise
     coordinator = self
 
     def fill(request: RequestView, num_new_tokens: int, delay_cache_blocks: bool) -> KVCacheBlocks | None:

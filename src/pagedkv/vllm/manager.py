@@ -175,10 +175,10 @@ class KVCacheManager(Lookups, StepDrains):
         # vLLM's Request counts its tokens as len(all_token_ids): an int >= 1 for a request the
         # core knows (vLLM refuses an empty prompt; tokens are only appended). The decode step
         # then skips that property call (D-PERF-22).
-        self._core_coordinator.counted_request_types.add(_VLLM_REQUEST)
+        self._core_coordinator.well_formed_request_types.add(_VLLM_REQUEST)
         # The several-group decode step snapshots a request it fills (D-PERF-37): vLLM's
         # Request the way this adapter's general path does (D-PERF-12).
-        self._core_coordinator.fact_capturers[_VLLM_REQUEST] = capture_request
+        self._core_coordinator.request_facts_readers[_VLLM_REQUEST] = capture_request
         # One full-attention group hashed at its block size (the common model): the lookup of a
         # vLLM Request and get_blocks read the group's tables directly (D-PERF-13).
         managers = self._core_coordinator.managers
