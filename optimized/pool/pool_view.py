@@ -1,7 +1,33 @@
-"""Read-only views of the block pool: accessors, snapshot, invariant check.
+"""Read-only views of the block pool: accessors, snapshot, and the invariant
+check beside the tables it reads.
 
 Split from :mod:`.block_pool` so the pool module holds only the operations
 that change state. Nothing here mutates the pool.
+
+Representation (everything indexed by block id, plain lists for speed):
+
+- ``_ref[b]``: ref count.
+- ``_hash[b]``: the raw :data:`BlockHash` (no group id) or ``None``;
+  ``_gid[b]``: the group id of that key, ``-1`` exactly when unhashed.
+  Storing the group id apart means lookups never build ``hash + group id``
+  byte strings; :meth:`snapshot` rebuilds the keys. The hot loops test
+  ``_gid[b] < 0`` rather than ``_hash[b] is None``: reading the hash
+  touches (increfs) a bytes object scattered in memory, a cache miss per
+  block, while ``-1`` and the small group ids are shared, always-hot ints.
+- ``cached_by_group[g]``: ``{raw hash: first block id}``, what a lookup
+  returns; ``dup_by_group[g]``: ``{raw hash: [later block ids]}``, only for
+  the rare keys that several identical blocks carry (insertion order kept:
+  the first of them takes over when the first holder is evicted). A plain
+  int per key allocates no container per cached block: a list per key made
+  the garbage collector's full collections, which walk the pool-sized
+  lists, dominate prompt allocation in large pools (D-PERF-10).
+- ``_queue``: :class:`FreeBlockQueue` (its link arrays are read directly in
+  the pool's hot loops, bound to locals).
+- ``map_epoch``: bumped whenever a key leaves a map or a map entry moves to
+  another block (adding keys leaves it), and ``last_hit``, the last
+  full-attention lookup's memo ``(epoch, hashes, hit)``: while the epoch
+  stands, the map still serves that hit for those hashes, so admitting it
+  needs no second probe per block (:mod:`.hit_memo`, D-PERF-44).
 """
 
 from __future__ import annotations
