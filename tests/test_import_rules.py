@@ -57,3 +57,16 @@ def test_no_import_circle_in_the_optimized_package() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "import_cycles.py"), "pagedkv.optimized"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_engine_surface_is_exactly_what_the_vllm_adapter_imports() -> None:
+    """``pagedkv.optimized.engine`` exports what ``pagedkv.vllm`` uses, no more: a name the
+    adapter stops using leaves the surface (docs/vllm.md lists each with its contract)."""
+    import pagedkv.optimized.engine as engine
+
+    used: set[str] = set()
+    for path in sorted((ROOT / "src" / "pagedkv" / "vllm").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "pagedkv.optimized.engine":
+                used.update(alias.name for alias in node.names)
+    assert used == set(engine.__all__)
