@@ -18,7 +18,7 @@ from pagedkv.spec.errors import InvalidConfigError
 
 from . import _compat
 from .blocks import BlockPoolView
-from .coordinator import GroupManagerView
+from .group_views import GroupManagerView
 from .requests import VllmRequestView
 
 __all__ = ["MambaManagerView", "CoreMambaManager", "enable_partial_hits_where_vllm_would",
