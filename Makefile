@@ -47,8 +47,12 @@ install: $(MODULE_LIST) $(NATIVE_STAMP)
 
 .PHONY: lint test-quick test-pure
 
+# ruff, then the layers of pagedkv.optimized (import-linter's contracts in pyproject.toml,
+# type-only imports counted) and its import circles (tools/import_cycles.py: 0 allowed).
 lint: install
 	$(PY) -m ruff check --no-cache .
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) tools/import_cycles.py pagedkv.optimized
 
 typecheck: install
 	$(PY) -m mypy --strict -p pagedkv -p tests -p bench

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.optimized.block_pool import BlockPool
-from pagedkv.optimized.retention import RetentionBlockPool
+from pagedkv.optimized.pool.block_pool import BlockPool
+from pagedkv.optimized.pool.retention import RetentionBlockPool
 from pagedkv.spec.types import BlockHash
 
 __all__ = ["main", "measure"]

@@ -8,44 +8,44 @@ list with O(1) removal from the middle, and the decode step of
 ``allocate_slots`` has an O(1) fast path (O(groups) with several
 groups). Modules, one concept each:
 
-- ``free_queue``: :class:`FreeBlockQueue`.
-- ``block_pool``: :class:`BlockPool` (ref counts, hashes, prefix-cache map,
-  events).
-- ``hasher``: fast request block hashers, byte-identical to the spec's.
-- ``blocks``: :class:`KVCacheBlocks`.
-- ``single_type``: the per-group manager base, full attention (MLA) and
-  sink full attention; ``windowed`` (sliding window, chunked local),
-  ``mamba``, ``cross_attention``: the other attention types.
-- ``hybrid_search``: the longest common hit of several groups (a
-  fixed-point iteration) and per-group hash views.
-- ``admission``: full-sequence admission (``full_sequence_must_fit``).
-- ``decode``: the per-group test of the decode fast path.
-- ``coordinator``: what every coordinator does; each builds the per-group
-  managers over the pool the facade built, and holds the decode fast path.
-  ``coordinator_kinds``: the no-prefix-cache, unitary and hybrid kinds.
-- ``validation``: argument checks of every public operation but the
-  constructor's (``pagedkv.spec.manager_args``, shared).
-- ``manager``: the :class:`KVCacheManager` facade.
-- ``pool_view``, ``pool_invariants``: the pool's read-only side and the
-  invariant checks of ``check_invariants()``.
+The package is layered (docs/architecture.md; ``make lint`` enforces the order
+with import-linter, each layer importing only those below it):
+
+- ``engine``: the surface an engine adapter uses (``pagedkv.vllm`` imports only it).
+- ``manager`` (the :class:`KVCacheManager` facade), ``manager_reads``,
+  ``sub_block_ops``, ``validation`` (argument checks of every public operation).
+- ``coordination``: the coordinator, its kinds, admission demand, sub-block
+  hits, and the request table's ``check_request_invariants``.
+- ``paths``: the fast paths of ``allocate_slots`` and recovery.
+- ``groups``: the per-group managers and the hit search over groups.
+- ``rules``: pure decisions of the optional features.
+- ``pool``: the block pool (its ``check_invariants`` beside its tables), free
+  queue, cache map, events, :class:`KVCacheBlocks`, the request block hasher.
+- ``host_tier``: HiSparse's host tier (independent of the pool).
+- ``native``: the optional C modules and their pure-Python fall-backs.
 
 The GPU tensor path lives in ``pagedkv.optimized.tensor`` and is not
 imported here (it needs torch).
 """
 
+from pagedkv.optimized.coordination.coordinator import MANAGER_FOR_KIND, KVCacheCoordinator
+from pagedkv.optimized.coordination.coordinator_kinds import (
+    HybridCoordinator,
+    NoPrefixCacheCoordinator,
+    UnitaryCoordinator,
+    make_coordinator,
+)
+from pagedkv.optimized.groups.cross_attention import CrossAttentionManager
+from pagedkv.optimized.groups.mamba import MambaManager
+from pagedkv.optimized.groups.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
+from pagedkv.optimized.groups.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
+from pagedkv.optimized.pool.block_pool import NULL_BLOCK, BlockPool
+from pagedkv.optimized.pool.blocks import KVCacheBlocks
+from pagedkv.optimized.pool.free_queue import FreeBlockQueue
+from pagedkv.optimized.pool.hasher import make_block_hasher
 from pagedkv.spec.metrics import PrefixCachingMetrics
 
-from .block_pool import NULL_BLOCK, BlockPool
-from .blocks import KVCacheBlocks
-from .coordinator import MANAGER_FOR_KIND, KVCacheCoordinator
-from .coordinator_kinds import HybridCoordinator, NoPrefixCacheCoordinator, UnitaryCoordinator, make_coordinator
-from .cross_attention import CrossAttentionManager
-from .free_queue import FreeBlockQueue
-from .hasher import make_block_hasher
-from .mamba import MambaManager
 from .manager import KVCacheManager
-from .single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
-from .windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 
 __all__ = [
     "BlockPool", "ChunkedLocalAttentionManager", "CrossAttentionManager", "FreeBlockQueue",

@@ -26,6 +26,12 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
+from pagedkv.optimized.coordination.coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator
+from pagedkv.optimized.coordination.coordinator_kinds import make_coordinator
+from pagedkv.optimized.paths.recovery import recover
+from pagedkv.optimized.pool.block_pool import BlockPool
+from pagedkv.optimized.pool.blocks import KVCacheBlocks
+from pagedkv.optimized.pool.hasher import REQUEST_TYPE, make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.manager_args import check_manager_args
@@ -34,14 +40,8 @@ from pagedkv.spec.stored_events import PER_CALL
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 from . import validation
-from .block_pool import BlockPool
-from .blocks import KVCacheBlocks
-from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator
-from .coordinator_kinds import make_coordinator
-from .hasher import REQUEST_TYPE, make_block_hasher
 from .manager_reads import ManagerReads
 from .native import NATIVE
-from .recovery import recover
 from .sub_block_ops import SubBlockOperations
 
 __all__ = ["KVCacheManager"]
@@ -333,7 +333,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         if (admit_step is not None and num_lookahead_tokens is zero and num_external_computed_tokens is zero
                 and num_encoder_tokens is zero
                 and (full_sequence_must_fit is False or full_sequence_must_fit is True)):
-            raw = not self._pool.enable_kv_cache_events and request.__class__ in coordinator.counted_request_types
+            raw = not self._pool.enable_kv_cache_events and request.__class__ in coordinator.well_formed_request_types
             if not raw:
                 request = RequestFacts.capture(request)
             facts: Any = request

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
+from pagedkv.optimized.pool.block_pool import BlockPool
+from pagedkv.optimized.pool.blocks import KVCacheBlocks
 from pagedkv.spec.snapshot import ManagerSnapshot, RequestSnapshot
 from pagedkv.spec.types import PrefixCacheStats
 
 from . import validation
-from .block_pool import BlockPool
-from .blocks import KVCacheBlocks
-from .coordinator import KVCacheCoordinator
-from .pool_invariants import check_request_invariants
 
 __all__ = ["ManagerReads"]
 
@@ -82,11 +81,11 @@ class ManagerReads:
         )
 
     def check_invariants(self) -> None:
-        """Check the pool invariants, then the request invariants
-        (``pool_invariants.py``). Cost: O(num_blocks + blocks held).
+        """Check the pool invariants (``PoolView.check_invariants``), then the
+        request invariants (``KVCacheCoordinator.check_request_invariants``). Cost: O(num_blocks + blocks held).
 
         Raises:
             InvariantViolation: the message starts with the invariant's ID.
         """
         self._pool.check_invariants()
-        check_request_invariants(self._pool, self._coordinator, self.snapshot)
+        self._coordinator.check_request_invariants(self.snapshot)

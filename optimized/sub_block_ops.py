@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
 from pagedkv.spec.errors import InvalidArgumentError
-
-from .coordinator import KVCacheCoordinator
 
 __all__ = ["SubBlockOperations"]
 

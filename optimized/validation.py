@@ -16,19 +16,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.optimized.connector_hits import connector_completes_state
-from pagedkv.optimized.mamba_partial_rules import hit_fits
+from pagedkv.optimized.groups.mamba import MambaManager
+from pagedkv.optimized.groups.single_type import FullAttentionManager
+from pagedkv.optimized.pool.blocks import KVCacheBlocks
+from pagedkv.optimized.rules.connector_hits import connector_completes_state
+from pagedkv.optimized.rules.mamba_partial_rules import hit_fits
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
 from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError, UnknownRequestError
 from pagedkv.spec.request import RequestView
 from pagedkv.spec.types import BlockHash
 
-from .blocks import KVCacheBlocks
-from .mamba import MambaManager
-from .single_type import FullAttentionManager
-
 if TYPE_CHECKING:
-    from .coordinator import KVCacheCoordinator
+    from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
 
 __all__ = ["allocate_args", "cache_blocks_args", "known"]
 

@@ -3,7 +3,7 @@ the directive types a request carries, and their argument checks.
 
 Vocabulary only: the rules that rank blocks, decay priorities, pin and
 enforce quotas live in ``reference/features/retention.py`` and
-``optimized/retention.py``. The checks here only refuse malformed values,
+``optimized/pool/retention.py``. The checks here only refuse malformed values,
 naming the field, before anything changes.
 """
 

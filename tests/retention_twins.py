@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedkv.optimized.retention import RetentionBlockPool as OptimizedPool
-from pagedkv.optimized.retention import check_retention as check_optimized
+from pagedkv.optimized.pool.retention import RetentionBlockPool as OptimizedPool
+from pagedkv.optimized.pool.retention import check_retention as check_optimized
 from pagedkv.reference.features.retention import RetentionBlockPool as ReferencePool
 from pagedkv.reference.features.retention import check_retention as check_reference
 from pagedkv.spec.retention import Policy

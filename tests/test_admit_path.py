@@ -1,4 +1,4 @@
-"""The admission fast path (``optimized/admit_path.py``, D-PERF-17) against
+"""The admission fast path (``optimized/paths/admit_path.py``, D-PERF-17) against
 the general path it shortcuts.
 
 Twin optimized managers run the same engine script; one has its
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from pagedkv.optimized import KVCacheBlocks, KVCacheManager
-from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
+from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
 from pagedkv.spec.request import RequestFacts
 from pagedkv.spec.types import BlockHash

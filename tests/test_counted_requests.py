@@ -1,5 +1,5 @@
 """The single-group decode step reads ``num_tokens`` only from request
-classes it does not count on (``counted_request_types``, D-PERF-22).
+classes it does not count on (``well_formed_request_types``, D-PERF-22).
 
 An adapter adds its engine's request class when that class's count is an
 int >= 1 by construction (``pagedkv.vllm`` adds vLLM's ``Request``); the
@@ -65,7 +65,7 @@ def test_a_class_not_counted_on_is_read_and_checked() -> None:
 def test_a_counted_class_is_not_read_on_the_no_op_step() -> None:
     manager = _manager()
     request = _running(manager)
-    manager.coordinator.counted_request_types.add(_CountingRequest)
+    manager.coordinator.well_formed_request_types.add(_CountingRequest)
     request.reads = 0
     before = manager.snapshot()
     result = manager.allocate_slots(request, 1)
@@ -78,14 +78,14 @@ def test_the_managers_own_request_type_is_counted() -> None:
     """make_request's class (spec's Request, or its subclass with the C token
     checks, D-PERF-35) is counted in single-group and hybrid coordinators alike:
     a no-op decode step of a request the manager made reads no num_tokens."""
-    from pagedkv.optimized.hasher import REQUEST_TYPE
+    from pagedkv.optimized.pool.hasher import REQUEST_TYPE
     from pagedkv.spec.kv_cache_spec import SlidingWindowSpec
 
     full = KVCacheGroupSpec(("full",), FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16"))
     window = KVCacheGroupSpec(("swa",), SlidingWindowSpec(4, 1, 8, "float16", sliding_window=8))
     for groups in ((full,), (full, window)):
         manager = KVCacheManager(KVCacheConfig(num_blocks=32, kv_cache_tensors=(), kv_cache_groups=groups), 64)
-        assert REQUEST_TYPE in manager.coordinator.counted_request_types
+        assert REQUEST_TYPE in manager.coordinator.well_formed_request_types
         request = manager.make_request("a", [1, 2, 3, 4, 5])
         assert type(request) is REQUEST_TYPE
         assert manager.allocate_slots(request, 5) is not None

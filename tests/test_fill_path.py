@@ -1,4 +1,4 @@
-"""The filling branch of the several-group decode step (``optimized/fill_path.py``,
+"""The filling branch of the several-group decode step (``optimized/paths/fill_path.py``,
 D-PERF-37) against the general path.
 
 Two optimized managers are built alike; one keeps its decode step, the other
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pagedkv.optimized import KVCacheManager
-from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH, DecodeStep
+from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH, DecodeStep
 from pagedkv.spec import FullAttentionSpec, InvalidArgumentError, KVCacheConfig, KVCacheGroupSpec, Request
 from pagedkv.spec.attention_variants import CircularBufferSpec
 from pagedkv.spec.kv_cache_spec import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
@@ -115,7 +115,7 @@ def test_filling_step_takes_the_step_the_probe_declines() -> None:
 
 def test_filling_step_takes_an_adapters_snapshot_of_its_request_class() -> None:
     """An adapter registers how to snapshot its engine's request class
-    (``fact_capturers``, as pagedkv.vllm does for vLLM's Request): the filling
+    (``request_facts_readers``, as pagedkv.vllm does for vLLM's Request): the filling
     step takes the facts that way, so a class without every RequestView
     attribute still fills, as the adapter's general path would serve it."""
     from pagedkv.spec.request import RequestFacts
@@ -140,7 +140,7 @@ def test_filling_step_takes_an_adapters_snapshot_of_its_request_class() -> None:
     with pytest.raises(InvalidArgumentError):  # unregistered: the general path's snapshot refuses it
         decode_step(engine_request, 1, False)
     assert fast.snapshot() == general.snapshot()  # nothing changed
-    fast.coordinator.fact_capturers[EngineRequest] = snapshot
+    fast.coordinator.request_facts_readers[EngineRequest] = snapshot
     settled = decode_step(engine_request, 1, False)
     expected = general.allocate_slots(pair[1], 1)
     assert settled is not None and settled is not TAKE_GENERAL_PATH and expected is not None

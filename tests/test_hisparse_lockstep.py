@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedkv.optimized.hisparse import HostTierManager as OptimizedTier
+from pagedkv.optimized.host_tier.hisparse import HostTierManager as OptimizedTier
 from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec.hisparse import HostTierConfig
 from pagedkv.spec.types import BlockHash

@@ -1,6 +1,6 @@
 """The pure host-tier rules (pagedkv.reference.features.hisparse_rules) against their definitions.
 
-The optimized side keeps its own copy (pagedkv.optimized.hisparse_rules),
+The optimized side keeps its own copy (pagedkv.optimized.host_tier.hisparse_rules),
 which the lockstep machine compares with this one; these tests also state
 each rule a second, plainer way, so a mistake made alike in both copies shows.
 """

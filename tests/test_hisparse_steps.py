@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pagedkv.optimized.hisparse import HostTierManager as OptimizedTier
+from pagedkv.optimized.host_tier.hisparse import HostTierManager as OptimizedTier
 from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec.errors import InvalidArgumentError, UnknownRequestError
 from pagedkv.spec.hisparse import HostTierConfig, PageTransfer

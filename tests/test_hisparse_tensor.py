@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pagedkv.optimized.hisparse import HostTierManager  # noqa: E402
+from pagedkv.optimized.host_tier.hisparse import HostTierManager  # noqa: E402
 from pagedkv.optimized.tensor.host_tier import (  # noqa: E402
     HostTierMemory,
     can_pin_host_memory,

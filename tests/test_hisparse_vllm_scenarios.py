@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkv.optimized.hisparse import HostTierManager as OptimizedTier
+from pagedkv.optimized.host_tier.hisparse import HostTierManager as OptimizedTier
 from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec.hisparse import HostTierConfig, PageTransfer, ResidencyUpdate
 
@@ -115,7 +115,7 @@ def test_the_main_pool_releases_a_still_read_block_to_the_back(kind: str) -> Non
     """BlockPool.release_to_back (D-HOST-20): an unhashed block normally goes
     to the front of the free queue when freed; one its holder still reads
     goes to the back, so the pool reuses it last."""
-    from pagedkv.optimized.block_pool import BlockPool as OptimizedPool
+    from pagedkv.optimized.pool.block_pool import BlockPool as OptimizedPool
     from pagedkv.reference.block_pool import BlockPool as ReferencePool
     from pagedkv.reference.features.hisparse import release_to_back
     from pagedkv.spec.errors import InvariantViolation

@@ -1,4 +1,4 @@
-"""The pool's lookup memo (``optimized/hit_memo.py``, D-PERF-44).
+"""The pool's lookup memo (``optimized/pool/hit_memo.py``, D-PERF-44).
 
 A full-attention lookup leaves ``(map_epoch, hashes, hit)`` on the pool and
 the admission step admits that very hit without probing the map again. The
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from pagedkv.optimized import KVCacheManager, hit_memo
+from pagedkv.optimized import KVCacheManager
 from pagedkv.optimized.native import NATIVE
+from pagedkv.optimized.pool import hit_memo
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
 from pagedkv.spec.errors import InvalidArgumentError
 

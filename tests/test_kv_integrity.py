@@ -49,7 +49,7 @@ from hypothesis.stateful import (  # noqa: E402
 )
 
 import pagedkv.optimized as optimized  # noqa: E402
-from pagedkv.optimized.block_pool import BlockPool  # noqa: E402
+from pagedkv.optimized.pool.block_pool import BlockPool  # noqa: E402
 from pagedkv.optimized.tensor import BlockTables, KVCacheMemory, copy_blocks, swap_blocks  # noqa: E402
 from pagedkv.spec.config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor  # noqa: E402
 from pagedkv.spec.kv_cache_spec import (  # noqa: E402

@@ -45,7 +45,7 @@ from hypothesis import Phase, settings  # noqa: E402
 from hypothesis.stateful import initialize, invariant, run_state_machine_as_test  # noqa: E402
 
 import pagedkv.optimized as optimized  # noqa: E402
-from pagedkv.optimized.cross_attention import CrossAttentionManager  # noqa: E402
+from pagedkv.optimized.groups.cross_attention import CrossAttentionManager  # noqa: E402
 from pagedkv.optimized.tensor import BlockTables, KVCacheMemory  # noqa: E402
 from pagedkv.spec.kv_cache_spec import (  # noqa: E402
     CrossAttentionSpec,

@@ -27,10 +27,10 @@ import pytest
 from hypothesis import given, settings
 
 from pagedkv.optimized import BlockPool
-from pagedkv.optimized import block_pool as block_pool_module
-from pagedkv.optimized import pool_caching as pool_caching_module
-from pagedkv.optimized.hasher import make_block_hasher
 from pagedkv.optimized.native import NATIVE, build_name
+from pagedkv.optimized.pool import block_pool as block_pool_module
+from pagedkv.optimized.pool import pool_caching as pool_caching_module
+from pagedkv.optimized.pool.hasher import make_block_hasher
 from pagedkv.spec import Request
 
 needs_native = pytest.mark.skipif(NATIVE is None, reason="built without the C module (no C compiler, "

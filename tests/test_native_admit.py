@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 
 from pagedkv.optimized import BlockPool
-from pagedkv.optimized.hasher import make_block_hasher
-from pagedkv.optimized.hit_memo import remember
 from pagedkv.optimized.native import NATIVE
+from pagedkv.optimized.pool.hasher import make_block_hasher
+from pagedkv.optimized.pool.hit_memo import remember
 from pagedkv.spec import Request
 from pagedkv.spec.types import BlockHash
 

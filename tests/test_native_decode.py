@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from pagedkv.optimized import KVCacheManager
-from pagedkv.optimized.decode import decode_probes, is_noop_decode, native_rules
-from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.native import DECODE
+from pagedkv.optimized.paths.decode import decode_probes, is_noop_decode, native_rules
+from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH
 from pagedkv.spec import KVCacheConfig, KVCacheGroupSpec
 from tests.test_fill_path import _spec
 

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from pagedkv.optimized import hasher as hasher_module
-from pagedkv.optimized.hasher import REQUEST_TYPE, make_block_hasher
 from pagedkv.optimized.native import TOKENS
+from pagedkv.optimized.pool import hasher as hasher_module
+from pagedkv.optimized.pool.hasher import REQUEST_TYPE, make_block_hasher
 from pagedkv.spec import InvalidArgumentError, Request
 from pagedkv.spec.hashing import seed_hash
 from pagedkv.spec.request import pack_token_ids

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 
 from pagedkv.optimized import BlockPool, FreeBlockQueue, HybridCoordinator, KVCacheBlocks, KVCacheManager
-from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
-from pagedkv.optimized.hasher import make_block_hasher
-from pagedkv.optimized.hybrid_search import group_view
-from pagedkv.optimized.windowed import reachable_block_mask
+from pagedkv.optimized.groups.hybrid_search import group_view
+from pagedkv.optimized.groups.windowed import reachable_block_mask
+from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH
+from pagedkv.optimized.pool.hasher import make_block_hasher
 from pagedkv.spec import (
     BlockRemoved,
     BlockStored,
@@ -655,7 +655,7 @@ def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...],
     result; and the fast path does take most decode steps. (The steps it
     says change something the installed step settles through its filling
     branch, tests/test_fill_path.py.)"""
-    from pagedkv.optimized.decode import decode_probes, is_noop_decode
+    from pagedkv.optimized.paths.decode import decode_probes, is_noop_decode
 
     rng = random.Random(repr((kinds, caching)))
     manager = KVCacheManager(_hybrid_config(kinds), 256, enable_caching=caching)
@@ -691,7 +691,7 @@ def test_multi_group_decode_fast_path_is_exactly_a_no_op(kinds: tuple[str, ...],
 
 
 def test_decode_probes_leave_uncovered_types_to_the_general_path() -> None:
-    from pagedkv.optimized.decode import decode_probes
+    from pagedkv.optimized.paths.decode import decode_probes
     from pagedkv.spec.kv_cache_spec import CrossAttentionSpec
 
     config = _hybrid_config(("full",))
@@ -727,7 +727,7 @@ def test_both_pools_share_a_constructor_and_its_errors(implementation: str) -> N
     referenced once refused with no change (POOL-3)."""
     import importlib
 
-    pool_class: Any = importlib.import_module(f"pagedkv.{implementation}.block_pool").BlockPool
+    pool_class: Any = importlib.import_module(f"pagedkv.{implementation}").BlockPool
     for num_blocks in (0, 2.0, "3"):
         with pytest.raises(InvalidConfigError, match="num_blocks"):
             pool_class(num_blocks, True)

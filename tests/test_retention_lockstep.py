@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedkv.optimized.block_pool import BlockPool as OptimizedKernel
-from pagedkv.optimized.retention import RetentionBlockPool as OptimizedPool
+from pagedkv.optimized.pool.block_pool import BlockPool as OptimizedKernel
+from pagedkv.optimized.pool.retention import RetentionBlockPool as OptimizedPool
 from pagedkv.reference.block_pool import BlockPool as ReferenceKernel
 from pagedkv.reference.features.retention import RetentionBlockPool as ReferencePool
 from pagedkv.spec.errors import InvalidRetentionError, PinBudgetExceededError

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("reference/*.py", "reference/features/*.py", "optimized/*.py")
+TARGETS = ("reference/*.py", "reference/features/*.py", "optimized/*.py", "optimized/*/*.py")
 SKIP = ("*/__init__.py", "reference/features/tensor_model.py", "reference/invariants.py",
-        "optimized/pool_invariants.py")
+        "optimized/coordination/coordinator_checks.py", "optimized/tensor/*.py")
 #: Fast, sensitive tests first: ``-x`` stops at the first failure.
 TESTS = ["tests/test_admit_path.py",
          "tests/test_scenarios.py", "tests/test_scenarios_hybrid.py", "tests/test_bad_input.py",

@@ -35,9 +35,11 @@ NOT_COMPILED = ("__init__", "manager", "manager_reads", "sub_block_ops", "valida
 
 
 def default_modules() -> list[str]:
-    """Every ``optimized/*.py`` module but those mypyc or the tree rule out (see the docstring)."""
-    return sorted(p.stem for p in (ROOT / "optimized").glob("*.py")
-                  if p.stem not in NOT_COMPILED and not p.stem.startswith("hisparse"))
+    """Every ``optimized/**/*.py`` module (as ``package/module``) but those mypyc or the tree rule out
+    (see the docstring)."""
+    folder = ROOT / "optimized"
+    return sorted(p.relative_to(folder).with_suffix("").as_posix() for p in folder.glob("**/*.py")
+                  if p.stem not in NOT_COMPILED and not p.stem.startswith("hisparse") and p.parts[-2] != "tensor")
 
 
 def link_tree(into: Path) -> None:

@@ -2,7 +2,7 @@
 
 Each function here reads plain values (rows, counts, page sets, maps) and
 returns a decision or raises a typed error; none holds or changes state.
-``pagedkv.reference.features.hisparse`` and ``pagedkv.optimized.hisparse`` keep only
+``pagedkv.reference.features.hisparse`` and ``pagedkv.optimized.host_tier.hisparse`` keep only
 their own state handling (pools, rows, free queues) and ask these functions
 what an operation needs, which pages it touches and whether it is refused
 (each side its own copy of these functions).

@@ -18,10 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import attrgetter
 from typing import Any, cast
 
-from pagedkv.optimized.block_pool import BlockPool
-from pagedkv.optimized.hybrid_search import HashViews
-from pagedkv.optimized.mamba_partial import key_block
-from pagedkv.optimized.mamba_partial_rules import state_key
+from pagedkv.optimized.engine import BlockPool, HashViews, key_block, state_key
 from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.types import BlockHashWithGroupId, get_block_hash, get_group_id, make_block_hash_with_group_id
 

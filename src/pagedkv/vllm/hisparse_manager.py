@@ -16,8 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pagedkv.optimized.hisparse import HostTierManager
-from pagedkv.optimized.hisparse_rules import full_sequence_need
+from pagedkv.optimized.engine import HostTierManager, full_sequence_need
 from pagedkv.spec.allocate_args import check_counts
 
 from . import _compat

@@ -3,7 +3,7 @@
 vLLM's HiSparse tests reach the host tier through ``get_hisparse_coordinator``
 (which asserts vLLM's ``HiSparseCoordinator`` class) and the group managers it
 binds (``req_to_blocks``, ``get_residency_row``, ``require_hot``, the host
-pool). These classes answer from :class:`pagedkv.optimized.hisparse.HostTierManager`;
+pool). These classes answer from :class:`pagedkv.optimized.host_tier.hisparse.HostTierManager`;
 every decision is the tier's (spec/host_tier.md), they only translate ids into
 vLLM's block views and command records.
 """
@@ -14,9 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from pagedkv.optimized.block_pool import BlockPool
-from pagedkv.optimized.hisparse import HostTierManager
-from pagedkv.optimized.hisparse_state import TierPool
+from pagedkv.optimized.engine import BlockPool, HostTierManager, TierPool
 from pagedkv.spec.hisparse import HostCacheEvent
 
 from . import _compat

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pagedkv.optimized.manager import KVCacheManager as CoreManager
+from pagedkv.optimized.engine import KVCacheManager as CoreManager
 
 from . import _compat
 from .blocks import BlockPoolView

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pagedkv.optimized.mamba import MambaManager as CoreMambaManager
-from pagedkv.optimized.mamba_publish import publish_resume_state
+from pagedkv.optimized.engine import MambaManager as CoreMambaManager
+from pagedkv.optimized.engine import publish_resume_state
 from pagedkv.spec.errors import InvalidConfigError
 
 from . import _compat
 from .blocks import BlockPoolView
-from .coordinator import GroupManagerView
+from .group_views import GroupManagerView
 from .requests import VllmRequestView
 
 __all__ = ["MambaManagerView", "CoreMambaManager", "enable_partial_hits_where_vllm_would",

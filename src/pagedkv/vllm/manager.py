@@ -20,12 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pagedkv.optimized.blocks import KVCacheBlocks as CoreBlocks
-from pagedkv.optimized.coordinator_kinds import UnitaryCoordinator
-from pagedkv.optimized.decode_path import TAKE_GENERAL_PATH
-from pagedkv.optimized.manager import KVCacheManager as CoreManager
-from pagedkv.optimized.recovery import recover
-from pagedkv.optimized.single_type import FullAttentionManager
+from pagedkv.optimized.engine import TAKE_GENERAL_PATH, FullAttentionManager, UnitaryCoordinator, recover
+from pagedkv.optimized.engine import KVCacheBlocks as CoreBlocks
+from pagedkv.optimized.engine import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
 
@@ -167,7 +164,7 @@ class KVCacheManager(Lookups, StepDrains):
         # and admission fast paths then apply.
         self._records_no_zeroing = not self._zeroing.groups
         # Whether new_step_starts has anything to tell the groups (fixed with the groups).
-        self._has_step_hooks = bool(self._core_coordinator._stepped_managers)
+        self._has_step_hooks = self._core_coordinator.has_step_hooks
         # The core's single-group decode step, which allocate_slots inlines while the
         # coordinator still has it (D-PERF-33); None for any other configuration.
         step = self._core_coordinator.decode_step
@@ -178,10 +175,10 @@ class KVCacheManager(Lookups, StepDrains):
         # vLLM's Request counts its tokens as len(all_token_ids): an int >= 1 for a request the
         # core knows (vLLM refuses an empty prompt; tokens are only appended). The decode step
         # then skips that property call (D-PERF-22).
-        self._core_coordinator.counted_request_types.add(_VLLM_REQUEST)
+        self._core_coordinator.well_formed_request_types.add(_VLLM_REQUEST)
         # The several-group decode step snapshots a request it fills (D-PERF-37): vLLM's
         # Request the way this adapter's general path does (D-PERF-12).
-        self._core_coordinator.fact_capturers[_VLLM_REQUEST] = capture_request
+        self._core_coordinator.request_facts_readers[_VLLM_REQUEST] = capture_request
         # One full-attention group hashed at its block size (the common model): the lookup of a
         # vLLM Request and get_blocks read the group's tables directly (D-PERF-13).
         managers = self._core_coordinator.managers

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pagedkv.optimized.block_pool import BlockPool
-from pagedkv.optimized.manager import KVCacheManager as CoreManager
+from pagedkv.optimized.engine import BlockPool
+from pagedkv.optimized.engine import KVCacheManager as CoreManager
 from pagedkv.spec.types import AllBlocksCleared as CoreAllBlocksCleared
 from pagedkv.spec.types import BlockRemoved as CoreBlockRemoved
 from pagedkv.spec.types import BlockStored as CoreBlockStored

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pagedkv.optimized.block_pool import NULL_BLOCK
+from pagedkv.optimized.engine import NULL_BLOCK
 
 from . import _compat
 
