@@ -43,15 +43,17 @@ pk_calls_init(void)
 static PyObject *
 context_of(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t size, const char *usage)
 {
-    if (nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != size) {
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != size) {
         PyErr_Format(PyExc_TypeError, "%s: the context tuple its builder makes, then one argument", usage);
         return NULL;
     }
     return args[0];
 }
 
-/* The lookup's context, as KVCacheManager builds it. */
+/* The lookup's context, as KVCacheManager builds it (native.LookupContext). */
 enum { LOOK_TABLE, LOOK_BLOCK_SIZE, LOOK_POOL, LOOK_BLOCKS_TYPE, LOOK_HASHES, LOOK_SIZE };
+const char *const pk_lookup_fields[] = {"table", "block_size", "pool", "blocks_type", "hashes"};
+const Py_ssize_t pk_lookup_nfields = LOOK_SIZE;
 
 const char lookup_doc[] =
 "lookup(context, request) -> tuple | None\n\n"
@@ -118,6 +120,9 @@ enum {
     REL_METHOD, REL_REQUESTS, REL_BLOCKS_OF, REL_CACHED_OF, REL_REF, REL_GIDS, REL_PREV, REL_NEXT, REL_SENTINEL,
     REL_QUEUE, REL_FREE_HELD, REL_SIZE
 };
+const char *const pk_release_fields[] = {"python_release", "requests", "blocks_of", "cached_of", "ref", "gids",
+                                         "prev", "next", "sentinel", "queue", "free_held"};
+const Py_ssize_t pk_release_nfields = REL_SIZE;
 
 const char release_request_doc[] =
 "release_request(context, request_id) -> None\n\n"

@@ -29,4 +29,8 @@ int pk_calls_init(void);
 PyObject *pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pk_release_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* The field names of the contexts the three steps read (native.py's NamedTuples). */
+extern const char *const pk_admit_fields[], *const pk_lookup_fields[], *const pk_release_fields[];
+extern const Py_ssize_t pk_admit_nfields, pk_lookup_nfields, pk_release_nfields;
+
 #endif

@@ -24,12 +24,17 @@
 #include "_native_int.h"
 #include "_native_loops.h"
 
-/* The context tuple single_admit_step builds, in this order. */
+/* The context single_admit_step builds (native.AdmitContext), in this order. */
 enum {
     CTX_STEP, CTX_REQUESTS, CTX_BLOCKS_OF, CTX_CACHED_OF, CTX_POOL, CTX_QUEUE, CTX_REF, CTX_PREV, CTX_NEXT,
     CTX_SENTINEL, CTX_HASHES, CTX_GIDS, CTX_KEY_TOKENS, CTX_TABLE, CTX_EVICT, CTX_MAPS, CTX_BLOCKS_TYPE,
     CTX_BLOCK_SIZE, CTX_MAX_MODEL_LEN, CTX_FINISH, CTX_RECOVER, CTX_SIZE
 };
+const char *const pk_admit_fields[] = {
+    "python_step", "requests", "blocks_of", "cached_of", "pool", "queue", "ref", "prev", "next", "sentinel",
+    "hashes", "gids", "key_tokens", "table", "evict", "maps", "blocks_type", "block_size", "max_model_len",
+    "finish", "recover"};
+const Py_ssize_t pk_admit_nfields = CTX_SIZE;
 
 /* Counts above this go to the Python step: the sums below stay far from overflow. */
 #define STEP_MAX_COUNT (1LL << 40)
@@ -269,8 +274,8 @@ PyObject *
 pk_admit_request(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs < 1 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != CTX_SIZE) {
-        PyErr_SetString(PyExc_TypeError, "admit_request: the context tuple of single_admit_step comes first");
+    if (nargs < 1 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != CTX_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "admit_request: the AdmitContext of single_admit_step comes first");
         return NULL;
     }
     PyObject *ctx = args[0];

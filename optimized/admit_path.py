@@ -35,9 +35,10 @@ from pagedkv.spec.request import RequestFacts
 from pagedkv.spec.types import BlockHash
 
 from .blocks import KVCacheBlocks
+from .capacity import refuses
 from .decode_path import TAKE_GENERAL_PATH
 from .hit_memo import same_prefix
-from .native import NATIVE
+from .native import NATIVE, AdmitContext
 from .pool_caching import cache_new_run
 from .recovery import recover
 
@@ -218,8 +219,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             if whole > demand:
                 demand = whole
         demand += watermark_blocks
-        if demand + held > queue.size and (
-                demand + list(map(ref.__getitem__, hit)).count(0) > queue.size):
+        if refuses(queue.size, demand, hit, ref):
             return None  # D-API-13, D-API-48
         # The changes: an exception from here on leaves a consistent manager (D-API-24).
         try:
@@ -252,9 +252,10 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     native_step = None if NATIVE is None else NATIVE.admit_request
     if native_step is None:
         return step
-    # The common case in C, the rest handed to step and finish (D-PERF-49):
-    # the context's order is _native_step.c's CTX_ enumeration.
-    context = (step, requests, blocks_of, cached_of, pool, queue, ref, prev, nxt, sentinel, keys_of, gids,
-               key_tokens, table, evict, maps, own_blocks, block_size, max_model_len, finish,
-               partial(recover, self))
+    # The common case in C, the rest handed to step and finish (D-PERF-49).
+    context = AdmitContext(
+        python_step=step, requests=requests, blocks_of=blocks_of, cached_of=cached_of, pool=pool, queue=queue,
+        ref=ref, prev=prev, next=nxt, sentinel=sentinel, hashes=keys_of, gids=gids, key_tokens=key_tokens,
+        table=table, evict=evict, maps=maps, blocks_type=own_blocks, block_size=block_size,
+        max_model_len=max_model_len, finish=finish, recover=partial(recover, self))
     return cast("AdmitStep", partial(native_step, context))

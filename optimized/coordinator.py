@@ -40,7 +40,7 @@ from .coordinator_sub_block import SubBlockCoordination
 from .cross_attention import CrossAttentionManager
 from .dcp_partial import FullAttentionSubBlockManager, switch_on_sub_block_hits
 from .decode import decode_probes
-from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
+from .decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step
 from .eagle import apply_eagle_groups
 from .fill_path import probed_fill_step
 from .hasher import REQUEST_TYPE
@@ -124,6 +124,9 @@ class KVCacheCoordinator(SubBlockCoordination):
         self._stepped_managers = tuple(
             manager for manager in self.managers
             if type(manager).new_step_starts is not SingleTypeManager.new_step_starts)
+        self.has_step_hooks = bool(self._stepped_managers)
+        """Whether :meth:`new_step_starts` does anything (a Mamba group): an
+        engine may skip the per-step call when it does not. Fixed with the groups."""
         self.cacheable_managers: tuple[SingleTypeManager, ...] = tuple(
             manager for manager, cacheable in zip(managers, self.cacheable) if cacheable)
         # Prefill checkpoints land where vLLM would align hits (MCKPT-4).
@@ -173,20 +176,13 @@ class KVCacheCoordinator(SubBlockCoordination):
         general path builds, so both paths see the same facts (D-PERF-37)."""
         self.admit_step: AdmitStep | None = None
         """The admission fast path (``admit_path``), or ``None``."""
-        if (len(managers) == 1 and block_sizes[0] == hash_block_size
-                and isinstance(managers[0], FullAttentionManager)
-                and not isinstance(managers[0], RSWAManager)):  # R-SWA frees gaps: general path
+        if (len(managers) == 1 and block_sizes[0] == hash_block_size and enable_caching
+                and type(managers[0]) is FullAttentionManager):
             # One full-attention group hashed at its size: the common case.
-            self._blocks0 = managers[0].req_to_blocks
-            self._cached0 = managers[0].num_cached_blocks
-            self._block_size0 = block_sizes[0]
-            self.decode_step = single_decode_step(self)
-            if enable_caching and type(managers[0]) is FullAttentionManager:
-                self.admit_step = single_admit_step(self)
-        elif managers:
-            probes = decode_probes(self.managers)
-            if probes is not None:
-                self.decode_step = probed_decode_step(self, probes, probed_fill_step(self))
+            self.admit_step = single_admit_step(self)
+        probes = decode_probes(self.managers) if managers else None
+        if probes is not None:
+            self.decode_step = probed_decode_step(self, probes, probed_fill_step(self))
 
     # ------------------------------------------------------- decode fast path
 

@@ -26,7 +26,7 @@ from .block_pool import BlockPool
 from .coordinator import KVCacheCoordinator
 from .hit_memo import remember
 from .hybrid_search import longest_common_hit
-from .native import NATIVE
+from .native import NATIVE, ReleaseContext
 from .single_type import FullAttentionManager
 
 __all__ = ["HybridCoordinator", "NoPrefixCacheCoordinator", "UnitaryCoordinator", "make_coordinator"]
@@ -85,11 +85,11 @@ class UnitaryCoordinator(KVCacheCoordinator):
             return None
         pool = self.block_pool
         queue = pool._queue
-        # The order is _native_calls.c's REL_ enumeration; the method unbound from this
-        # instance's attribute lookup, so the C code never calls itself.
-        context = (partial(UnitaryCoordinator.release, self), self.requests, manager.req_to_blocks,
-                   manager.num_cached_blocks, pool._ref, pool._gid, queue.prev, queue.next, queue.sentinel,
-                   queue, pool.free_held)
+        # The method unbound from this instance's attribute lookup, so the C code never calls itself.
+        context = ReleaseContext(
+            python_release=partial(UnitaryCoordinator.release, self), requests=self.requests,
+            blocks_of=manager.req_to_blocks, cached_of=manager.num_cached_blocks, ref=pool._ref, gids=pool._gid,
+            prev=queue.prev, next=queue.next, sentinel=queue.sentinel, queue=queue, free_held=pool.free_held)
         return partial(NATIVE.release_request, context)
 
     def release(self, request_id: str) -> None:

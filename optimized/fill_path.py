@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from pagedkv.spec.request import RequestFacts, RequestView
 
 from .blocks import KVCacheBlocks
+from .capacity import refuses
 from .decode_path import TAKE_GENERAL_PATH
 from .recovery import recover
 from .single_type import FullAttentionManager, SingleTypeManager
@@ -170,7 +171,7 @@ def probed_fill_step(self: KVCacheCoordinator) -> FillStep | None:
                     demand += missing
                 needs.append(missing)
             # ALLOC-5.
-            if demand > queue.size:  # get_num_free_blocks, without the call
+            if refuses(queue.size, demand):
                 return None
             # ALLOC-7: allocate, group by group.
             new_blocks: list[list[int]] = []

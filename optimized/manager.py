@@ -12,12 +12,12 @@ a typed error from ``pagedkv.spec.errors`` before changing anything. The facade
 builds the pool (spec/operations.md, construction); the state and the work
 live in the coordinator (``coordinator.py``), which builds the per-group
 managers over that pool. ``allocate_slots`` reads as the spec's
-numbered steps; before them, a decode step of a known request (no hit,
-lookahead, external or encoder tokens) is offered to the coordinator's fast
-path (``KVCacheCoordinator.decode_step``), which settles the common cases
-and hands any other back; after the request's facts are read, a new
-request on one full-attention group likewise to ``admit_step``
-(``admit_path.py``, D-PERF-17).
+numbered steps; before them, a decode step (no hit, lookahead, external or
+encoder tokens) is offered to the coordinator's one decode fast path
+(``KVCacheCoordinator.decode_step``, ``decode_path.py``), which settles the
+common cases and hands any other back, and a new request on one
+full-attention group likewise to ``admit_step`` (``admit_path.py``,
+D-PERF-17). The capacity check of every path is ``capacity.refuses``.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 from . import validation
 from .block_pool import BlockPool
 from .blocks import KVCacheBlocks
+from .capacity import refuses
 from .coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator
 from .coordinator_kinds import make_coordinator
 from .hasher import REQUEST_TYPE, make_block_hasher
 from .manager_reads import ManagerReads
-from .native import NATIVE
+from .native import NATIVE, LookupContext
 from .recovery import recover
 from .sub_block_ops import SubBlockOperations
 
@@ -150,7 +151,8 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         self._lookup: Callable[[RequestView], tuple[KVCacheBlocks, int] | None] | None = None
         if self._scan is not None and NATIVE is not None:
             _, table, block_size, pool = self._scan
-            self._lookup = partial(NATIVE.lookup, (table, block_size, pool, KVCacheBlocks, pool.block_hashes))
+            self._lookup = partial(NATIVE.lookup, LookupContext(
+                table=table, block_size=block_size, pool=pool, blocks_type=KVCacheBlocks, hashes=pool.block_hashes))
         self._release = self._coordinator.native_release() or self._coordinator.release
 
     # ------------------------------------------------------------ properties
@@ -386,7 +388,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
                 demand = max(demand, coordinator.full_sequence_demand(
                     request_id=request_id, num_tokens=whole, new_computed_blocks=computed,
                     num_encoder_tokens=num_encoder_tokens))
-            if demand + watermark_blocks > self._pool.get_num_free_blocks():
+            if refuses(self._pool.get_num_free_blocks(), demand + watermark_blocks):
                 return None
             # ALLOC-6: admit computed blocks (a new request only).
             if not known:

@@ -28,11 +28,81 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["DECODE", "NATIVE", "TOKENS", "NativeDecode", "NativeLoops", "NativeTokens", "build_name"]
+__all__ = ["DECODE", "NATIVE", "TOKENS", "AdmitContext", "DecodeContext", "LookupContext", "NativeDecode",
+           "NativeLoops", "NativeTokens", "ReleaseContext", "build_name"]
+
+
+# The named structures the C steps are bound to (functools.partial). C reads
+# their items by position (a tuple subclass: no attribute lookup per call);
+# each module's *_FIELDS tuple names its positions, and the fast paths check
+# them against these classes when they bind (test_native_calls holds them equal).
+
+class AdmitContext(NamedTuple):
+    """What ``_native.admit_request`` reads: the admission step's tables (``admit_path``)."""
+
+    python_step: Callable[..., Any]
+    requests: set[str]
+    blocks_of: dict[str, list[int]]
+    cached_of: dict[str, int]
+    pool: Any
+    queue: Any
+    ref: list[int]
+    prev: list[int]
+    next: list[int]
+    sentinel: int
+    hashes: list[Any]
+    gids: list[int]
+    key_tokens: list[int]
+    table: dict[bytes, int]
+    evict: Callable[[int], object]
+    maps: tuple[Any, ...]
+    blocks_type: type
+    block_size: int
+    max_model_len: int
+    finish: Callable[..., Any]
+    recover: Callable[[], object]
+
+
+class DecodeContext(NamedTuple):
+    """What ``_decode.decode_step`` reads: the decode step's rules (``decode_path``)."""
+
+    python_step: Callable[..., Any]
+    rules: tuple[tuple[Any, ...], ...]
+    counted: set[type]
+    max_model_len: int
+    caching: bool
+    hash_block_size: int
+    empty: Any
+
+
+class LookupContext(NamedTuple):
+    """What ``_native.lookup`` reads: the one group's map (``manager``)."""
+
+    table: dict[bytes, int]
+    block_size: int
+    pool: Any
+    blocks_type: type
+    hashes: list[Any]
+
+
+class ReleaseContext(NamedTuple):
+    """What ``_native.release_request`` reads: the one group's tables (``coordinator_kinds``)."""
+
+    python_release: Callable[[str], None]
+    requests: set[str]
+    blocks_of: dict[str, list[int]]
+    cached_of: dict[str, int]
+    ref: list[int]
+    gids: list[int]
+    prev: list[int]
+    next: list[int]
+    sentinel: int
+    queue: Any
+    free_held: Callable[[list[int]], None]
 
 
 class NativeLoops(Protocol):
@@ -59,7 +129,6 @@ class NativeLoops(Protocol):
 
     def same_prefix(self, items: Sequence[object], prefix: Sequence[object], /) -> bool | None: ...
 
-    def map_probe(self, table: dict[Any, Any], keys: Sequence[object], /) -> list[int] | None: ...
 
     def admit(self, ref: list[int], prev: list[int], next: list[int], sentinel: int,
               hashes: list[BlockHash | None], gids: list[int], key_tokens: list[int], table: dict[bytes, int],
@@ -113,13 +182,24 @@ if TYPE_CHECKING:  # the stubs (_native.pyi, ...) must satisfy the Protocols abo
 
     _protocols: tuple[NativeLoops, NativeTokens, NativeDecode] = (_native, _tokens, _decode)
 
-NATIVE: NativeLoops | None = _load("_native")
+def _matches(module: Any, fields: dict[str, Any]) -> Any:
+    """``module``, after checking that each C step reads its context in the
+    order of its NamedTuple's fields (a stale build otherwise: ``make install``)."""
+    for name, structure in fields.items():
+        if module is not None and getattr(module, name, None) != structure._fields:
+            raise ImportError(f"{module.__name__}.{name} disagrees with {structure.__name__}: a stale build "
+                              "(run make install)")
+    return module
+
+
+NATIVE: NativeLoops | None = _matches(_load("_native"), {
+    "ADMIT_FIELDS": AdmitContext, "LOOKUP_FIELDS": LookupContext, "RELEASE_FIELDS": ReleaseContext})
 """The pool's C loops, or None when the Python loops run."""
 
 TOKENS: NativeTokens | None = _load("_tokens")
 """Token checking and prompt hashing in C, or None when the Python code runs."""
 
-DECODE: NativeDecode | None = _load("_decode")
+DECODE: NativeDecode | None = _matches(_load("_decode"), {"STEP_FIELDS": DecodeContext})
 """The decode step's no-op test in C, or None when the Python test runs."""
 
 
