@@ -492,8 +492,6 @@ static PyMethodDef native_methods[] = {
     {"prefix_hits", (PyCFunction)(void (*)(void))prefix_hits, METH_FASTCALL, prefix_hits_doc},
     {"same_prefix", (PyCFunction)(void (*)(void))same_prefix, METH_FASTCALL, same_prefix_doc},
     {"admit", (PyCFunction)(void (*)(void))pk_admit, METH_FASTCALL, admit_doc},
-    {"admit_request", (PyCFunction)(void (*)(void))pk_admit_request, METH_FASTCALL | METH_KEYWORDS,
-     admit_request_doc},
     {"lookup", (PyCFunction)(void (*)(void))pk_lookup, METH_FASTCALL, lookup_doc},
     {"release_request", (PyCFunction)(void (*)(void))pk_release_request, METH_FASTCALL, release_request_doc},
     {NULL, NULL, 0, NULL},
@@ -510,12 +508,11 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    if (pk_step_init() < 0 || pk_calls_init() < 0) {
+    if (pk_calls_init() < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&native_module);
-    if (module != NULL && (pk_add_fields(module, "ADMIT_FIELDS", pk_admit_fields, pk_admit_nfields) < 0
-                           || pk_add_fields(module, "LOOKUP_FIELDS", pk_lookup_fields, pk_lookup_nfields) < 0
+    if (module != NULL && (pk_add_fields(module, "LOOKUP_FIELDS", pk_lookup_fields, pk_lookup_nfields) < 0
                            || pk_add_fields(module, "RELEASE_FIELDS", pk_release_fields, pk_release_nfields) < 0)) {
         Py_CLEAR(module);
     }

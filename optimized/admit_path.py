@@ -28,8 +28,7 @@ state, events and errors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from pagedkv.spec.request import RequestFacts
 from pagedkv.spec.types import BlockHash
@@ -38,7 +37,7 @@ from .blocks import KVCacheBlocks
 from .capacity import refuses
 from .decode_path import TAKE_GENERAL_PATH
 from .hit_memo import same_prefix
-from .native import NATIVE, AdmitContext
+from .native import NATIVE
 from .pool_caching import cache_new_run
 from .recovery import recover
 
@@ -239,7 +238,7 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
                 ref, prev, nxt, sentinel, keys_of, gids, key_tokens, table, evict, maps, blocks, missing,
                 block_hashes, num_full, block_size)
             if done is not None and done[1] is not None and (num_full <= held or done[2] is True):
-                # The pool call did ALLOC-6 to ALLOC-8 (the common case, as _native.admit_request runs it).
+                # The pool call did ALLOC-6 to ALLOC-8 (the common case).
                 queue.size -= done[0] + missing
                 if num_full > held:
                     cached_of[request_id] = num_full
@@ -249,13 +248,4 @@ def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
             recover(self)
             raise
 
-    native_step = None if NATIVE is None else NATIVE.admit_request
-    if native_step is None:
-        return step
-    # The common case in C, the rest handed to step and finish (D-PERF-49).
-    context = AdmitContext(
-        python_step=step, requests=requests, blocks_of=blocks_of, cached_of=cached_of, pool=pool, queue=queue,
-        ref=ref, prev=prev, next=nxt, sentinel=sentinel, hashes=keys_of, gids=gids, key_tokens=key_tokens,
-        table=table, evict=evict, maps=maps, blocks_type=own_blocks, block_size=block_size,
-        max_model_len=max_model_len, finish=finish, recover=partial(recover, self))
-    return cast("AdmitStep", partial(native_step, context))
+    return step

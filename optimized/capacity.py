@@ -2,9 +2,8 @@
 
 One function decides whether a step's blocks fit the free queue: the general
 path (``manager.py``), the admission fast path (``admit_path.py``) and the
-decode step's filling branch (``fill_path.py``) all ask it, and the C
-admission step (``_native_step.c``, ``admit_request``) is its one C twin,
-held to it by ``tests/test_admit_path.py`` and ``tests/test_native_calls.py``.
+decode step's filling branch (``fill_path.py``) all ask it; nothing in C
+decides capacity.
 """
 
 from __future__ import annotations

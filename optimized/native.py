@@ -5,8 +5,7 @@ present (``setup.py``):
 
 - ``optimized/_native.c``: the block pool's per-block loops in
   :mod:`.block_pool` and :mod:`.pool_caching` (D-PERF-26), and, for one
-  full-attention group, the admission step, the lookup and the release
-  around them (:mod:`.admit_path`, D-PERF-49);
+  full-attention group, the lookup and the release around them (D-PERF-49);
 - ``optimized/_tokens.c``: checking and packing a request's token ids
   (``spec.request.pack_token_ids``) and hashing a prompt's blocks with
   sha256 (:mod:`.hasher`, D-PERF-35);
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["DECODE", "NATIVE", "TOKENS", "AdmitContext", "DecodeContext", "LookupContext", "NativeDecode",
+__all__ = ["DECODE", "NATIVE", "TOKENS", "DecodeContext", "LookupContext", "NativeDecode",
            "NativeLoops", "NativeTokens", "ReleaseContext", "build_name"]
 
 
@@ -40,32 +39,6 @@ __all__ = ["DECODE", "NATIVE", "TOKENS", "AdmitContext", "DecodeContext", "Looku
 # their items by position (a tuple subclass: no attribute lookup per call);
 # each module's *_FIELDS tuple names its positions, and the fast paths check
 # them against these classes when they bind (test_native_calls holds them equal).
-
-class AdmitContext(NamedTuple):
-    """What ``_native.admit_request`` reads: the admission step's tables (``admit_path``)."""
-
-    python_step: Callable[..., Any]
-    requests: set[str]
-    blocks_of: dict[str, list[int]]
-    cached_of: dict[str, int]
-    pool: Any
-    queue: Any
-    ref: list[int]
-    prev: list[int]
-    next: list[int]
-    sentinel: int
-    hashes: list[Any]
-    gids: list[int]
-    key_tokens: list[int]
-    table: dict[bytes, int]
-    evict: Callable[[int], object]
-    maps: tuple[Any, ...]
-    blocks_type: type
-    block_size: int
-    max_model_len: int
-    finish: Callable[..., Any]
-    recover: Callable[[], object]
-
 
 class DecodeContext(NamedTuple):
     """What ``_decode.decode_step`` reads: the decode step's rules (``decode_path``)."""
@@ -137,11 +110,6 @@ class NativeLoops(Protocol):
               blocks: list[int], missing: int, keys: Sequence[BlockHash], num_full: int, block_size: int,
               /) -> tuple[int, list[int] | None, bool | None] | None: ...
 
-    def admit_request(self, context: tuple[Any, ...], facts: Any, num_new_tokens: int,
-                      num_new_computed_tokens: int, new_computed_blocks: Any, delay_cache_blocks: bool,
-                      reserved_blocks: int, watermark_blocks: int, num_in_flight_tokens: int,
-                      full_sequence_must_fit: bool, raw: bool = False) -> Any: ...
-
     def lookup(self, context: tuple[Any, ...], request: Any, /) -> tuple[Any, int] | None: ...
 
     def release_request(self, context: tuple[Any, ...], request_id: str, /) -> None: ...
@@ -193,7 +161,7 @@ def _matches(module: Any, fields: dict[str, Any]) -> Any:
 
 
 NATIVE: NativeLoops | None = _matches(_load("_native"), {
-    "ADMIT_FIELDS": AdmitContext, "LOOKUP_FIELDS": LookupContext, "RELEASE_FIELDS": ReleaseContext})
+    "LOOKUP_FIELDS": LookupContext, "RELEASE_FIELDS": ReleaseContext})
 """The pool's C loops, or None when the Python loops run."""
 
 TOKENS: NativeTokens | None = _load("_tokens")
