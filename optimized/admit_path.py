@@ -72,9 +72,8 @@ class AdmitStep(Protocol):
 def single_admit_step(self: KVCacheCoordinator) -> AdmitStep:
     """The admission step for one full-attention group hashed at its block
     size, caching on (a closure over the tables it reads, as
-    :func:`decode_path.single_decode_step`; in a native build, the C step
-    ``_native.admit_request`` bound to those tables, which hands this
-    closure every case but the common one, D-PERF-49).
+    :func:`decode_path.probed_decode_step`; in a native build its pool work
+    is one C call, ``_native.admit``, D-PERF-48).
 
     ``step(facts, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
     delay_cache_blocks, reserved_blocks, watermark_blocks, num_in_flight_tokens,
