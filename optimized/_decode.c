@@ -1,4 +1,4 @@
-/* The several-group decode step's no-op test in C (D-PERF-39):
+/* The decode step's no-op test in C (D-PERF-39) and its no-op case (D-PERF-50):
  * pagedkv.optimized._decode.
  *
  * Optional, like _native.c: without a C compiler the module is left out and
@@ -320,7 +320,7 @@ static PyMethodDef decode_methods[] = {
 static struct PyModuleDef decode_module = {
     PyModuleDef_HEAD_INIT,
     "pagedkv.optimized._decode",
-    "The several-group decode step's no-op test in C (optional; D-PERF-39).",
+    "The decode step's no-op test and no-op case in C (optional; D-PERF-39, D-PERF-50).",
     -1,
     decode_methods,
 };

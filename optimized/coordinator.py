@@ -167,7 +167,7 @@ class KVCacheCoordinator(SubBlockCoordination):
         """The decode fast path for this configuration, or ``None``."""
         self.counted_request_types: set[type] = {Request, REQUEST_TYPE}
         """Request classes whose ``num_tokens`` is an int >= 1 by
-        construction: the single-group decode step does not read it from
+        construction: the decode step's no-op test does not read it from
         them (D-PERF-22). An adapter may add its engine's class."""
         self.fact_capturers: dict[type, Callable[[Any], RequestFacts]] = {}
         """Per request class, how the decode step's filling branch takes the

@@ -1,4 +1,4 @@
-"""The filling branch of the several-group decode fast path (D-PERF-37).
+"""The filling branch of the decode fast path (D-PERF-37), any probed configuration.
 
 :func:`decode_path.probed_decode_step` settles a decode step of a known
 request when no group needs a block, fills one or releases one. Every

@@ -9,7 +9,7 @@ present (``setup.py``):
 - ``optimized/_tokens.c``: checking and packing a request's token ids
   (``spec.request.pack_token_ids``) and hashing a prompt's blocks with
   sha256 (:mod:`.hasher`, D-PERF-35);
-- ``optimized/_decode.c``: the several-group decode step's no-op test
+- ``optimized/_decode.c``: the decode step's no-op test
   (:func:`.decode.is_noop_decode`, D-PERF-39), and that step's no-op case
   around it (:mod:`.decode_path`, D-PERF-50).
 
