@@ -37,11 +37,11 @@ def c_compiler_works() -> bool:
 # The pool's per-block loops (D-PERF-26), token checking / prompt hashing (D-PERF-35) and the
 # decode step's no-op test (D-PERF-39).
 SOURCES = {"_native": ["optimized/_native.c", "optimized/_native_map.c", "optimized/_native_admit.c",
-                       "optimized/_native_step.c", "optimized/_native_calls.c"],
+                       "optimized/_native_calls.c"],
            "_tokens": ["optimized/_tokens.c"],
            "_decode": ["optimized/_decode.c"]}
 NATIVE = [Extension(f"pagedkv.optimized.{name}", sources,
-                    depends=["optimized/_native_int.h", "optimized/_native_map.h", "optimized/_native_warm.h",
+                    depends=["optimized/_native_int.h", "optimized/_native_map.h",
                              "optimized/_native_loops.h"],
                     optional=True, extra_compile_args=["-O2"])
           for name, sources in SOURCES.items()]

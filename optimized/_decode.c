@@ -1,4 +1,4 @@
-/* The several-group decode step's no-op test in C (D-PERF-39):
+/* The decode step's no-op test in C (D-PERF-39) and its no-op case (D-PERF-50):
  * pagedkv.optimized._decode.
  *
  * Optional, like _native.c: without a C compiler the module is left out and
@@ -175,9 +175,11 @@ noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 }
 
-/* The probed decode step's context, as decode_path.probed_decode_step builds it. */
+/* The decode step's context, as decode_path.probed_decode_step builds it (native.DecodeContext). */
 enum { STEP_PYTHON, STEP_RULES, STEP_COUNTED, STEP_MAX_MODEL_LEN, STEP_CACHING, STEP_HASH_BLOCK_SIZE,
        STEP_EMPTY, STEP_SIZE };
+static const char *const step_fields[] = {"python_step", "rules", "counted", "max_model_len", "caching",
+                                          "hash_block_size", "empty"};
 
 static PyObject *s_num_computed_tokens, *s_num_tokens, *s_block_hashes, *s_request_id;
 
@@ -210,8 +212,8 @@ PyDoc_STRVAR(decode_step_doc,
 static PyObject *
 decode_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 1 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != STEP_SIZE) {
-        PyErr_SetString(PyExc_TypeError, "decode_step: the context tuple of probed_decode_step comes first");
+    if (nargs < 1 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != STEP_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "decode_step: the DecodeContext of probed_decode_step comes first");
         return NULL;
     }
     PyObject *ctx = args[0];
@@ -223,7 +225,7 @@ decode_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int caches = PyTuple_GET_ITEM(ctx, STEP_CACHING) == Py_True && args[3] == Py_False;
     int handled = 0, read;
     /* The step's reads, in its order: num_computed_tokens, then num_tokens
-     * where it caches or the class is not counted. */
+     * where the class is not counted (0: not read). */
     if ((read = read_attr(request, s_num_computed_tokens, &computed_obj)) <= 0) {
         goto out;
     }
@@ -232,13 +234,16 @@ decode_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         read = -1;
         goto out;
     }
-    long long num_tokens = 1;
+    long long num_tokens = 0;
     int ok = 1;
-    if (caches || !counted) {
+    if (!counted) {
         if ((read = read_attr(request, s_num_tokens, &tokens_obj)) <= 0) {
             goto out;
         }
         num_tokens = int_value(tokens_obj, &ok);
+        if (num_tokens < 1) {
+            ok = 0;
+        }
     }
     long long num_computed = int_value(computed_obj, &ok);
     long long num_new = int_value(args[2], &ok);
@@ -246,7 +251,7 @@ decode_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long hash_block_size = int_value(PyTuple_GET_ITEM(ctx, STEP_HASH_BLOCK_SIZE), &ok);
     /* Counts far from overflow only; anything else is the Python step's. */
     const long long big = 1LL << 50;
-    if (!ok || num_tokens < 1 || num_computed < 0 || num_computed > big || num_new > big || num_new < 1
+    if (!ok || num_computed < 0 || num_computed > big || num_new > big || num_new < 1
             || hash_block_size <= 0) {
         goto out;
     }
@@ -255,8 +260,8 @@ decode_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto out;
     }
     long long cache_tokens = -1;
-    if (caches) {
-        cache_tokens = total < num_tokens ? total : num_tokens;
+    if (caches) {  /* total bounds min(total, num_tokens) where the count is not read */
+        cache_tokens = num_tokens == 0 || total < num_tokens ? total : num_tokens;
     }
     /* len(request.block_hashes), then request.request_id, as the step reads them. */
     if ((read = read_attr(request, s_block_hashes, &hashes)) <= 0) {
@@ -315,7 +320,7 @@ static PyMethodDef decode_methods[] = {
 static struct PyModuleDef decode_module = {
     PyModuleDef_HEAD_INIT,
     "pagedkv.optimized._decode",
-    "The several-group decode step's no-op test in C (optional; D-PERF-39).",
+    "The decode step's no-op test and no-op case in C (optional; D-PERF-39, D-PERF-50).",
     -1,
     decode_methods,
 };
@@ -332,5 +337,9 @@ PyInit__decode(void)
             return NULL;
         }
     }
-    return PyModule_Create(&decode_module);
+    PyObject *module = PyModule_Create(&decode_module);
+    if (module != NULL && pk_add_fields(module, "STEP_FIELDS", step_fields, STEP_SIZE) < 0) {
+        Py_CLEAR(module);
+    }
+    return module;
 }

@@ -491,10 +491,7 @@ static PyMethodDef native_methods[] = {
     {"map_run", (PyCFunction)(void (*)(void))map_run, METH_FASTCALL, map_run_doc},
     {"prefix_hits", (PyCFunction)(void (*)(void))prefix_hits, METH_FASTCALL, prefix_hits_doc},
     {"same_prefix", (PyCFunction)(void (*)(void))same_prefix, METH_FASTCALL, same_prefix_doc},
-    {"map_probe", (PyCFunction)(void (*)(void))map_probe, METH_FASTCALL, map_probe_doc},
     {"admit", (PyCFunction)(void (*)(void))pk_admit, METH_FASTCALL, admit_doc},
-    {"admit_request", (PyCFunction)(void (*)(void))pk_admit_request, METH_FASTCALL | METH_KEYWORDS,
-     admit_request_doc},
     {"lookup", (PyCFunction)(void (*)(void))pk_lookup, METH_FASTCALL, lookup_doc},
     {"release_request", (PyCFunction)(void (*)(void))pk_release_request, METH_FASTCALL, release_request_doc},
     {NULL, NULL, 0, NULL},
@@ -511,8 +508,13 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    if (pk_step_init() < 0 || pk_calls_init() < 0) {
+    if (pk_calls_init() < 0) {
         return NULL;
     }
-    return PyModule_Create(&native_module);
+    PyObject *module = PyModule_Create(&native_module);
+    if (module != NULL && (pk_add_fields(module, "LOOKUP_FIELDS", pk_lookup_fields, pk_lookup_nfields) < 0
+                           || pk_add_fields(module, "RELEASE_FIELDS", pk_release_fields, pk_release_nfields) < 0)) {
+        Py_CLEAR(module);
+    }
+    return module;
 }

@@ -1,8 +1,7 @@
 /* The one-group manager's lookup and release in C (D-PERF-49), part of
  * pagedkv.optimized._native (its method table is in _native.c).
  *
- * Why: as for the admission step (_native_step.c), replaying a large trace
- * one request at a time, the interpreted layers around the pool's C loops
+ * Why: replaying a large trace one request at a time, the interpreted layers around the pool's C loops
  * (a frame, a few attribute reads, a result object built through its
  * __init__) cost about a third of what the loops cost, mostly in lines the
  * work between requests has evicted. These two run those layers for one
@@ -21,21 +20,37 @@
 #include "_native_loops.h"
 #include "_native_map.h"
 
-static PyObject *s_block_hashes, *s_num_tokens, *s_size;
+static PyObject *s_block_hashes, *s_num_tokens, *s_size, *s_blocks, *s_block_hashes_slot;
 
 int
 pk_calls_init(void)
 {
-    if (s_block_hashes == NULL && (s_block_hashes = PyUnicode_InternFromString("block_hashes")) == NULL) {
-        return -1;
-    }
-    if (s_num_tokens == NULL && (s_num_tokens = PyUnicode_InternFromString("num_tokens")) == NULL) {
-        return -1;
-    }
-    if (s_size == NULL && (s_size = PyUnicode_InternFromString("size")) == NULL) {
-        return -1;
+    PyObject **slots[] = {&s_block_hashes, &s_num_tokens, &s_size, &s_blocks, &s_block_hashes_slot};
+    const char *names[] = {"block_hashes", "num_tokens", "size", "blocks", "_block_hashes"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (*slots[i] == NULL && (*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) {
+            return -1;
+        }
     }
     return 0;
+}
+
+/* KVCacheBlocks((new,), hashes) without its __init__, whose whole work is
+ * storing these two slots (blocks.py). */
+static PyObject *
+own_blocks(PyObject *type, PyObject *new, PyObject *hashes)
+{
+    PyTypeObject *tp = (PyTypeObject *)type;
+    PyObject *groups = PyTuple_Pack(1, new);
+    PyObject *empty = groups == NULL ? NULL : PyTuple_New(0);
+    PyObject *out = empty == NULL ? NULL : tp->tp_new(tp, empty, NULL);
+    Py_XDECREF(empty);
+    if (out != NULL && (PyObject_SetAttr(out, s_blocks, groups) < 0
+                        || PyObject_SetAttr(out, s_block_hashes_slot, hashes) < 0)) {
+        Py_CLEAR(out);
+    }
+    Py_XDECREF(groups);
+    return out;
 }
 
 /* args[0] when the call is (context, one argument) with a context tuple of
@@ -43,15 +58,17 @@ pk_calls_init(void)
 static PyObject *
 context_of(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t size, const char *usage)
 {
-    if (nargs != 2 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != size) {
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != size) {
         PyErr_Format(PyExc_TypeError, "%s: the context tuple its builder makes, then one argument", usage);
         return NULL;
     }
     return args[0];
 }
 
-/* The lookup's context, as KVCacheManager builds it. */
+/* The lookup's context, as KVCacheManager builds it (native.LookupContext). */
 enum { LOOK_TABLE, LOOK_BLOCK_SIZE, LOOK_POOL, LOOK_BLOCKS_TYPE, LOOK_HASHES, LOOK_SIZE };
+const char *const pk_lookup_fields[] = {"table", "block_size", "pool", "blocks_type", "hashes"};
+const Py_ssize_t pk_lookup_nfields = LOOK_SIZE;
 
 const char lookup_doc[] =
 "lookup(context, request) -> tuple | None\n\n"
@@ -103,7 +120,7 @@ pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (hit == NULL || hit == Py_None) {
         return hit;
     }
-    PyObject *blocks = pk_own_blocks(PyTuple_GET_ITEM(ctx, LOOK_BLOCKS_TYPE), hit, PyTuple_GET_ITEM(ctx, LOOK_HASHES));
+    PyObject *blocks = own_blocks(PyTuple_GET_ITEM(ctx, LOOK_BLOCKS_TYPE), hit, PyTuple_GET_ITEM(ctx, LOOK_HASHES));
     PyObject *tokens_hit = PyLong_FromLongLong((long long)PyList_GET_SIZE(hit) * size);
     Py_DECREF(hit);
     /* LOOKUP-6: the answer; nothing of the pool changed. */
@@ -118,6 +135,9 @@ enum {
     REL_METHOD, REL_REQUESTS, REL_BLOCKS_OF, REL_CACHED_OF, REL_REF, REL_GIDS, REL_PREV, REL_NEXT, REL_SENTINEL,
     REL_QUEUE, REL_FREE_HELD, REL_SIZE
 };
+const char *const pk_release_fields[] = {"python_release", "requests", "blocks_of", "cached_of", "ref", "gids",
+                                         "prev", "next", "sentinel", "queue", "free_held"};
+const Py_ssize_t pk_release_nfields = REL_SIZE;
 
 const char release_request_doc[] =
 "release_request(context, request_id) -> None\n\n"

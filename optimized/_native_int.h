@@ -41,4 +41,24 @@ compact_value(PyObject *item, int *ok)
 }
 #endif
 
+/* module.<name> = the tuple of field names: the order in which a C step
+ * reads its context (a NamedTuple of optimized/native.py, which checks the
+ * two agree when the module loads). 0, or -1 with an error set. */
+static inline int
+pk_add_fields(PyObject *module, const char *name, const char *const *fields, Py_ssize_t n)
+{
+    PyObject *names = PyTuple_New(n);
+    for (Py_ssize_t i = 0; names != NULL && i < n; i++) {
+        PyObject *field = PyUnicode_FromString(fields[i]);
+        if (field == NULL) {
+            Py_CLEAR(names);
+            break;
+        }
+        PyTuple_SET_ITEM(names, i, field);
+    }
+    int added = names == NULL ? -1 : PyModule_AddObjectRef(module, name, names);
+    Py_XDECREF(names);
+    return added;
+}
+
 #endif

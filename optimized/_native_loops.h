@@ -15,18 +15,15 @@ PyObject *pk_key_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern const char admit_doc[];
 PyObject *pk_admit(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
-/* _native_step.c: the admission step's common case (D-PERF-49). */
-extern const char admit_request_doc[];
-int pk_step_init(void);
-PyObject *pk_admit_request(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
-/* KVCacheBlocks((new,), hashes) built in C (type: the class itself). */
-PyObject *pk_own_blocks(PyObject *type, PyObject *new, PyObject *hashes);
-
 /* _native_calls.c: the one-group lookup and release (D-PERF-49). */
 extern const char lookup_doc[];
 extern const char release_request_doc[];
 int pk_calls_init(void);
 PyObject *pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pk_release_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* The field names of the contexts the two calls read (native.py's NamedTuples). */
+extern const char *const pk_lookup_fields[], *const pk_release_fields[];
+extern const Py_ssize_t pk_lookup_nfields, pk_release_nfields;
 
 #endif

@@ -8,7 +8,6 @@
  */
 #include "_native_int.h"
 #include "_native_map.h"
-#include "_native_warm.h"
 
 const char map_run_doc[] =
 "map_run(table, keys, run) -> bool | None\n\n"
@@ -16,8 +15,8 @@ const char map_run_doc[] =
 "for every i when no key is in table already and none repeats in keys\n"
 "(True); otherwise table is left as it was (False). One insertion per key\n"
 "where the Python code probes each key twice (a disjointness test, then\n"
-"dict.update): in a large map every probe is a cache miss (prefetched a\n"
-"batch at a time, D-PERF-47). None (nothing changed) unless table is an\n"
+"dict.update): in a large map every probe is a cache miss. None (nothing\n"
+"changed) unless table is an\n"
 "exact dict, keys an exact list of exact bytes (their hashing and\n"
 "comparison run no Python code) and run an exact list as long.";
 
@@ -39,11 +38,7 @@ map_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t i = 0;
     int clash = 0;
-    PyObject **items = ((PyListObject *)keys)->ob_item;
     for (; i < n; i++) {
-        if (i % PK_WARM_BATCH == 0) {
-            pk_warm_map(table, items + i, n - i);  /* the batch's misses overlap (D-PERF-47) */
-        }
         Py_ssize_t before = PyDict_GET_SIZE(table);
         if (PyDict_SetDefault(table, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(run, i)) == NULL) {
             break;  /* out of memory: undone below, the error kept */
@@ -153,9 +148,6 @@ prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     /* No Python code runs below (exact bytes keys, an exact dict): the
      * sequence cannot change under the loop. */
     for (Py_ssize_t i = 0; i < limit; i++) {
-        if (i % PK_WARM_BATCH == 0) {
-            pk_warm_map(table, items + i, limit - i);  /* the batch's misses overlap (D-PERF-47) */
-        }
         PyObject *block = PyDict_GetItemWithError(table, items[i]);
         if (block == NULL) {
             if (PyErr_Occurred()) {
@@ -202,47 +194,4 @@ same_prefix(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_RETURN_TRUE;
-}
-
-const char map_probe_doc[] =
-"map_probe(table, keys) -> list | None\n\n"
-"For the tests of the probe prefetching (D-PERF-47, _native_warm.h): each\n"
-"key's entry index in table's entry array as the prefetching walk finds\n"
-"it, run to its end (-1: absent; -2: not an exact bytes key). None where\n"
-"the walk does not read this table (another CPython layout, a split or\n"
-"unicode-keyed table) or keys is not an exact list or tuple. Changes\n"
-"nothing.";
-
-PyObject *
-map_probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2 || !PyDict_CheckExact(args[0])
-            || !(PyList_CheckExact(args[1]) || PyTuple_CheckExact(args[1]))) {
-        Py_RETURN_NONE;
-    }
-    PyObject *table = args[0], *keys = args[1];
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) {
-        return NULL;
-    }
-    Py_ssize_t found[PK_WARM_BATCH];
-    if (pk_map_walk(table, NULL, 0, 0, NULL) < 0) {
-        Py_DECREF(out);
-        Py_RETURN_NONE;  /* not a table the walk reads */
-    }
-    for (Py_ssize_t start = 0; start < n; start += PK_WARM_BATCH) {
-        Py_ssize_t m = n - start < PK_WARM_BATCH ? n - start : PK_WARM_BATCH;
-        /* The keys stay referenced by the sequence: the walk runs no Python code. */
-        (void)pk_map_walk(table, PySequence_Fast_ITEMS(keys) + start, m, 1 << 16, found);
-        for (Py_ssize_t i = 0; i < m; i++) {
-            PyObject *index = PyLong_FromSsize_t(found[i]);
-            if (index == NULL) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            PyList_SET_ITEM(out, start + i, index);
-        }
-    }
-    return out;
 }

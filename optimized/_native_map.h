@@ -13,7 +13,4 @@ PyObject *prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern const char same_prefix_doc[];
 PyObject *same_prefix(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
-extern const char map_probe_doc[];
-PyObject *map_probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-
 #endif

@@ -12,12 +12,12 @@ a typed error from ``pagedkv.spec.errors`` before changing anything. The facade
 builds the pool (spec/operations.md, construction); the state and the work
 live in the coordinator (``coordinator.py``), which builds the per-group
 managers over that pool. ``allocate_slots`` reads as the spec's
-numbered steps; before them, a decode step of a known request (no hit,
-lookahead, external or encoder tokens) is offered to the coordinator's fast
-path (``KVCacheCoordinator.decode_step``), which settles the common cases
-and hands any other back; after the request's facts are read, a new
-request on one full-attention group likewise to ``admit_step``
-(``admit_path.py``, D-PERF-17).
+numbered steps; before them, a decode step (no hit, lookahead, external or
+encoder tokens) is offered to the coordinator's one decode fast path
+(``KVCacheCoordinator.decode_step``, ``decode_path.py``), which settles the
+common cases and hands any other back, and a new request on one
+full-attention group likewise to ``admit_step`` (``admit_path.py``,
+D-PERF-17). The capacity check of every path is ``capacity.refuses``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 from pagedkv.optimized.coordination.coordinator import TAKE_GENERAL_PATH, KVCacheCoordinator
 from pagedkv.optimized.coordination.coordinator_kinds import make_coordinator
+from pagedkv.optimized.paths.capacity import refuses
 from pagedkv.optimized.paths.recovery import recover
 from pagedkv.optimized.pool.block_pool import BlockPool
 from pagedkv.optimized.pool.blocks import KVCacheBlocks
@@ -41,7 +42,7 @@ from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 from . import validation
 from .manager_reads import ManagerReads
-from .native import NATIVE
+from .native import NATIVE, LookupContext
 from .sub_block_ops import SubBlockOperations
 
 __all__ = ["KVCacheManager"]
@@ -156,7 +157,8 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         self._lookup: Callable[[RequestView], tuple[KVCacheBlocks, int] | None] | None = None
         if self._scan is not None and NATIVE is not None:
             _, table, block_size, pool = self._scan
-            self._lookup = partial(NATIVE.lookup, (table, block_size, pool, KVCacheBlocks, pool.block_hashes))
+            self._lookup = partial(NATIVE.lookup, LookupContext(
+                table=table, block_size=block_size, pool=pool, blocks_type=KVCacheBlocks, hashes=pool.block_hashes))
         self._release = self._coordinator.native_release() or self._coordinator.release
 
     # ------------------------------------------------------------ properties
@@ -392,7 +394,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
                 demand = max(demand, coordinator.full_sequence_demand(
                     request_id=request_id, num_tokens=whole, new_computed_blocks=computed,
                     num_encoder_tokens=num_encoder_tokens))
-            if demand + watermark_blocks > self._pool.get_num_free_blocks():
+            if refuses(self._pool.get_num_free_blocks(), demand + watermark_blocks):
                 return None
             # ALLOC-6: admit computed blocks (a new request only).
             if not known:

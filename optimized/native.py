@@ -5,12 +5,11 @@ present (``setup.py``):
 
 - ``optimized/_native.c``: the block pool's per-block loops in
   :mod:`.block_pool` and :mod:`.pool_caching` (D-PERF-26), and, for one
-  full-attention group, the admission step, the lookup and the release
-  around them (:mod:`.admit_path`, D-PERF-49);
+  full-attention group, the lookup and the release around them (D-PERF-49);
 - ``optimized/_tokens.c``: checking and packing a request's token ids
   (``spec.request.pack_token_ids``) and hashing a prompt's blocks with
   sha256 (:mod:`.hasher`, D-PERF-35);
-- ``optimized/_decode.c``: the several-group decode step's no-op test
+- ``optimized/_decode.c``: the decode step's no-op test
   (:func:`.decode.is_noop_decode`, D-PERF-39), and that step's no-op case
   around it (:mod:`.decode_path`, D-PERF-50).
 
@@ -28,11 +27,55 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pagedkv.spec.types import BlockHash
 
-__all__ = ["DECODE", "NATIVE", "TOKENS", "NativeDecode", "NativeLoops", "NativeTokens", "build_name"]
+__all__ = ["DECODE", "NATIVE", "TOKENS", "DecodeContext", "LookupContext", "NativeDecode",
+           "NativeLoops", "NativeTokens", "ReleaseContext", "build_name"]
+
+
+# The named structures the C steps are bound to (functools.partial). C reads
+# their items by position (a tuple subclass: no attribute lookup per call);
+# each module's *_FIELDS tuple names its positions, and the fast paths check
+# them against these classes when they bind (test_native_calls holds them equal).
+
+class DecodeContext(NamedTuple):
+    """What ``_decode.decode_step`` reads: the decode step's rules (``decode_path``)."""
+
+    python_step: Callable[..., Any]
+    rules: tuple[tuple[Any, ...], ...]
+    counted: set[type]
+    max_model_len: int
+    caching: bool
+    hash_block_size: int
+    empty: Any
+
+
+class LookupContext(NamedTuple):
+    """What ``_native.lookup`` reads: the one group's map (``manager``)."""
+
+    table: dict[bytes, int]
+    block_size: int
+    pool: Any
+    blocks_type: type
+    hashes: list[Any]
+
+
+class ReleaseContext(NamedTuple):
+    """What ``_native.release_request`` reads: the one group's tables (``coordinator_kinds``)."""
+
+    python_release: Callable[[str], None]
+    requests: set[str]
+    blocks_of: dict[str, list[int]]
+    cached_of: dict[str, int]
+    ref: list[int]
+    gids: list[int]
+    prev: list[int]
+    next: list[int]
+    sentinel: int
+    queue: Any
+    free_held: Callable[[list[int]], None]
 
 
 class NativeLoops(Protocol):
@@ -59,7 +102,6 @@ class NativeLoops(Protocol):
 
     def same_prefix(self, items: Sequence[object], prefix: Sequence[object], /) -> bool | None: ...
 
-    def map_probe(self, table: dict[Any, Any], keys: Sequence[object], /) -> list[int] | None: ...
 
     def admit(self, ref: list[int], prev: list[int], next: list[int], sentinel: int,
               hashes: list[BlockHash | None], gids: list[int], key_tokens: list[int], table: dict[bytes, int],
@@ -67,11 +109,6 @@ class NativeLoops(Protocol):
               maps: tuple[list[int], list[dict[bytes, int]], list[dict[bytes, list[int]]], object],
               blocks: list[int], missing: int, keys: Sequence[BlockHash], num_full: int, block_size: int,
               /) -> tuple[int, list[int] | None, bool | None] | None: ...
-
-    def admit_request(self, context: tuple[Any, ...], facts: Any, num_new_tokens: int,
-                      num_new_computed_tokens: int, new_computed_blocks: Any, delay_cache_blocks: bool,
-                      reserved_blocks: int, watermark_blocks: int, num_in_flight_tokens: int,
-                      full_sequence_must_fit: bool, raw: bool = False) -> Any: ...
 
     def lookup(self, context: tuple[Any, ...], request: Any, /) -> tuple[Any, int] | None: ...
 
@@ -113,13 +150,24 @@ if TYPE_CHECKING:  # the stubs (_native.pyi, ...) must satisfy the Protocols abo
 
     _protocols: tuple[NativeLoops, NativeTokens, NativeDecode] = (_native, _tokens, _decode)
 
-NATIVE: NativeLoops | None = _load("_native")
+def _matches(module: Any, fields: dict[str, Any]) -> Any:
+    """``module``, after checking that each C step reads its context in the
+    order of its NamedTuple's fields (a stale build otherwise: ``make install``)."""
+    for name, structure in fields.items():
+        if module is not None and getattr(module, name, None) != structure._fields:
+            raise ImportError(f"{module.__name__}.{name} disagrees with {structure.__name__}: a stale build "
+                              "(run make install)")
+    return module
+
+
+NATIVE: NativeLoops | None = _matches(_load("_native"), {
+    "LOOKUP_FIELDS": LookupContext, "RELEASE_FIELDS": ReleaseContext})
 """The pool's C loops, or None when the Python loops run."""
 
 TOKENS: NativeTokens | None = _load("_tokens")
 """Token checking and prompt hashing in C, or None when the Python code runs."""
 
-DECODE: NativeDecode | None = _load("_decode")
+DECODE: NativeDecode | None = _matches(_load("_decode"), {"STEP_FIELDS": DecodeContext})
 """The decode step's no-op test in C, or None when the Python test runs."""
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import random
 import sys
-from functools import partial
 from typing import Any
 
 import pytest
@@ -75,17 +74,17 @@ def _call(manager: KVCacheManager, request: Request, args: dict[str, Any]) -> ob
 
 
 def _python_step(manager: KVCacheManager) -> Any:
-    """The manager's admission step as the interpreter runs it: the step
-    installed, or, where the C step is (D-PERF-49), the Python step its
-    context hands unusual calls to."""
+    """The manager's admission step (Python in every build: the C admission
+    step of D-PERF-49 is gone, only its pool work is one C call)."""
     step = manager.coordinator.admit_step
     assert step is not None
-    return step.args[0][0] if isinstance(step, partial) else step
+    return step
 
 
-STEPS = ["installed", "python"]
-"""Which admission step a test drives: the installed one (the C step in a
-native build) or the Python step (the same in a pure build)."""
+STEPS = ["installed"]
+"""Which admission step a test drives: the installed one (Python in every
+build since the C admission step went; the pool work under it is one C call
+in a native build)."""
 
 
 @pytest.mark.parametrize("which", STEPS)
@@ -347,46 +346,4 @@ def test_admission_step_recovers_from_a_fault_at_every_line(which: str) -> None:
         assert manager.block_pool.get_num_free_blocks() == 23
         if fuse.count < fire_at:  # ran to the end without firing: every line tried
             break
-    assert fired >= (20 if which == "python" or not isinstance(manager.coordinator.admit_step, partial) else 3)
-
-
-class _FailingSize:
-    """A free queue stand-in whose size cannot be stored: the C step's
-    first store after the pool call fails (its changes are made by then)."""
-
-    def __init__(self, queue: Any) -> None:
-        self.queue = queue
-
-    @property
-    def size(self) -> int:
-        return int(self.queue.size)
-
-    @size.setter
-    def size(self, value: int) -> None:
-        raise MemoryError("planted: the queue size store fails")
-
-
-def test_c_admission_step_recovers_from_a_fault_after_a_change() -> None:
-    """The C step's error path (D-PERF-49): an exception after its first
-    change runs recover before it propagates, as the Python step's except
-    clause does, so the manager stays consistent and every block comes back."""
-    manager = KVCacheManager(_config(24), 64)
-    step = manager.coordinator.admit_step
-    if not isinstance(step, partial):
-        pytest.skip("no C admission step in this build")
-    holder = manager.make_request("holder", list(range(12)))
-    assert manager.allocate_slots(holder, 12) is not None
-    manager.free(holder)  # its 3 blocks: cached and free
-    context = list(step.args[0])
-    context[5] = _FailingSize(context[5])  # the context's queue (CTX_QUEUE)
-    manager.coordinator.admit_step = partial(step.func, tuple(context))
-    request = manager.make_request("new", list(range(12)) + [9] * 9)
-    hit, num_hit = manager.get_computed_blocks(request)
-    assert num_hit == 12
-    with pytest.raises(MemoryError, match="planted"):
-        manager.allocate_slots(request, 9, num_hit, hit)
-    manager.check_invariants()
-    for request_id in [r.request_id for r in manager.snapshot().requests]:
-        assert request_id == "new"
-        manager.free(request)
-    assert manager.block_pool.get_num_free_blocks() == 23
+    assert fired >= 20

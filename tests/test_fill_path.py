@@ -59,6 +59,7 @@ def _twins(kinds: tuple[str, ...], caching: bool, num_blocks: int, events: bool 
 
 
 CONFIGS = [
+    (("full",), {}),  # one full-attention group: the same step since the single-group copy went
     (("sliding", "sliding", "full"), {}),
     (("full", "chunked"), {}),
     (("sliding",), {}),

@@ -27,8 +27,8 @@ from tests.test_fill_path import _spec
 needs_decode = pytest.mark.skipif(DECODE is None, reason="built without the C module (no C compiler, "
                                   "or PAGEDKV_PURE_PYTHON=1): the Python test runs, nothing to compare")
 
-KINDS = [("sliding", "sliding", "full"), ("full", "chunked"), ("full", "mamba-align"), ("full", "mamba-align:1"),
-         ("full", "mamba-all:1"), ("sliding", "mamba-none"), ("full", "ring"), ("chunked",)]
+KINDS = [("full",), ("sliding", "sliding", "full"), ("full", "chunked"), ("full", "mamba-align"),
+         ("full", "mamba-align:1"), ("full", "mamba-all:1"), ("sliding", "mamba-none"), ("full", "ring"), ("chunked",)]
 
 
 @needs_decode

@@ -107,5 +107,5 @@ def test_the_scan_sees_a_shared_rule(tmp_path: Path) -> None:
     (reference / "dcp.py").write_text("from pagedkv.spec.tail_rule import tail\nfrom pagedkv.spec.errors import E\n")
     (reference / "only.py").write_text("from pagedkv.spec.lonely_rule import x\n")
     shared = shared_rule_modules(reference, optimized, frozenset({"eagle_rule", "tail_rule", "errors"}))
-    assert shared == {"eagle_rule": ["optimized/groups/eagle.py", "reference/features/eagle.py"],
+    assert shared == {"eagle_rule": ["optimized/eagle.py", "reference/features/eagle.py"],
                       "tail_rule": ["optimized/dcp.py", "reference/dcp.py"]}

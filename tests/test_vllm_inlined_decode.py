@@ -1,12 +1,11 @@
-"""pagedkv.vllm's ``allocate_slots`` answers a no-op decode step of vLLM's own
-``Request`` itself (D-PERF-33), and its per-step drains skip calls that can
-find nothing (D-PERF-32); every answer is the one the core gives.
+"""pagedkv.vllm's ``allocate_slots`` hands a decode step of vLLM's own
+``Request`` to the core's decode step (no copy of it in the adapter), and its
+per-step drains skip calls that can find nothing (D-PERF-32); every answer is
+the one the core's general path gives.
 
-The core's single-group decode step publishes the tables its no-op branch
-reads and its filling branch (``inlinable``); the adapter inlines the step
-while the coordinator's ``decode_step`` is still that step. Here vLLM's
-``Request`` (the inlined step) and a trivial subclass of it (the request
-view and the core's general path) run the same decode calls on two managers,
+Here vLLM's ``Request`` (the core's decode step, unwrapped) and a trivial
+subclass of it (the request view and the core's general path) run the same
+decode calls on two managers,
 over every edge of the branch: the request's last held slot, one past it,
 max_model_len, a block filled with caching on and off, ``delay_cache_blocks``,
 an unknown request. Runs where vLLM is importable; skipped elsewhere.
@@ -54,10 +53,9 @@ def _requests(number: int, tokens: list[int]) -> tuple[Any, Any]:
 
 @pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
 @pytest.mark.parametrize("delay", [False, True], ids=["cache-now", "delay-cache"])
-def test_inlined_no_op_branch_answers_as_the_general_path(caching: bool, delay: bool) -> None:
+def test_decode_steps_answer_as_the_general_path(caching: bool, delay: bool) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed (make verify-vllm)")
     managers, core_calls = _pair(caching)
-    assert managers[0]._inlined_step is not None  # the inlined branch applies to this config
     number = 0
     # Prompts ending anywhere in a block; each request decodes past its held slots,
     # asking for 1..3 tokens (a chunk or speculative tokens), up to and over max_model_len.
@@ -89,7 +87,7 @@ def test_inlined_no_op_branch_answers_as_the_general_path(caching: bool, delay: 
                     request.append_output_token_ids(7)
             for manager, request in zip(managers, pair):
                 manager.free(request)
-    # The inlined branch answered calls without the core; the subclass never skipped it on decode.
+    # The core's decode step answered calls without the general path; the subclass never skipped it.
     assert core_calls[0] < core_calls[1]
 
 
@@ -126,15 +124,33 @@ def test_unknown_request_and_a_dropped_step_take_the_general_path() -> None:
     assert core_calls[0] == before + 1
 
 
-def test_only_the_single_group_step_publishes_its_tables() -> None:
+def test_the_adapter_calls_the_cores_one_decode_step() -> None:
+    """The adapter keeps no copy of the step: every plain decode call of vLLM's
+    Request reaches the coordinator's decode_step, single group or hybrid."""
     pytest.importorskip("vllm", reason="vLLM is not installed (make verify-vllm)")
     import pagedkv.vllm
 
-    hybrid = pagedkv.vllm.KVCacheManager(_config(24, window=True), 96, scheduler_block_size=BLOCK,
-                                         hash_block_size=BLOCK)
-    assert hybrid._core_coordinator.decode_step is not None  # the probed step
-    assert hybrid._inlined_step is None
-    assert hybrid._inlined_decode_step is not hybrid._core_coordinator.decode_step
+    for window in (False, True):
+        manager = pagedkv.vllm.KVCacheManager(_config(24, window=window), 96, scheduler_block_size=BLOCK,
+                                              hash_block_size=BLOCK)
+        coordinator = manager._core.coordinator
+        step = coordinator.decode_step
+        assert step is not None
+        calls = [0]
+
+        def counted(*args: Any, _step: Any = step, _calls: list[int] = calls) -> Any:
+            _calls[0] += 1
+            return _step(*args)
+        coordinator.decode_step = counted
+        request, _ = _requests(1, list(range(3, 23)))
+        assert manager.allocate_slots(request, 20, 0, manager.empty_kv_cache_blocks) is not None
+        request.num_computed_tokens = 20
+        calls[0] = 0  # the admission may reach the step too (the core's allocate_slots offers it first)
+        for _ in range(5):
+            request.append_output_token_ids(7)
+            assert manager.allocate_slots(request, 1) is not None
+            request.num_computed_tokens += 1
+        assert calls[0] == 5, window
 
 
 def test_per_step_drains_answer_as_the_core() -> None:

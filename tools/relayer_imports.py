@@ -21,7 +21,7 @@ PACKAGES = {
     "rules": ["dcp_rules", "eagle_rules", "mamba_checkpoint_rules", "mamba_partial_rules", "connector_hits"],
     "groups": ["single_type", "windowed", "cross_attention", "ring", "rswa", "mamba", "mamba_partial",
                "mamba_publish", "dcp_partial", "eagle", "hybrid_search", "group_hits"],
-    "paths": ["admit_path", "decode_path", "fill_path", "decode", "recovery"],
+    "paths": ["admit_path", "decode_path", "fill_path", "decode", "recovery", "capacity"],
     "coordination": ["coordinator", "coordinator_kinds", "coordinator_sub_block", "admission"],
     "host_tier": ["hisparse", "hisparse_rules", "hisparse_state", "hisparse_steps"],
 }

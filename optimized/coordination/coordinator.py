@@ -36,7 +36,7 @@ from pagedkv.optimized.groups.single_type import FullAttentionManager, SingleTyp
 from pagedkv.optimized.groups.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
 from pagedkv.optimized.paths.admit_path import AdmitStep, single_admit_step
 from pagedkv.optimized.paths.decode import decode_probes
-from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step, single_decode_step
+from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH, DecodeStep, probed_decode_step
 from pagedkv.optimized.paths.fill_path import probed_fill_step
 from pagedkv.optimized.pool.block_pool import BlockPool
 from pagedkv.optimized.pool.blocks import KVCacheBlocks
@@ -170,7 +170,7 @@ class KVCacheCoordinator(SubBlockCoordination, CoordinatorChecks):
         """The decode fast path for this configuration, or ``None``."""
         self.well_formed_request_types: set[type] = {Request, REQUEST_TYPE}
         """Request classes whose ``num_tokens`` is an int >= 1 by
-        construction: the single-group decode step does not read it from
+        construction: the decode step's no-op test does not read it from
         them (D-PERF-22). An adapter may add its engine's class."""
         self.request_facts_readers: dict[type, Callable[[Any], RequestFacts]] = {}
         """Per request class, how the decode step's filling branch takes the
@@ -179,20 +179,13 @@ class KVCacheCoordinator(SubBlockCoordination, CoordinatorChecks):
         general path builds, so both paths see the same facts (D-PERF-37)."""
         self.admit_step: AdmitStep | None = None
         """The admission fast path (``admit_path``), or ``None``."""
-        if (len(managers) == 1 and block_sizes[0] == hash_block_size
-                and isinstance(managers[0], FullAttentionManager)
-                and not isinstance(managers[0], RSWAManager)):  # R-SWA frees gaps: general path
+        if (len(managers) == 1 and block_sizes[0] == hash_block_size and enable_caching
+                and type(managers[0]) is FullAttentionManager):
             # One full-attention group hashed at its size: the common case.
-            self._blocks0 = managers[0].req_to_blocks
-            self._cached0 = managers[0].num_cached_blocks
-            self._block_size0 = block_sizes[0]
-            self.decode_step = single_decode_step(self)
-            if enable_caching and type(managers[0]) is FullAttentionManager:
-                self.admit_step = single_admit_step(self)
-        elif managers:
-            probes = decode_probes(self.managers)
-            if probes is not None:
-                self.decode_step = probed_decode_step(self, probes, probed_fill_step(self))
+            self.admit_step = single_admit_step(self)
+        probes = decode_probes(self.managers) if managers else None
+        if probes is not None:
+            self.decode_step = probed_decode_step(self, probes, probed_fill_step(self))
 
     # ------------------------------------------------------- decode fast path
 

@@ -20,7 +20,7 @@ from functools import partial
 from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
 from pagedkv.optimized.groups.hybrid_search import longest_common_hit
 from pagedkv.optimized.groups.single_type import FullAttentionManager
-from pagedkv.optimized.native import NATIVE
+from pagedkv.optimized.native import NATIVE, ReleaseContext
 from pagedkv.optimized.pool.block_pool import BlockPool
 from pagedkv.optimized.pool.hit_memo import remember
 from pagedkv.spec.attention_variants import prefix_cacheable
@@ -84,11 +84,11 @@ class UnitaryCoordinator(KVCacheCoordinator):
             return None
         pool = self.block_pool
         queue = pool._queue
-        # The order is _native_calls.c's REL_ enumeration; the method unbound from this
-        # instance's attribute lookup, so the C code never calls itself.
-        context = (partial(UnitaryCoordinator.release, self), self.requests, manager.req_to_blocks,
-                   manager.num_cached_blocks, pool._ref, pool._gid, queue.prev, queue.next, queue.sentinel,
-                   queue, pool.free_held)
+        # The method unbound from this instance's attribute lookup, so the C code never calls itself.
+        context = ReleaseContext(
+            python_release=partial(UnitaryCoordinator.release, self), requests=self.requests,
+            blocks_of=manager.req_to_blocks, cached_of=manager.num_cached_blocks, ref=pool._ref, gids=pool._gid,
+            prev=queue.prev, next=queue.next, sentinel=queue.sentinel, queue=queue, free_held=pool.free_held)
         return partial(NATIVE.release_request, context)
 
     def release(self, request_id: str) -> None:

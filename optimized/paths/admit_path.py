@@ -28,10 +28,10 @@ state, events and errors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from pagedkv.optimized.native import NATIVE
+from pagedkv.optimized.paths.capacity import refuses
 from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.paths.recovery import recover
 from pagedkv.optimized.pool.blocks import KVCacheBlocks
@@ -71,9 +71,8 @@ class AdmitStep(Protocol):
 def single_admit_step(self: CoordinatorState) -> AdmitStep:
     """The admission step for one full-attention group hashed at its block
     size, caching on (a closure over the tables it reads, as
-    :func:`decode_path.single_decode_step`; in a native build, the C step
-    ``_native.admit_request`` bound to those tables, which hands this
-    closure every case but the common one, D-PERF-49).
+    :func:`decode_path.probed_decode_step`; in a native build its pool work
+    is one C call, ``_native.admit``, D-PERF-48).
 
     ``step(facts, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
     delay_cache_blocks, reserved_blocks, watermark_blocks, num_in_flight_tokens,
@@ -217,8 +216,7 @@ def single_admit_step(self: CoordinatorState) -> AdmitStep:
             if whole > demand:
                 demand = whole
         demand += watermark_blocks
-        if demand + held > queue.size and (
-                demand + list(map(ref.__getitem__, hit)).count(0) > queue.size):
+        if refuses(queue.size, demand, hit, ref):
             return None  # D-API-13, D-API-48
         # The changes: an exception from here on leaves a consistent manager (D-API-24).
         try:
@@ -238,7 +236,7 @@ def single_admit_step(self: CoordinatorState) -> AdmitStep:
                 ref, prev, nxt, sentinel, keys_of, gids, key_tokens, table, evict, maps, blocks, missing,
                 block_hashes, num_full, block_size)
             if done is not None and done[1] is not None and (num_full <= held or done[2] is True):
-                # The pool call did ALLOC-6 to ALLOC-8 (the common case, as _native.admit_request runs it).
+                # The pool call did ALLOC-6 to ALLOC-8 (the common case).
                 queue.size -= done[0] + missing
                 if num_full > held:
                     cached_of[request_id] = num_full
@@ -248,12 +246,4 @@ def single_admit_step(self: CoordinatorState) -> AdmitStep:
             recover(self)
             raise
 
-    native_step = None if NATIVE is None else NATIVE.admit_request
-    if native_step is None:
-        return step
-    # The common case in C, the rest handed to step and finish (D-PERF-49):
-    # the context's order is _native_step.c's CTX_ enumeration.
-    context = (step, requests, blocks_of, cached_of, pool, queue, ref, prev, nxt, sentinel, keys_of, gids,
-               key_tokens, table, evict, maps, own_blocks, block_size, max_model_len, finish,
-               partial(recover, self))
-    return cast("AdmitStep", partial(native_step, context))
+    return step

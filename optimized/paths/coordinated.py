@@ -42,9 +42,6 @@ class CoordinatorState(Protocol):
     empty_blocks: KVCacheBlocks
     well_formed_request_types: set[type]
     request_facts_readers: dict[type, Callable[[Any], RequestFacts]]
-    _blocks0: dict[str, list[int]]
-    _cached0: dict[str, int]
-    _block_size0: int
 
     def cache_blocks(self, *, request: HashedRequest, request_id: str, num_tokens: int) -> None:
         """Cache the blocks ``num_tokens`` fill, in every group."""

@@ -1,4 +1,4 @@
-"""The filling branch of the several-group decode fast path (D-PERF-37).
+"""The filling branch of the decode fast path (D-PERF-37), any probed configuration.
 
 :func:`decode_path.probed_decode_step` settles a decode step of a known
 request when no group needs a block, fills one or releases one. Every
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedkv.optimized.groups.single_type import FullAttentionManager, SingleTypeManager
 from pagedkv.optimized.groups.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
+from pagedkv.optimized.paths.capacity import refuses
 from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.paths.recovery import recover
 from pagedkv.optimized.pool.blocks import KVCacheBlocks
@@ -169,7 +170,7 @@ def probed_fill_step(self: CoordinatorState) -> FillStep | None:
                     demand += missing
                 needs.append(missing)
             # ALLOC-5.
-            if demand > queue.size:  # get_num_free_blocks, without the call
+            if refuses(queue.size, demand):
                 return None
             # ALLOC-7: allocate, group by group.
             new_blocks: list[list[int]] = []

@@ -37,6 +37,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from pagedkv.optimized.pool.block_pool import BlockPool
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvalidRetentionError,
@@ -54,8 +55,6 @@ from pagedkv.spec.retention import (
     check_quota,
     check_seconds,
 )
-
-from .block_pool import BlockPool
 
 __all__ = ["RetentionBlockPool", "check_retention"]
 

@@ -165,13 +165,6 @@ class KVCacheManager(Lookups, StepDrains):
         self._records_no_zeroing = not self._zeroing.groups
         # Whether new_step_starts has anything to tell the groups (fixed with the groups).
         self._has_step_hooks = self._core_coordinator.has_step_hooks
-        # The core's single-group decode step, which allocate_slots inlines while the
-        # coordinator still has it (D-PERF-33); None for any other configuration.
-        step = self._core_coordinator.decode_step
-        self._inlined_step: Any = getattr(step, "inlinable", None) if self._records_no_zeroing else None
-        # Compared by identity with the coordinator's step: a fresh object where nothing is
-        # inlined, so that a step dropped to None later never matches.
-        self._inlined_decode_step: Any = step if self._inlined_step is not None else object()
         # vLLM's Request counts its tokens as len(all_token_ids): an int >= 1 for a request the
         # core knows (vLLM refuses an empty prompt; tokens are only appended). The decode step
         # then skips that property call (D-PERF-22).
@@ -265,7 +258,8 @@ class KVCacheManager(Lookups, StepDrains):
         ``tier_blocks`` (pagedkv's, not vLLM's): device blocks a host tier
         takes once this call returns, kept free beside both, as the watermark."""
         # The scheduler's commonest call, once per running request per step:
-        # a plain decode step of vLLM's own Request. The core's decode step
+        # a plain decode step of vLLM's own Request, handed to the core's decode
+        # step (the one that decides it; its C twin in a native build), which
         # reads the request itself, without the view (D-PERF-11): with events
         # off it reads only request_id, num_computed_tokens, num_tokens and
         # block_hashes, which vLLM's Request holds as the view would give them
@@ -282,29 +276,6 @@ class KVCacheManager(Lookups, StepDrains):
                 and not (has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES)
                 and not request.num_in_flight_tokens):  # vLLM's Request sets it (0.32, 0.33)
             decode_step = self._core_coordinator.decode_step
-            if decode_step is self._inlined_decode_step:  # never None; zeroing off (D-PERF-33)
-                # The single-group step, inlined: its own no-op test on its own tables, else
-                # its filling branch, for vLLM's Request, whose num_tokens the test never
-                # reads (a counted class, D-PERF-22). Anything else: the step.
-                blocks_of, cached_of, block_size, max_model_len, caching, fill = self._inlined_step
-                request_id = request.request_id
-                num_computed = request.num_computed_tokens
-                try:
-                    blocks = blocks_of[request_id]
-                except (KeyError, TypeError):
-                    pass  # unknown, or an unhashable id: the step answers
-                else:
-                    if type(num_computed) is int:
-                        total = num_computed + num_new_tokens
-                        if (num_new_tokens <= total <= len(blocks) * block_size and total <= max_model_len
-                                and (not caching or delay_cache_blocks
-                                     or total // block_size <= cached_of[request_id])):
-                            return self.empty_kv_cache_blocks
-                        filled = fill(request, request_id, blocks, num_new_tokens, total, delay_cache_blocks)
-                        if type(filled) is list:  # the new blocks' ids, at least one (D-PERF-34)
-                            return _compat.KVCacheBlocks((list(map(self.block_pool.blocks.__getitem__, filled)),))
-                        if filled is not TAKE_GENERAL_PATH:  # None (no room) or nothing new
-                            return None if filled is None else self.empty_kv_cache_blocks
             if decode_step is not None and self._records_no_zeroing:
                 result = decode_step(request, num_new_tokens, delay_cache_blocks)
                 if result is not TAKE_GENERAL_PATH:
