@@ -1,24 +1,23 @@
 """A KV connector completing a Mamba group's shorter hit (D-API-46,
 spec/operations.md step 1f).
 
-A hybrid model's groups can hit to different depths when blocks are
-evicted: full attention may still hold four blocks of a prefix while the
-Mamba group kept only the state after the first. With a connector that can
-restore the Mamba state, vLLM 0.33's scheduler adopts the full-attention
-hit (``get_computed_blocks_for_connector``) and lets the connector load the
-tokens after it, Mamba state included. The Mamba group then hands fewer hit
-blocks than the hit's length covers.
+When blocks are evicted, a hybrid model's groups can hit to different
+depths: full attention may still hold four blocks of a prefix while the
+Mamba group kept only the state after the first. vLLM 0.33's scheduler then
+takes the full-attention hit (``get_computed_blocks_for_connector``) if a
+connector can restore the Mamba state, and the connector loads the tokens
+after it, state included. The Mamba group hands fewer hit blocks than the
+hit's length covers.
 
-That is safe only because of how external tokens place a Mamba state: with
-``num_external_computed_tokens > 0`` every Mamba hit block lies below the
-state the request resumes from (the state after all computed tokens, which
-the connector writes into a fresh block), so step 6 drops them all as
-skipped and no hit block is read. Without external tokens the shorter hit
-would resume from a state nobody wrote, so it stays refused.
+Why that is safe: with ``num_external_computed_tokens > 0`` the request
+resumes from the state after all computed tokens, which the connector
+writes into a fresh block, so every Mamba hit block lies below it and step
+6 drops them all as skipped; none is read. With no external tokens the
+shorter hit would resume from a state nobody wrote: it stays refused.
 
-The reference's statement: step 1f calls this once per Mamba group;
-``pagedkv.optimized`` states them again in its own module, so the
-lockstep machines compare two versions.
+The reference states the rule by counting the blocks the hit's tokens
+touch; ``pagedkv.optimized`` has its own version, and the lockstep machines
+compare the two. Step 1f asks it once per Mamba group.
 """
 
 from __future__ import annotations
@@ -37,14 +36,18 @@ __all__ = ["ConnectorHits", "connector_completes_state"]
 
 def connector_completes_state(num_tokens: int, num_blocks: int, block_size: int, hash_block_size: int,
                               sub_block: bool, num_external_computed_tokens: int) -> bool:
-    """Whether a Mamba group's hit of ``num_blocks`` blocks, fewer than a hit
-    of ``num_tokens`` tokens holds, is accepted because external tokens
-    follow it: the tokens still have the shape :func:`hit_fits` asks for,
-    and the connector supplies the state after them."""
-    if num_external_computed_tokens <= 0:
-        return False
-    expected = -(-num_tokens // block_size) if sub_block else num_tokens // block_size
-    return num_blocks < expected and hit_fits(num_tokens, expected, block_size, hash_block_size, sub_block)
+    """Whether a Mamba group's hit of ``num_blocks`` blocks is accepted though
+    a hit of ``num_tokens`` tokens holds more: external tokens follow it (the
+    connector supplies the state after them), and the tokens have a hit's
+    shape (:func:`hit_fits`) for the blocks they would need."""
+    if num_external_computed_tokens < 1:
+        return False  # no connector tokens follow the hit: nobody writes the state it resumes from
+    if sub_block:
+        needed = len(range(0, num_tokens, block_size))  # every block the tokens touch
+    else:
+        needed = len([end for end in range(block_size, num_tokens + 1, block_size)])  # whole blocks only
+    shorter = num_blocks < needed
+    return shorter and hit_fits(num_tokens, needed, block_size, hash_block_size, sub_block)
 
 
 class ConnectorHits(Feature):
