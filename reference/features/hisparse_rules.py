@@ -17,40 +17,15 @@ import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pagedkv.spec.errors import (
-    ExceedsMaxModelLenError,
-    InvalidArgumentError,
-    InvalidTokenCountError,
-)
-from pagedkv.spec.hisparse import (
-    FenceHold,
-    HostCacheEvent,
-    HostTierConfig,
-    ResidencyUpdate,
-    RowMirror,
-)
+from pagedkv.spec.errors import ExceedsMaxModelLenError, InvalidArgumentError, InvalidTokenCountError
+from pagedkv.spec.hisparse import FenceHold, HostCacheEvent, HostTierConfig, ResidencyUpdate, RowMirror
 from pagedkv.spec.types import BlockHash
 
-__all__ = [
-    "AllocationCounts",
-    "check_token_count",
-    "check_block_count",
-    "check_held_blocks",
-    "check_host_block_ids",
-    "fence_hold",
-    "check_transfer_ids",
-    "count_allocation",
-    "full_sequence_need",
-    "import_pages",
-    "plan_allocation",
-    "residency_update",
-    "stored_events",
-    "row_mirrors",
-    "tally_worker_counts",
-    "writeback_tokens",
-    "wants_hot_region",
-    "writeback_window",
-]
+# In the order of the module: argument checks, then allocate, then the step and release rules.
+__all__ = ["check_token_count", "AllocationCounts", "plan_allocation", "count_allocation", "full_sequence_need",
+           "import_pages", "writeback_window", "wants_hot_region", "check_transfer_ids", "residency_update",
+           "row_mirrors", "writeback_tokens", "tally_worker_counts", "check_block_count", "check_held_blocks",
+           "stored_events", "check_host_block_ids", "fence_hold"]
 
 
 def _pages(num_tokens: int, block_size: int) -> int:
@@ -81,38 +56,33 @@ def check_token_count(name: str, value: object, max_model_len: int | None = None
 
 @dataclass(frozen=True, slots=True)
 class AllocationCounts:
-    """An ``allocate``'s needs, all counted before any block is taken.
-
-    - ``hashes``: the block hashes the request has after the call.
-    - ``imported``: the tokens an import covers, the local hit included (0: no import).
-    - ``clean_hits``: the leading hit pages clean at once; the rest the import fills (HOST-14).
-    - ``host_only``: the leading new pages with no device block (the hit's,
-      and the import's but its last).
-    - ``host_new`` / ``device_new``: the fresh host blocks, and the fresh
-      device blocks of resident pages (hot region not included).
-    - ``free_hits``: the hit blocks sitting in the host free queue (holding
-      them shortens that queue as well).
-    - ``hot_n``: the hot blocks to take (0 when the region is held or not wanted).
-    - ``cow``: 1 when the computed tokens stop inside a hit block; only a
-      capacity query counts it, ``allocate`` refuses it.
-    """
+    """An ``allocate``'s needs, all counted before any block is taken."""
 
     hashes: list[BlockHash]
+    """The block hashes the request has after the call."""
     imported: int
+    """The tokens an import covers, the local hit included (0: no import)."""
     clean_hits: int
+    """The leading hit pages clean at once; the rest the import fills (HOST-14)."""
     host_only: int
+    """The leading new pages with no device block (the hit's, and the import's but its last)."""
     host_new: int
+    """The fresh host blocks."""
     device_new: int
+    """The fresh device blocks of resident pages (the hot region not included)."""
     free_hits: int
+    """The hit blocks sitting in the host free queue (holding them shortens that queue as well)."""
     hot_n: int
+    """The hot blocks to take (0 when the region is held or not wanted)."""
     cow: int = 0
+    """1 when the computed tokens stop inside a hit block: only a capacity
+    query counts it, ``allocate`` refuses it."""
 
 
 def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: Sequence[int],
-                    block_hashes: Sequence[BlockHash] | None, num_external_tokens: int, *,
-                    held_pages: int, held_hashes: Sequence[BlockHash], has_hot: bool,
-                    hot_required: bool, host_hash_of: Mapping[int, BlockHash],
-                    host_ref: Sequence[int],
+                    block_hashes: Sequence[BlockHash] | None, num_external_tokens: int, *, held_pages: int,
+                    held_hashes: Sequence[BlockHash], has_hot: bool, hot_required: bool,
+                    host_hash_of: Mapping[int, BlockHash], host_ref: Sequence[int],
                     num_local_tokens: int | None = None) -> AllocationCounts:
     """Check an ``allocate`` and count its needs (spec/host_tier.md, allocate):
     :func:`count_allocation`, then the hit against the cache.
@@ -139,16 +109,14 @@ def plan_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: 
                 f"hit[{place}] = {block!r} is not the host block cached under block_hashes[{place}]")
     if any(block in hit[:place] for place, block in enumerate(hit)):
         raise InvalidArgumentError("hit repeats a block")
-    if counts.cow:
-        raise InvalidArgumentError(
-            f"num_local_tokens {num_local_tokens} must be whole pages of the hit")
+    if counts.cow:  # the computed tokens must end on a page end of the hit
+        raise InvalidArgumentError(f"num_local_tokens {num_local_tokens} must be whole pages of the hit")
     return dataclasses.replace(counts, hashes=hashes)
 
 
 def count_allocation(cfg: HostTierConfig, request_id: str, num_tokens: int, hit: Sequence[int],
-                     num_external_tokens: int, *, held_pages: int, has_hot: bool,
-                     hot_required: bool, host_ref: Sequence[int],
-                     num_local_tokens: int | None = None) -> AllocationCounts:
+                     num_external_tokens: int, *, held_pages: int, has_hot: bool, hot_required: bool,
+                     host_ref: Sequence[int], num_local_tokens: int | None = None) -> AllocationCounts:
     """Count what an allocation of this shape needs, the hit taken as given
     (so ``capacity_needed`` may name blocks the cache does not hold, and
     computed tokens stopping inside a hit block, copied before it is

@@ -19,15 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from pagedkv.reference.features.hisparse_rules import (
-    check_block_count,
-    check_held_blocks,
-    check_host_block_ids,
-    count_allocation,
-    fence_hold,
-    tally_worker_counts,
-    writeback_tokens,
-)
+from pagedkv.reference.features import hisparse_rules as rules
 from pagedkv.reference.features.hisparse_state import RequestState, TierPool
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hisparse import FenceHold, HostCacheEvent, HostTierConfig, PageTransfer
@@ -40,29 +32,31 @@ class _HostTier(Protocol):
     """What these operations read and call of the reference's ``HostTierManager``
     (the class itself imports this module, so it is named by its shape here)."""
 
+    # Its state, in the order the operations below read it.
     config: HostTierConfig
+    spill_budget: int
+    outbox: list[int]
+    transfers: dict[int, tuple[PageTransfer, RequestState]]
+    worker_counts: dict[int, tuple[int, int]]
+    next_fence_id: int
     host: TierPool
     device: TierPool
-    requests: dict[str, RequestState]
-    transfers: dict[int, tuple[PageTransfer, RequestState]]
-    outbox: list[int]
-    spill_budget: int
-    worker_counts: dict[int, tuple[int, int]]
     fences: dict[int, FenceHold]
-    next_fence_id: int
+    events: list[HostCacheEvent]
     shared: set[int]
     host_taken: set[int]
-    events: list[HostCacheEvent]
+    requests: dict[str, RequestState]
 
+    # In the order the operations below call them.
     def _get(self, request_id: str) -> RequestState: ...
-    def _take_host(self, n: int) -> list[int]: ...
-    def _take_device(self, n: int) -> list[int]: ...
-    def _drop_copy(self, block_hash: BlockHash) -> None: ...
     def plan_writebacks(self, request_id: str, num_computed_tokens: int,
                         budget: int | None = None) -> list[PageTransfer]: ...
     def update_residency(self, request_id: str) -> None: ...
     def complete(self, transfer_ids: Sequence[int]) -> None: ...
     def free(self, request_id: str, finished: bool = False) -> None: ...
+    def _drop_copy(self, block_hash: BlockHash) -> None: ...
+    def _take_device(self, n: int) -> list[int]: ...
+    def _take_host(self, n: int) -> list[int]: ...
 
 
 class HostTierSteps:
@@ -75,7 +69,7 @@ class HostTierSteps:
         the outbox leaves, then update its residency."""
         self._get(request_id)  # refuses an unknown request first
         room_in_outbox = self.spill_budget - len(self.outbox)
-        planned = self.plan_writebacks(request_id, writeback_tokens(self.config, num_tokens),
+        planned = self.plan_writebacks(request_id, rules.writeback_tokens(self.config, num_tokens),
                                        room_in_outbox if room_in_outbox > 0 else 0)
         self.update_residency(request_id)
         return planned
@@ -92,7 +86,7 @@ class HostTierSteps:
         """Workers' counts (D-HOST-12): a transfer completes when as many
         workers reported it done as first enqueued it. Returns the completed
         ids; a report for an id not in flight is ignored."""
-        tallies, finished = tally_worker_counts(self.worker_counts, self.transfers, enqueued, completed)
+        tallies, finished = rules.tally_worker_counts(self.worker_counts, self.transfers, enqueued, completed)
         self.complete(finished)
         self.worker_counts = tallies
         return finished
@@ -103,7 +97,7 @@ class HostTierSteps:
         blocks of pages not yet clean, and its hot region. ``release_fence``
         gives them back."""
         req = self._get(request_id)
-        hold = fence_hold(self.next_fence_id, req.host_row, req.resident_row, req.clean, req.pending, req.hot)
+        hold = rules.fence_hold(self.next_fence_id, req.host_row, req.resident_row, req.clean, req.pending, req.hot)
         for block in hold.host_blocks:
             self.host.hold(block)
         for block in (*hold.resident_blocks, *hold.hot_blocks):
@@ -131,7 +125,7 @@ class HostTierSteps:
         and the device copy of that page goes too (D-HOST-17). Returns the
         hashes dropped, in the order named. An id outside the host pool:
         InvalidArgumentError, nothing changes."""
-        named = check_host_block_ids(block_ids, self.config.host_num_blocks)
+        named = rules.check_host_block_ids(block_ids, self.config.host_num_blocks)
         dropped: list[BlockHash] = []
         for block in named:
             if block not in self.host.hash_of:
@@ -160,7 +154,7 @@ class HostTierSteps:
         Raises:
             InvalidArgumentError: ``num_blocks`` is not an int >= 0.
         """
-        wanted = check_block_count(num_blocks)
+        wanted = rules.check_block_count(num_blocks)
         if len(self.device.free) < wanted:
             return None
         lent = self._take_device(wanted)
@@ -172,7 +166,7 @@ class HostTierSteps:
         """The other device group gives back blocks ``take_shared`` lent it, one
         by one in the order given. A block it does not hold, or one named
         twice: InvalidArgumentError, nothing changes."""
-        returned = check_held_blocks(block_ids, self.shared, "another group")
+        returned = rules.check_held_blocks(block_ids, self.shared, "another group")
         for block in returned:
             self.shared.remove(block)
             self.device.release([block])
@@ -187,7 +181,7 @@ class HostTierSteps:
         Raises:
             InvalidArgumentError: ``num_blocks`` is not an int >= 0.
         """
-        wanted = check_block_count(num_blocks)
+        wanted = rules.check_block_count(num_blocks)
         if len(self.host.free) < wanted:
             return None
         lent = self._take_host(wanted)
@@ -199,7 +193,7 @@ class HostTierSteps:
         """A caller gives back host blocks ``take_host`` lent it, one by one
         in the order given, each to the back of the host free queue. A block
         it does not hold, or one named twice: InvalidArgumentError, nothing changes."""
-        returned = check_held_blocks(block_ids, self.host_taken, "a caller")
+        returned = rules.check_held_blocks(block_ids, self.host_taken, "a caller")
         for block in returned:
             self.host_taken.remove(block)
             self.host.release([block])
@@ -217,7 +211,7 @@ class HostTierSteps:
             held_pages, has_hot, hot_required = 0, False, False
         else:
             held_pages, has_hot, hot_required = len(req.host_row), len(req.hot) > 0, req.hot_required
-        counts = count_allocation(self.config, request_id, num_tokens, hit, num_external_tokens,
+        counts = rules.count_allocation(self.config, request_id, num_tokens, hit, num_external_tokens,
                                   held_pages=held_pages, has_hot=has_hot, hot_required=hot_required,
                                   host_ref=self.host.ref, num_local_tokens=num_local_tokens)
         host_blocks = counts.host_new + counts.free_hits + counts.cow
