@@ -23,6 +23,7 @@ import ast
 import gc
 import importlib
 import io
+import re
 import statistics
 import subprocess
 import sys
@@ -87,6 +88,13 @@ def import_revision(rev: str, into: Path) -> Any:
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     (into / "optimized").rename(into / name)
+    # The revision's absolute imports name pagedkv.optimized: point them at the copy,
+    # or its modules would come from the installed package and the A/B compare the
+    # current code with itself.
+    for source in (into / name).rglob("*.py"):
+        text = source.read_text()
+        if "pagedkv.optimized" in text:
+            source.write_text(re.sub(r"\bpagedkv\.optimized\b", name, text))
     _build_native(rev, name, into)
     sys.path.insert(0, str(into))
     return importlib.import_module(name)
