@@ -151,11 +151,8 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
 def prefix_cacheable(spec: KVCacheSpec) -> bool:
     """Whether a group of this spec takes part in prefix caching (vLLM 0.33's
     ``KVCacheSpec.prefix_cacheable``): false for rings, bounded-replay
-    sliding-window MLA and uniform-type groups holding either."""
-    from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
-
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return all(prefix_cacheable(s) for _, s in spec.kv_cache_specs)
+    sliding-window MLA and uniform-type groups holding either (their own
+    ``prefix_cacheable`` asks each layer)."""
     flag = getattr(spec, "prefix_cacheable", True)
     return bool(flag)
 

@@ -99,10 +99,11 @@ def manager_kind_for(spec: KVCacheSpec) -> str:
 
     Raises ``InvalidConfigError`` when no class of the hierarchy is registered.
     """
-    from pagedkv.spec.uniform_spec import UniformTypeKVCacheSpecs
-
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return manager_kind_for(spec.kv_cache_specs[0][1])
+    # A uniform-type group (spec/uniform_spec.py) answers through its layers; it
+    # is recognised by its field, not its class, because that module imports this one.
+    layers = getattr(spec, "kv_cache_specs", None)
+    if layers is not None:
+        return manager_kind_for(layers[0][1])
     for cls in type(spec).__mro__:
         kind = _REGISTRY.get(cls)
         if kind is not None:

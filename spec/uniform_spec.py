@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Self
 
 from pagedkv.spec import sizing
+from pagedkv.spec.attention_variants import prefix_cacheable
 from pagedkv.spec.errors import IncompatibleSpecError, InvalidConfigError
 from pagedkv.spec.kv_cache_spec import KVCacheSpec
 from pagedkv.spec.registry import manager_kind_for
@@ -81,6 +82,11 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     def specs_by_layer(self) -> dict[str, KVCacheSpec]:
         """The layers' specs as a dict, in order."""
         return dict(self.kv_cache_specs)
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether the group takes part in prefix caching: only when every layer does."""
+        return all(prefix_cacheable(spec) for _, spec in self.kv_cache_specs)
 
     @property
     def real_page_size_bytes(self) -> int:
