@@ -56,6 +56,8 @@ for _key, _value in {
 ENGINE_TOOLS = Path(__file__).resolve().parent.parent / "verify_engine"
 sys.path.insert(0, str(ENGINE_TOOLS))
 
+from verify_router import Workload  # noqa: E402  (this folder, on the path when run as a script)
+
 MODEL = "engine"
 WORKER = 1
 MASK = (1 << 64) - 1
@@ -165,37 +167,13 @@ class VllmDecodedView:
         return held
 
 
-class Prompts:
-    """System prompts (shared prefixes) plus user turns, remembered for sampling."""
+class Prompts(Workload):
+    """The router check's prompts, smaller to fit the engine's pool, plus
+    output lengths; token ids start at 3, above the toy model's special ids."""
 
     def __init__(self, block_size: int, seed: int, vocab: int) -> None:
-        self.rng = random.Random(seed)
-        self.block_size = block_size
-        self.vocab = vocab
-        self.systems = [self._tokens(self.rng.randint(1, 3) * block_size) for _ in range(5)]
-        self.seen: list[list[int]] = []
-
-    def _tokens(self, count: int) -> list[int]:
-        return [self.rng.randrange(3, self.vocab) for _ in range(count)]
-
-    def new(self, shared: bool = True) -> list[int]:
-        head = self.rng.choice(self.systems) if shared else []
-        tokens = head + self._tokens(self.rng.randint(1, 4) * self.block_size + self.rng.randrange(self.block_size))
-        self.seen.append(tokens)
-        return tokens
-
-    def again(self) -> list[int]:
-        tokens = self.rng.choice(self.seen)
-        if self.rng.random() < 0.5:
-            tokens = tokens + self._tokens(self.rng.randint(1, 2) * self.block_size)
-            self.seen.append(tokens)
-        return tokens
-
-    def sample(self, count: int) -> list[list[int]]:
-        picks = [self.rng.choice(self.seen) for _ in range(count)]
-        picks += [p[:self.rng.randint(1, len(p))] for p in picks[:count // 4]]
-        picks += [self.rng.choice(self.systems) + self._tokens(self.block_size) for _ in range(count // 4)]
-        return picks
+        super().__init__(block_size, seed, vocab=vocab, low_token=3, systems=5, system_blocks=3,
+                         turn_blocks=4, probe_blocks=1)
 
     def max_tokens(self, count: int) -> list[int]:
         """Output lengths: some fill a block during decode (decode-time stores)."""
@@ -284,12 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         def serve(batch: list[list[int]]) -> None:
             engine.generate(batch, prompts.max_tokens(len(batch)))
 
-        serve([prompts.new() for _ in range(4)])
+        serve([prompts.prompt() for _ in range(4)])
         phase("stores")
-        serve([prompts.again() if rng.random() < 0.7 else prompts.new() for _ in range(6)])
+        serve([prompts.again() if rng.random() < 0.7 else prompts.prompt() for _ in range(6)])
         phase("hits")
         for _ in range(3):
-            serve([prompts.new(shared=rng.random() < 0.3) for _ in range(5)])
+            serve([prompts.prompt(shared=rng.random() < 0.3) for _ in range(5)])
         phase("evictions")
         if not engine.llm.reset_prefix_cache():
             print("    reset_prefix_cache refused (blocks in use)", flush=True)
@@ -306,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         serve([prompts.again() for _ in range(5)])
         phase("after-reset")
         for _ in range(2):
-            serve([prompts.again() if rng.random() < 0.5 else prompts.new() for _ in range(6)])
+            serve([prompts.again() if rng.random() < 0.5 else prompts.prompt() for _ in range(6)])
         phase("mixed")
     finally:
         indexer.close()

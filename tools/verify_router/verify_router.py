@@ -109,22 +109,33 @@ class Replica:
 
 
 class Workload:
-    """Prompts: system prompts (shared prefixes) + user turns, random lengths."""
+    """Prompts: system prompts (shared prefixes) + user turns, random lengths.
 
-    def __init__(self, block_size: int, seed: int) -> None:
+    The shape is a parameter so the engine check (engine_router.py) draws its
+    own smaller prompts from the same generator: ``systems`` shared prefixes
+    of 1..``system_blocks`` blocks, user turns of 1..``turn_blocks`` blocks
+    plus a partial block, token ids in ``[low_token, vocab)``, and probes that
+    add ``probe_blocks`` unseen blocks to a system prompt.
+    """
+
+    def __init__(self, block_size: int, seed: int, *, vocab: int = VOCAB, low_token: int = 0,
+                 systems: int = 6, system_blocks: int = 4, turn_blocks: int = 5, probe_blocks: int = 2) -> None:
         self.rng = random.Random(seed)
         self.block_size = block_size
-        self.systems = [self._tokens(self.rng.randint(1, 4) * block_size) for _ in range(6)]
+        self.vocab, self.low_token = vocab, low_token
+        self.turn_blocks, self.probe_blocks = turn_blocks, probe_blocks
+        self.systems = [self._tokens(self.rng.randint(1, system_blocks) * block_size) for _ in range(systems)]
         self.seen: list[list[int]] = []
 
     def _tokens(self, count: int) -> list[int]:
-        return [self.rng.randrange(VOCAB) for _ in range(count)]
+        return [self.rng.randrange(self.low_token, self.vocab) for _ in range(count)]
 
     def prompt(self, shared: bool = True) -> list[int]:
         """A new prompt (a system prompt + a user turn, a partial last block
         most of the time), remembered for the checks."""
         head = self.rng.choice(self.systems) if shared else []
-        tokens = head + self._tokens(self.rng.randint(1, 5) * self.block_size + self.rng.randrange(self.block_size))
+        tail = self.rng.randint(1, self.turn_blocks) * self.block_size + self.rng.randrange(self.block_size)
+        tokens = head + self._tokens(tail)
         self.seen.append(tokens)
         return tokens
 
@@ -140,11 +151,11 @@ class Workload:
         """Prompts to query: served ones, their prefixes, and new ones."""
         picks = [self.rng.choice(self.seen) for _ in range(count)]
         picks += [p[:self.rng.randint(1, len(p))] for p in picks[:count // 4]]
-        picks += [self.rng.choice(self.systems) + self._tokens(2 * self.block_size) for _ in range(count // 4)]
+        picks += [self.rng.choice(self.systems) + self._tokens(self.probe_blocks * self.block_size)
+                  for _ in range(count // 4)]
         return picks
 
 
-@dataclass
 class Check:
     phase: str
     block_size: int
