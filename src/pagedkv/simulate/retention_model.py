@@ -205,10 +205,14 @@ POLICIES: dict[str, PolicyFactory] = {
     "lfu-da": _keyed("lfu-da", key_lfu, False),
     "lfu-da-leaf": _keyed("lfu-da-leaf", key_lfu, True),
     "gdsf-leaf": _keyed("gdsf-leaf", key_gdsf, True),
-    "lru-freq": _keyed("lru-freq", key_lru_freq, True),
-    # Its sensitivity to the extension (0.75 x capacity per level above).
-    "lru-freq-0.25": _keyed("lru-freq-0.25", lru_freq_key(0.25), True),
-    "lru-freq-1.5": _keyed("lru-freq-1.5", lru_freq_key(1.5), True),
+    # Any candidate: lru-freq runs in the pools, so it picks among all free blocks (no leaf rule;
+    # its keys never rank a parent before its child, so it orphans nothing anyway).
+    "lru-freq": _keyed("lru-freq", key_lru_freq, False),
+    # Its sensitivity to the extension (0.75 x capacity per level above) and to the levels.
+    "lru-freq-0.5": _keyed("lru-freq-0.5", lru_freq_key(0.5), False),
+    "lru-freq-1.0": _keyed("lru-freq-1.0", lru_freq_key(1.0), False),
+    "lru-freq-1.5": _keyed("lru-freq-1.5", lru_freq_key(1.5), False),
+    "lru-freq-2lv-1.5": _keyed("lru-freq-2lv-1.5", lru_freq_key(1.5, 2), False),
     "s3fifo": lambda capacity, shape, _: S3Fifo(capacity, shape),
     "arc": lambda capacity, shape, _: Arc(capacity, shape),
     "min": _keyed("min", key_min, True),
