@@ -167,7 +167,8 @@ class RankedFreePool(BlockPool):
         """The policy's next victim, unranked (RET-4, RET-11). O(log n) amortised."""
         bitmap = self._bitmap
         level = (bitmap & -bitmap).bit_length() - 1
-        if self.policy == "lru-freq" and level > 0:
+        keyed = bitmap >> 1 & ((1 << FREQ_LEVELS) - 1)
+        if self.policy == "lru-freq" and level > 0 and keyed & (keyed - 1):  # two levels or more
             best: tuple[int, int] | None = None
             for candidate in range(1, FREQ_LEVELS + 1):
                 if bitmap >> candidate & 1:

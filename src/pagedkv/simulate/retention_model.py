@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pagedkv.simulate.retention_candidates import GroupFreq, ReuseDistance, ScaledAge, SizeAware
 from pagedkv.simulate.retention_policies import (
     Arc,
     ChainShape,
@@ -213,6 +214,13 @@ POLICIES: dict[str, PolicyFactory] = {
     "lru-freq-1.0": _keyed("lru-freq-1.0", lru_freq_key(1.0), False),
     "lru-freq-1.5": _keyed("lru-freq-1.5", lru_freq_key(1.5), False),
     "lru-freq-2lv-1.5": _keyed("lru-freq-2lv-1.5", lru_freq_key(1.5, 2), False),
+    # Candidates not chosen (pagedkv.simulate.retention_candidates, D-RET-9).
+    "scaled-age-2": lambda capacity, shape, _: ScaledAge(capacity, shape, 2.0),
+    "scaled-age-3": lambda capacity, shape, _: ScaledAge(capacity, shape, 3.0),
+    "lru-freq+short-turn": lambda capacity, shape, _: GroupFreq(capacity, shape, 4),
+    "reuse-distance": lambda capacity, shape, _: ReuseDistance(capacity, shape, 1.0, 1.0, 0.0),
+    "reuse-distance+freq": lambda capacity, shape, _: ReuseDistance(capacity, shape, 0.5, 0.5, 0.5),
+    "size-aware": lambda capacity, shape, _: SizeAware(capacity, shape, 0.2),
     "s3fifo": lambda capacity, shape, _: S3Fifo(capacity, shape),
     "arc": lambda capacity, shape, _: Arc(capacity, shape),
     "min": _keyed("min", key_min, True),
