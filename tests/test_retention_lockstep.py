@@ -478,3 +478,13 @@ def test_gate_lru_freq_heads() -> None:
         return int(block)
     with planted(OptimizedPool, "_pop_victim", lowest_level), pytest.raises(AssertionError):
         test_ret_11_an_extended_deadline_still_passes()
+
+
+def test_gate_reference_forgets_evicted_keys() -> None:
+    """RET-11's gate on the reference: a memory that drops a key with its block (no ghost) loses
+    the count of a prefix computed again, and the twins disagree."""
+    def forgetful(self: Any, block: Any) -> None:
+        self.tick += 1  # the bug: the count lives with the block, not with the key
+        self.freq[block.block_id] = (self.tick, 0)
+    with planted(ReferencePool, "_count_release", forgetful), pytest.raises(AssertionError):
+        test_ret_11_the_release_memory_outlives_an_eviction()

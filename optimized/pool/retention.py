@@ -3,7 +3,8 @@
 Semantic model: as ``reference/features/retention.py``: the block pool plus
 per-block ``(priority, duration)`` records, release times, pins with TTLs and
 tenants, per-tenant quotas; the victim is the free, unpinned block of lowest
-effective priority, earliest in the free queue among equals (RET-4).
+effective priority, earliest in the free queue among equals (RET-4), or under
+``lru-freq`` of least deadline, unkeyed blocks first (RET-11).
 
 Representation: the ranked set of free unpinned blocks (per-level heaps, a
 bitmap of non-empty levels, per-tenant heaps, ``lru-freq``'s release memory)
@@ -16,7 +17,7 @@ class's base. Here:
 - per block the record ``(priority, duration)``, release time and a stamp
   bumped on every acquire/release (stale decay timers); pins, tenants, quotas.
 
-The seam: :class:`RetentionBlockPool` subclasses the kernel's pool, whose
+The seam: :class:`RetentionBlockPool` subclasses (through its ranked set) the kernel's pool, whose
 code stays untouched; the chosen victims are moved to the front of the free
 queue and the kernel's own (native) pop takes them. A pool built without
 this class (the default) never consults a policy and pays nothing.
