@@ -228,7 +228,8 @@ class RetentionBlockPool(RankedFreePool):
 
     def _released(self, released: Sequence[int]) -> None:
         now = self.now
-        self._count_releases(released)
+        if self.policy == "lru-freq":
+            self._count_releases(released)
         for block in released:
             self._stamp[block] += 1
             self._released_at[block] = now
@@ -240,9 +241,7 @@ class RetentionBlockPool(RankedFreePool):
         self.settle()  # a zero duration ends at once
 
     def _released_passive(self, released: Sequence[int]) -> None:
-        """Release bookkeeping while passive: lru-freq's memory (RET-11) and
-        the release times of records."""
-        self._count_releases(released)
+        """Release bookkeeping while passive (policy lru): only records need a release time."""
         prio = self._prio
         for block in released:
             if prio[block] >= 0:
@@ -354,8 +353,12 @@ class RetentionBlockPool(RankedFreePool):
         self.settle()
 
     def set_policy(self, policy: Policy) -> None:
-        """Switch the policy; records are kept, every free block re-ranked. O(n log n)."""
-        self.policy = check_policy(policy)
+        """Switch the policy; records are kept, every free block re-ranked. O(n log n).
+        A switch to ``lru-freq`` starts its memory afresh (RET-11)."""
+        policy = check_policy(policy)
+        if policy == "lru-freq" and self.policy != "lru-freq":
+            self._reset_freq()
+        self.policy = policy
         self.settle()
         if not self._active:
             if policy == "lru":

@@ -26,10 +26,10 @@ Representation (O(log n) per eviction):
   ``(bitmap & -bitmap).bit_length() - 1``.
 - Per tenant with blocks: a heap of ``(level, seq, block)`` (lazy, as above)
   and the exact count of its free cached unpinned blocks (RET-8).
-- ``lru-freq``'s memory: releases per key ``(hash, group)`` for the last
-  ``FREQ_MEMORY x (N - 1)`` keys released, a tick per keyed release, and
-  each block's tick and level at its last keyed release (kept whatever the
-  policy, so a switch to ``lru-freq`` ranks by the history).
+- ``lru-freq``'s memory, kept while it is the policy: releases per key
+  ``(hash, group)`` for the last ``FREQ_MEMORY x (N - 1)`` keys released, a
+  tick per keyed release, and each block's tick and level at its last keyed
+  release (a switch to ``lru-freq`` starts it afresh).
 """
 
 from __future__ import annotations
@@ -72,6 +72,12 @@ class RankedFreePool(BlockPool):
         self._tick = [0] * self.num_blocks
         self._flevel = [0] * self.num_blocks
         self._extension = (self.num_blocks - 1) * FREQ_EXTENSION[0] // FREQ_EXTENSION[1]
+
+    def _reset_freq(self) -> None:
+        """A switch to ``lru-freq``: no key remembered, every block at tick 0, level 0."""
+        self._memory.clear()
+        self._tick[:] = [0] * self.num_blocks
+        self._flevel[:] = [0] * self.num_blocks
 
     def _count_releases(self, released: Iterable[int]) -> None:
         """Blocks released (in release order): each keyed one counts a release

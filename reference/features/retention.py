@@ -13,9 +13,9 @@ free queue, the chosen victims are moved to that front, so the kernel's own
 pop, eviction and events run unchanged. A pool built without this class (the
 default) never consults a policy.
 
-``lru-freq`` (RET-11): the pool remembers, for the last ``FREQ_MEMORY x
-(N - 1)`` keys released, how many times each was released, and counts every
-keyed release with a tick; a released block keeps its tick and its key's
+``lru-freq`` (RET-11): while it is the policy, the pool remembers, for the
+last ``FREQ_MEMORY x (N - 1)`` keys released, how many times each was
+released, and counts every keyed release with a tick; a released block keeps its tick and its key's
 level, and the victim is the unkeyed block first, then the least deadline
 ``tick + level x extension``.
 
@@ -268,7 +268,7 @@ class RetentionBlockPool(BlockPool):
             block = self.blocks[block_id]
             if block.ref_cnt == 0:
                 self.released_at[block_id] = self.now
-                if block.block_hash is not None:
+                if block.block_hash is not None and self.policy == "lru-freq":
                     self._count_release(block)
         self.settle()  # a zero duration ends at once
 
@@ -352,8 +352,14 @@ class RetentionBlockPool(BlockPool):
         self.settle()
 
     def set_policy(self, policy: Policy) -> None:
-        """Switch the policy; records are kept."""
-        self.policy = check_policy(policy)
+        """Switch the policy; records are kept. A switch to ``lru-freq``
+        starts its memory afresh: every free keyed block at tick 0, level 0
+        (RET-11)."""
+        policy = check_policy(policy)
+        if policy == "lru-freq" and self.policy != "lru-freq":
+            self.release_memory.clear()
+            self.freq.clear()
+        self.policy = policy
         self.settle()
 
     def set_tenant_quota(self, tenant: str, quota: int | None) -> None:
