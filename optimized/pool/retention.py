@@ -413,7 +413,7 @@ class RetentionBlockPool(RankedFreePool):
                 sorted(self.pins.items()), sorted(self.tenant.items()), sorted(self.quotas.items()),
                 (self.pins_granted, self.pins_refused, self.quota_evictions), self.tick,
                 sorted(self._memory.values()),
-                sorted((b, self.freq_deadline(b)) for b in free if self._gid[b] >= 0))
+                sorted((b, self.freq_deadline(b)) for b in free if self._gid[b] >= 0 and self.policy == "lru-freq"))
 
 
 def check_retention(pool: RetentionBlockPool) -> None:

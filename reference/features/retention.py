@@ -392,14 +392,15 @@ class RetentionBlockPool(BlockPool):
     def retention_state(self) -> tuple[object, ...]:
         """What lockstep compares: policy, records, release times of free
         recorded blocks, pins, tenants, quotas, stats; ``lru-freq``'s tick,
-        the release counts it remembers and each free keyed block's deadline."""
+        the release counts it remembers and, under it, each free keyed block's
+        deadline (under another policy deadlines are not kept up to date)."""
         return (self.policy, sorted(self.record.items()),
                 sorted((b, t) for b, t in self.released_at.items()
                        if b in self.record and self.blocks[b].ref_cnt == 0),
                 sorted(self.pins.items()), sorted(self.tenant.items()), sorted(self.quotas.items()),
                 self.stats.as_tuple(), self.tick, sorted(self.release_memory.values()),
                 sorted((block.block_id, self.freq_deadline(block)) for block in self.free_queue
-                       if block.block_hash is not None))
+                       if block.block_hash is not None and self.policy == "lru-freq"))
 
 
 def check_retention(pool: RetentionBlockPool) -> None:
