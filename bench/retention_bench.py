@@ -1,7 +1,9 @@
 """What retention costs per pool call (docs/retention.md; issue 34's speed item).
 
-One workload, three optimized pools: the plain ``BlockPool`` (the default,
-no retention layer), ``RetentionBlockPool(policy="lru")`` and
+One workload, four optimized pools: the plain ``BlockPool`` (the default,
+no retention layer), ``RetentionBlockPool(policy="lru")``,
+``RetentionBlockPool(policy="lru-freq")`` (no annotation: the shared prefix
+climbs the frequency levels, each request's blocks stay at level 0) and
 ``RetentionBlockPool(policy="priority")`` with every request's blocks under a
 directive and a pinned shared prefix. Each round: a request takes
 ``--blocks`` new blocks (evicting cached ones once the pool is warm), caches
@@ -79,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pools: dict[str, tuple[Callable[[], BlockPool], bool]] = {
         "plain BlockPool (default)": (lambda: BlockPool(args.num_blocks, True), False),
         "retention, lru": (lambda: RetentionBlockPool(args.num_blocks, True, policy="lru"), False),
+        "retention, lru-freq": (lambda: RetentionBlockPool(args.num_blocks, True, policy="lru-freq"), False),
         "retention, priority + pins": (
             lambda: RetentionBlockPool(args.num_blocks, True, policy="priority", pin_budget=0.01), True),
     }

@@ -17,6 +17,9 @@ from pagedkv.spec.errors import InvalidRetentionError
 
 __all__ = [
     "DEFAULT_PRIORITY",
+    "FREQ_EXTENSION",
+    "FREQ_LEVELS",
+    "FREQ_MEMORY",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "POLICIES",
@@ -36,9 +39,19 @@ MIN_PRIORITY = 0
 MAX_PRIORITY = 100
 
 #: ``lru``: vLLM 0.33's order, priorities ignored (the default);
-#: ``priority``: lowest effective priority first, least recently freed within it.
-Policy = Literal["lru", "priority"]
-POLICIES: tuple[Policy, ...] = ("lru", "priority")
+#: ``priority``: lowest effective priority first, least recently freed within it;
+#: ``lru-freq``: LRU with deadlines extended by how often a key was released (RET-11).
+Policy = Literal["lru", "priority", "lru-freq"]
+POLICIES: tuple[Policy, ...] = ("lru", "priority", "lru-freq")
+
+#: ``lru-freq`` (spec/retention.md section 6): a released key's level is
+#: ``min(floor(log2(releases)), FREQ_LEVELS - 1)``; each level pushes its
+#: deadline ``FREQ_EXTENSION`` (numerator, denominator) of the usable pool
+#: further; releases are remembered for the last ``FREQ_MEMORY`` x usable
+#: keys released. Chosen by measurement (bench/results/retention_policies.md).
+FREQ_LEVELS = 4
+FREQ_EXTENSION = (3, 4)
+FREQ_MEMORY = 2
 
 
 def check_policy(policy: object, field: str = "policy") -> Policy:

@@ -102,18 +102,21 @@ class RetentionTwins:
             return True
         return False
 
-    def cache(self, name: str) -> None:
-        """Give every unkeyed block of a holding a fresh key (one per position)."""
+    def cache(self, name: str, hashes: list[bytes] | None = None) -> list[bytes]:
+        """Give every unkeyed block of a holding a key: fresh ones (one per
+        position) or ``hashes`` (a prefix computed again); the keys given."""
         ids = self.holdings[name]
-        hashes = []
-        for _ in ids:
-            hashes.append(f"h{self.next_hash}".encode())
-            self.next_hash += 1
+        if hashes is None:
+            hashes = []
+            for _ in ids:
+                hashes.append(f"h{self.next_hash}".encode())
+                self.next_hash += 1
         request = FakeRequest(list(range(len(ids) * BLOCK_SIZE)))
         kwargs = dict(block_hashes=hashes, num_cached_blocks=0, num_full_blocks=len(ids),
                       block_size=BLOCK_SIZE, group_id=0)
         self.both(lambda p: p.cache_full_blocks(request, self._ref_blocks(ids), **kwargs),  # type: ignore[arg-type]
                   lambda p: p.cache_full_blocks(request, ids, **kwargs))  # type: ignore[arg-type]
+        return hashes
 
     def hit(self, name: str, ids: Sequence[int]) -> None:
         """Touch blocks (a prefix hit) as holding ``name``."""

@@ -1,13 +1,14 @@
 """Retention in lockstep: reference and optimized pools driven alike
 (spec/retention.md: RET-1, RET-2, RET-3, RET-4, RET-5, RET-6, RET-7, RET-8,
-RET-9, RET-10).
+RET-9, RET-10, RET-11).
 
 A Hypothesis state machine draws allocations, caching, hits, frees,
 directives, pins, unpins, quotas, clock advances, policy switches, explicit
 evictions and resets; after every step both sides agree (result or error
 type, snapshot with the free queue and events, retention state) and both
 checkers pass. Scenario tests pin each rule down, and planted-bug gates show
-the machinery catches a broken max rule, pin, budget, decay and quota.
+the machinery catches a broken max rule, pin, budget, decay, quota and
+``lru-freq`` order.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pagedkv.optimized.pool.retention import RetentionBlockPool as OptimizedPool
 from pagedkv.reference.block_pool import BlockPool as ReferenceKernel
 from pagedkv.reference.features.retention import RetentionBlockPool as ReferencePool
 from pagedkv.spec.errors import InvalidRetentionError, PinBudgetExceededError
+from pagedkv.spec.retention import POLICIES
 from tests.retention_twins import BLOCK_SIZE, FakeRequest, RetentionTwins
 
 TENANTS = ("acme", "zeta")
@@ -39,7 +41,7 @@ class RetentionLockstep(RuleBasedStateMachine):
         self.twins = RetentionTwins(1)
         self.counter = 0
 
-    @initialize(num_blocks=st.integers(4, 14), policy=st.sampled_from(["lru", "priority"]),
+    @initialize(num_blocks=st.integers(4, 14), policy=st.sampled_from(POLICIES),
                 budget=st.sampled_from([0.0, 0.25, 0.5]))
     def build(self, num_blocks: int, policy: Any, budget: float) -> None:
         self.twins = RetentionTwins(num_blocks, policy=policy, pin_budget=budget)
@@ -97,7 +99,7 @@ class RetentionLockstep(RuleBasedStateMachine):
     def advance(self, seconds: float, settle: bool) -> None:
         self.twins.advance(seconds, settle)
 
-    @rule(policy=st.sampled_from(["lru", "priority"]))
+    @rule(policy=st.sampled_from(POLICIES))
     def switch(self, policy: Any) -> None:
         self.twins.policy_to(policy)
 
@@ -231,6 +233,65 @@ def test_ret_8_a_tenant_over_quota_loses_its_own_blocks_only() -> None:
         twins.ref.retain(theirs[:1], 50, None, "acme")  # free, and another tenant's
 
 
+def test_ret_11_lru_freq_extends_the_deadline_of_a_key_released_again() -> None:
+    """RET-11: a key released twice (level 1) outlives keys released once
+    after it, by about 3/4 of the pool's releases; unkeyed blocks go first."""
+    twins = RetentionTwins(9, policy="lru-freq")  # 8 usable blocks: the extension is 6 ticks
+    (hot,) = _cached(twins, "hot", 1)
+    twins.free("hot")  # tick 1, level 0
+    twins.hit("again", [hot])
+    twins.free("again")  # tick 2, level 1: deadline 2 + 6 = 8
+    cold = _cached(twins, "cold", 4)
+    twins.free("cold")  # ticks 3..6, level 0 (freed tail first)
+    assert twins.opt.freq_deadline(hot) == 8
+    assert [twins.opt.freq_deadline(b) for b in cold] == [6, 5, 4, 3]
+    assert twins.allocate("new", 3 + 4)  # the 3 unkeyed blocks first, then the cold ones
+    assert hot not in twins.holdings["new"] and set(cold) <= set(twins.holdings["new"])
+    assert twins.holdings["new"][3:] == list(reversed(cold))  # least recently freed first, as in lru
+    twins.free("new")
+    assert twins.allocate("more", 2)
+    assert hot not in twins.holdings["more"]  # the unkeyed blocks before any keyed one
+
+
+def test_ret_11_an_extended_deadline_still_passes() -> None:
+    """RET-11: the extension delays a hot key, it does not keep it forever:
+    once every key released once is newer than its deadline, it goes."""
+    twins = RetentionTwins(9, policy="lru-freq")
+    (hot,) = _cached(twins, "hot", 1)
+    twins.free("hot")
+    twins.hit("again", [hot])
+    twins.free("again")  # deadline 2 + 6 = 8
+    key = twins.ref.blocks[hot].block_hash
+    evicted_at = None
+    for turn in range(20):
+        _cached(twins, f"one{turn}", 1)
+        twins.free(f"one{turn}")
+        if evicted_at is None and twins.ref.blocks[hot].block_hash != key:
+            evicted_at = turn
+    # Turn t allocates, then releases tick 3 + t; at turn t's allocation the 7 other blocks hold
+    # ticks t - 4 .. t + 2. At turn 12 the oldest is 8, hot's deadline: a tie, and hot, earlier
+    # in the queue, goes first (not before: an older tick was still there).
+    assert evicted_at == 12
+
+
+def test_ret_11_the_release_memory_outlives_an_eviction() -> None:
+    """RET-11: a key evicted and computed again keeps its release count
+    (the memory holds the last 2 x (N - 1) keys released, resident or not)."""
+    twins = RetentionTwins(5, policy="lru-freq")
+    assert twins.allocate("a", 1)
+    hashes = twins.cache("a")
+    (a,) = twins.holdings["a"]
+    key = twins.ref.blocks[a].block_hash
+    twins.free("a")
+    twins.evict([a])
+    assert twins.allocate("b", 1)
+    twins.cache("b", hashes)  # the same prefix, computed again
+    twins.free("b")
+    assert twins.ref.release_memory[key] == 2
+    (b,) = twins.keyed()
+    assert twins.opt.freq_deadline(b) == 2 + 3  # tick 2, level 1, extension 3 (4 usable blocks)
+
+
 @given(tokens=st.lists(st.integers(0, 50), min_size=4, max_size=24),
        salts=st.lists(st.text(min_size=1, max_size=4), min_size=2, max_size=2, unique=True))
 @settings(deadline=None)
@@ -302,12 +363,18 @@ def test_ret_1_lru_gives_the_same_blocks_and_events_as_the_plain_pool(kernel: An
 
 @contextmanager
 def planted(owner: Any, name: str, replacement: Any) -> Iterator[None]:
-    original = owner.__dict__[name]
+    """``owner.name`` replaced for the block; a method its base defines is
+    shadowed on ``owner`` and the shadow removed after."""
+    own = name in owner.__dict__
+    original = owner.__dict__.get(name)
     setattr(owner, name, replacement)
     try:
         yield
     finally:
-        setattr(owner, name, original)
+        if own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
 
 
 def _demoting_retain(self: Any, block_ids: Any, priority: int, duration: Any = None, tenant: Any = None) -> None:
@@ -388,3 +455,36 @@ def test_gate_lru_order_unkeyed_first() -> None:
     with planted(OptimizedPool, "__init__", _forced_active_init), planted(OptimizedPool, "_rank_of", unkeyed_first), \
             pytest.raises(AssertionError):
         test_ret_1_lru_gives_the_same_blocks_and_events_as_the_plain_pool(OptimizedKernel, OptimizedPool)
+
+
+def test_gate_lru_freq_levels() -> None:
+    """RET-11's gate: a pool that forgets the release count (every key at level 0) is plain lru."""
+    def no_levels(self: Any, released: Any) -> None:
+        for block in released:  # the bug: each release is a key's first
+            if self._gid[block] >= 0:
+                self.tick += 1
+                self._tick[block], self._flevel[block] = self.tick, 0
+    with planted(OptimizedPool, "_count_releases", no_levels), pytest.raises(AssertionError):
+        test_ret_11_lru_freq_extends_the_deadline_of_a_key_released_again()
+
+
+def test_gate_lru_freq_heads() -> None:
+    """RET-11's gate: taking the lowest level's head (the priority rule) instead of the least deadline."""
+    def lowest_level(self: Any) -> int:
+        bitmap = self._bitmap  # the bug: the least level wins, whatever the deadlines
+        level = (bitmap & -bitmap).bit_length() - 1
+        _, block = self._head(level)
+        self._leave(block)
+        return int(block)
+    with planted(OptimizedPool, "_pop_victim", lowest_level), pytest.raises(AssertionError):
+        test_ret_11_an_extended_deadline_still_passes()
+
+
+def test_gate_reference_forgets_evicted_keys() -> None:
+    """RET-11's gate on the reference: a memory that drops a key with its block (no ghost) loses
+    the count of a prefix computed again, and the twins disagree."""
+    def forgetful(self: Any, block: Any) -> None:
+        self.tick += 1  # the bug: the count lives with the block, not with the key
+        self.freq[block.block_id] = (self.tick, 0)
+    with planted(ReferencePool, "_count_release", forgetful), pytest.raises(AssertionError):
+        test_ret_11_the_release_memory_outlives_an_eviction()

@@ -3,28 +3,21 @@
 Semantic model: as ``reference/features/retention.py``: the block pool plus
 per-block ``(priority, duration)`` records, release times, pins with TTLs and
 tenants, per-tenant quotas; the victim is the free, unpinned block of lowest
-effective priority, earliest in the free queue among equals (RET-4).
+effective priority, earliest in the free queue among equals (RET-4), or under
+``lru-freq`` of least deadline, unkeyed blocks first (RET-11).
 
-Representation:
+Representation: the ranked set of free unpinned blocks (per-level heaps, a
+bitmap of non-empty levels, per-tenant heaps, ``lru-freq``'s release memory)
+is :class:`~pagedkv.optimized.pool.retention_ranks.RankedFreePool`, this
+class's base. Here:
 
-- ``_seq[b]``: the block's place in the free queue as a number. The kernel's
-  queue only grows at its ends (released hashed blocks and
-  ``release_to_back`` at the back, released unhashed batches at the front),
-  so a counter that rises at the back and one that falls at the front give
-  numbers in queue order. Blocks leaving from the middle (hits) need nothing.
-- ``_level[b]``: the level (effective priority, 0..100) the block is ranked
-  at while it is free and unpinned, ``-1`` otherwise; ``_levels[p]`` a heap of
-  ``(seq, block)`` per level with lazy deletion (an entry counts only while it
-  matches ``_level``/``_seq``); ``_count[p]`` the exact number of ranked
-  blocks per level and ``_bitmap`` the set of non-empty levels, so the lowest
-  one is ``(bitmap & -bitmap).bit_length() - 1``. An eviction is O(log n).
 - ``_timers``: one heap of ``(time, kind, block, stamp)`` for priority
   decays and pin expiries; a stale timer (its stamp no longer matches) is
   dropped when popped. Settling at time ``t`` pops what is due: O(log n) each.
-- Per tenant with blocks: a heap of ``(level, seq, block)`` (lazy, as above)
-  and the exact count of its free cached unpinned blocks (RET-8).
+- per block the record ``(priority, duration)``, release time and a stamp
+  bumped on every acquire/release (stale decay timers); pins, tenants, quotas.
 
-The seam: :class:`RetentionBlockPool` subclasses the kernel's pool, whose
+The seam: :class:`RetentionBlockPool` subclasses (through its ranked set) the kernel's pool, whose
 code stays untouched; the chosen victims are moved to the front of the free
 queue and the kernel's own (native) pop takes them. A pool built without
 this class (the default) never consults a policy and pays nothing.
@@ -37,7 +30,8 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from pagedkv.optimized.pool.block_pool import BlockPool
+from pagedkv.optimized.pool.retention_ranks import NONE as _NONE
+from pagedkv.optimized.pool.retention_ranks import RankedFreePool
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvalidRetentionError,
@@ -46,7 +40,6 @@ from pagedkv.spec.errors import (
     PoolExhaustedError,
 )
 from pagedkv.spec.retention import (
-    DEFAULT_PRIORITY,
     MAX_PRIORITY,
     Policy,
     check_pin_budget,
@@ -59,10 +52,9 @@ from pagedkv.spec.retention import (
 __all__ = ["RetentionBlockPool", "check_retention"]
 
 _DECAY, _PIN_END = 0, 1
-_NONE = -1
 
 
-class RetentionBlockPool(BlockPool):
+class RetentionBlockPool(RankedFreePool):
     """The optimized pool with an eviction policy, pins and tenant quotas;
     the same API and observable behaviour as the reference's
     ``RetentionBlockPool`` (block ids are ints here)."""
@@ -87,90 +79,13 @@ class RetentionBlockPool(BlockPool):
         self._tenant_count: dict[str, int] = {}
         self._timers: list[tuple[float, int, int, int]] = []
         self.pins_granted = self.pins_refused = self.quota_evictions = 0
+        self._init_freq()
         # Passive while the policy is lru with no pin and no quota: the kernel's
         # queue front is then the victim (RET-1), so nothing is ranked and each
         # call costs the kernel's plus the clock; the first pin, quota or
         # priority policy ranks the queue once (O(n)) and stays active.
         self._active = policy != "lru"
         self._rebuild()
-
-    # ----------------------------------------------------- the ranked set
-
-    def _rebuild(self) -> None:
-        """Number the queue afresh and rank every free unpinned block. O(n)."""
-        self._seq = [0] * self.num_blocks
-        self._level = [_NONE] * self.num_blocks
-        self._levels: list[list[tuple[int, int]]] = [[] for _ in range(MAX_PRIORITY + 1)]
-        self._count = [0] * (MAX_PRIORITY + 1)
-        self._bitmap = 0
-        self._ranked = 0
-        self._tenant_heap = {}
-        self._tenant_count = {}
-        order = self._queue.to_list()
-        self._front_seq, self._back_seq = 0, len(order)
-        for seq, block in enumerate(order):
-            self._seq[block] = seq
-            if self._active and block not in self.pins:
-                self._enter(block)
-
-    def _activate(self) -> None:
-        if not self._active:
-            self._active = True
-            self._rebuild()
-
-    def _rank_of(self, block: int) -> int:
-        # Under lru every block ranks at the default: the level's heap is the
-        # queue's order, so the victims are the kernel's own (RET-1).
-        if self.policy == "lru" or self._gid[block] < 0 or self._prio[block] < 0:
-            return DEFAULT_PRIORITY
-        return self._prio[block]
-
-    def _enter(self, block: int) -> None:
-        """Rank a free unpinned block at its level (RET-4)."""
-        level = self._rank_of(block)
-        self._level[block] = level
-        heapq.heappush(self._levels[level], (self._seq[block], block))
-        self._count[level] += 1
-        self._bitmap |= 1 << level
-        self._ranked += 1
-        tenant = self.tenant.get(block)
-        if tenant is not None and self._gid[block] >= 0:
-            heapq.heappush(self._tenant_heap.setdefault(tenant, []), (level, self._seq[block], block))
-            self._tenant_count[tenant] = self._tenant_count.get(tenant, 0) + 1
-
-    def _leave(self, block: int) -> None:
-        """Unrank a block (taken, hit, pinned or re-ranked); its heap entries go stale."""
-        level = self._level[block]
-        if level < 0:
-            return
-        self._level[block] = _NONE
-        self._count[level] -= 1
-        if not self._count[level]:
-            self._bitmap &= ~(1 << level)
-        self._ranked -= 1
-        tenant = self.tenant.get(block)
-        if tenant is not None and self._gid[block] >= 0:
-            self._tenant_count[tenant] -= 1
-
-    def _pop_victim(self) -> int:
-        """The lowest level's earliest block, unranked (RET-4). O(log n) amortised."""
-        bitmap = self._bitmap
-        level = (bitmap & -bitmap).bit_length() - 1
-        heap = self._levels[level]
-        seq_of, level_of = self._seq, self._level
-        while True:
-            seq, block = heapq.heappop(heap)
-            if level_of[block] == level and seq_of[block] == seq:
-                self._leave(block)
-                return block
-
-    def _tenant_victim(self, tenant: str) -> int:
-        heap = self._tenant_heap[tenant]
-        while True:
-            level, seq, block = heapq.heappop(heap)
-            if (self._level[block] == level and self._seq[block] == seq and self._gid[block] >= 0
-                    and self.tenant.get(block) == tenant):
-                return block
 
     # ---------------------------------------------------------------- time
 
@@ -313,6 +228,8 @@ class RetentionBlockPool(BlockPool):
 
     def _released(self, released: Sequence[int]) -> None:
         now = self.now
+        if self.policy == "lru-freq":
+            self._count_releases(released)
         for block in released:
             self._stamp[block] += 1
             self._released_at[block] = now
@@ -324,7 +241,7 @@ class RetentionBlockPool(BlockPool):
         self.settle()  # a zero duration ends at once
 
     def _released_passive(self, released: Sequence[int]) -> None:
-        """Release bookkeeping while passive: only records need a release time."""
+        """Release bookkeeping while passive (policy lru): only records need a release time."""
         prio = self._prio
         for block in released:
             if prio[block] >= 0:
@@ -360,6 +277,7 @@ class RetentionBlockPool(BlockPool):
         self._dur[:] = [None] * self.num_blocks
         self.pins.clear()
         self.tenant.clear()
+        self._memory.clear()
         self._rebuild()
         return True
 
@@ -435,8 +353,12 @@ class RetentionBlockPool(BlockPool):
         self.settle()
 
     def set_policy(self, policy: Policy) -> None:
-        """Switch the policy; records are kept, every free block re-ranked. O(n log n)."""
-        self.policy = check_policy(policy)
+        """Switch the policy; records are kept, every free block re-ranked. O(n log n).
+        A switch to ``lru-freq`` starts its memory afresh (RET-11)."""
+        policy = check_policy(policy)
+        if policy == "lru-freq" and self.policy != "lru-freq":
+            self._reset_freq()
+        self.policy = policy
         self.settle()
         if not self._active:
             if policy == "lru":
@@ -485,10 +407,13 @@ class RetentionBlockPool(BlockPool):
     def retention_state(self) -> tuple[object, ...]:
         """What lockstep compares (the reference's shape)."""
         records = [(b, (self._prio[b], self._dur[b])) for b in range(self.num_blocks) if self._prio[b] >= 0]
+        free = self._queue.to_list()
         return (self.policy, records,
                 sorted((b, self._released_at[b]) for b, _ in records if not self._ref[b]),
                 sorted(self.pins.items()), sorted(self.tenant.items()), sorted(self.quotas.items()),
-                (self.pins_granted, self.pins_refused, self.quota_evictions))
+                (self.pins_granted, self.pins_refused, self.quota_evictions), self.tick,
+                sorted(self._memory.values()),
+                sorted((b, self.freq_deadline(b)) for b in free if self._gid[b] >= 0 and self.policy == "lru-freq"))
 
 
 def check_retention(pool: RetentionBlockPool) -> None:

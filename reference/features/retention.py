@@ -13,6 +13,12 @@ free queue, the chosen victims are moved to that front, so the kernel's own
 pop, eviction and events run unchanged. A pool built without this class (the
 default) never consults a policy.
 
+``lru-freq`` (RET-11): while it is the policy, the pool remembers, for the
+last ``FREQ_MEMORY x (N - 1)`` keys released, how many times each was
+released, and counts every keyed release with a tick; a released block keeps its tick and its key's
+level, and the victim is the unkeyed block first, then the least deadline
+``tick + level x extension``.
+
 Time: every public call first *settles* at ``clock()`` (expired pins end,
 expired priorities decay to the default, then tenant quotas are enforced);
 state is read as of the last settle.
@@ -21,6 +27,7 @@ state is read as of the last settle.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
@@ -28,6 +35,9 @@ from pagedkv.reference.features.hisparse import release_to_back
 from pagedkv.reference.features.retention_rules import (
     budget_blocks,
     decayed,
+    freq_deadline,
+    freq_level,
+    freq_victim_order,
     merged_record,
     victim_order,
 )
@@ -40,6 +50,9 @@ from pagedkv.spec.errors import (
 )
 from pagedkv.spec.retention import (
     DEFAULT_PRIORITY,
+    FREQ_EXTENSION,
+    FREQ_LEVELS,
+    FREQ_MEMORY,
     Policy,
     check_pin_budget,
     check_policy,
@@ -69,7 +82,8 @@ class RetentionBlockPool(BlockPool):
 
     Args:
         policy: ``"lru"`` (the kernel's order: every block id and event as
-            without retention, RET-1) or ``"priority"``.
+            without retention, RET-1), ``"priority"`` (RET-4) or
+            ``"lru-freq"`` (RET-11).
         pin_budget: share of the usable pool pins may hold (0: pins off).
         clock: seconds, monotonic; injected so tests control time.
 
@@ -92,6 +106,10 @@ class RetentionBlockPool(BlockPool):
         self.tenant: dict[int, str] = {}
         self.quotas: dict[str, int] = {}
         self.stats = RetentionStats()
+        # lru-freq (RET-11): releases per key, the most recently released keys last.
+        self.release_memory: OrderedDict[object, int] = OrderedDict()
+        self.tick = 0  # keyed releases so far
+        self.freq: dict[int, tuple[int, int]] = {}  # block id -> (tick, level) of its last keyed release
 
     # -- reading -----------------------------------------------------------
 
@@ -152,9 +170,33 @@ class RetentionBlockPool(BlockPool):
                 self.stats.quota_evictions += 1
 
     def _ranked(self, blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock]:
-        """``blocks`` (free, in queue order) sorted by the victim key (RET-4)."""
-        order = victim_order([self.effective_priority(block) for block in blocks])
+        """``blocks`` (free, in queue order) sorted by the policy's victim
+        order (RET-4; under ``lru-freq``, RET-11)."""
+        if self.policy == "lru-freq":
+            order = freq_victim_order([self.freq_deadline(block) for block in blocks])
+        else:
+            order = victim_order([self.effective_priority(block) for block in blocks])
         return [blocks[index] for index in order]
+
+    def freq_deadline(self, block: KVCacheBlock) -> int | None:
+        """``lru-freq``'s deadline of a free block (RET-11): ``None`` when it
+        is unkeyed (it goes first); a keyed block never released since the
+        pool was built counts tick 0, level 0."""
+        if block.block_hash is None:
+            return None
+        tick, level = self.freq.get(block.block_id, (0, 0))
+        return freq_deadline(tick, level, self.num_blocks - 1, FREQ_EXTENSION)
+
+    def _count_release(self, block: KVCacheBlock) -> None:
+        """A keyed block was released: one more release of its key (the
+        memory keeps the last ``FREQ_MEMORY x (N - 1)`` keys), the next tick."""
+        key = block.block_hash
+        releases = self.release_memory.pop(key, 0) + 1
+        self.release_memory[key] = releases
+        if len(self.release_memory) > FREQ_MEMORY * (self.num_blocks - 1):
+            self.release_memory.popitem(last=False)
+        self.tick += 1
+        self.freq[block.block_id] = (self.tick, freq_level(releases, FREQ_LEVELS))
 
     def _forget(self, block_id: int) -> None:
         """A block lost its key: nothing of it is worth retaining."""
@@ -162,6 +204,7 @@ class RetentionBlockPool(BlockPool):
         self.released_at.pop(block_id, None)
         self.pins.pop(block_id, None)
         self.tenant.pop(block_id, None)
+        self.freq.pop(block_id, None)
 
     # -- the kernel's operations, with retention ------------------------------
 
@@ -204,7 +247,7 @@ class RetentionBlockPool(BlockPool):
         if any(block.ref_cnt < sum(1 for other in blocks if other is block) for block in blocks if not block.is_null):
             super().free_blocks(blocks)  # refused (POOL-3) before the clock is read: nothing changes
         self.settle()
-        held = {block.block_id for block in blocks if block.ref_cnt > 0}
+        held = list(dict.fromkeys(block.block_id for block in blocks if block.ref_cnt > 0))
         super().free_blocks(blocks)
         self._released(held)
 
@@ -216,12 +259,17 @@ class RetentionBlockPool(BlockPool):
             release_to_back(self, blocks)  # refused (POOL-3) before the clock is read
         self.settle()
         release_to_back(self, blocks)
-        self._released({block.block_id for block in blocks})
+        self._released([block.block_id for block in blocks])
 
-    def _released(self, block_ids: set[int]) -> None:
+    def _released(self, block_ids: Sequence[int]) -> None:
+        """``block_ids`` (in release order) were held: those now free start
+        their durations (RET-3) and, keyed, count a release (RET-11)."""
         for block_id in block_ids:
-            if self.blocks[block_id].ref_cnt == 0:
+            block = self.blocks[block_id]
+            if block.ref_cnt == 0:
                 self.released_at[block_id] = self.now
+                if block.block_hash is not None and self.policy == "lru-freq":
+                    self._count_release(block)
         self.settle()  # a zero duration ends at once
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
@@ -242,6 +290,7 @@ class RetentionBlockPool(BlockPool):
             return False
         for block_id in range(self.num_blocks):
             self._forget(block_id)
+        self.release_memory.clear()
         return True
 
     # -- directives ----------------------------------------------------------
@@ -303,8 +352,14 @@ class RetentionBlockPool(BlockPool):
         self.settle()
 
     def set_policy(self, policy: Policy) -> None:
-        """Switch the policy; records are kept."""
-        self.policy = check_policy(policy)
+        """Switch the policy; records are kept. A switch to ``lru-freq``
+        starts its memory afresh: every free keyed block at tick 0, level 0
+        (RET-11)."""
+        policy = check_policy(policy)
+        if policy == "lru-freq" and self.policy != "lru-freq":
+            self.release_memory.clear()
+            self.freq.clear()
+        self.policy = policy
         self.settle()
 
     def set_tenant_quota(self, tenant: str, quota: int | None) -> None:
@@ -336,12 +391,16 @@ class RetentionBlockPool(BlockPool):
 
     def retention_state(self) -> tuple[object, ...]:
         """What lockstep compares: policy, records, release times of free
-        recorded blocks, pins, tenants, quotas, stats."""
+        recorded blocks, pins, tenants, quotas, stats; ``lru-freq``'s tick,
+        the release counts it remembers and, under it, each free keyed block's
+        deadline (under another policy deadlines are not kept up to date)."""
         return (self.policy, sorted(self.record.items()),
                 sorted((b, t) for b, t in self.released_at.items()
                        if b in self.record and self.blocks[b].ref_cnt == 0),
                 sorted(self.pins.items()), sorted(self.tenant.items()), sorted(self.quotas.items()),
-                self.stats.as_tuple())
+                self.stats.as_tuple(), self.tick, sorted(self.release_memory.values()),
+                sorted((block.block_id, self.freq_deadline(block)) for block in self.free_queue
+                       if block.block_hash is not None and self.policy == "lru-freq"))
 
 
 def check_retention(pool: RetentionBlockPool) -> None:

@@ -206,7 +206,7 @@ def make_policy(name: str, capacity: int, shape: ChainShape, workload: Workload,
     pins, refused = setting.annotations.pins_within(budget)
     key: KeyFn = key_lru_freq if name == "lru-freq" else key_lru
     priority = None if name == "lru+pin" else setting.annotations.priority
-    leaf_only = name == "lru-freq"
+    leaf_only = False  # lru-freq as the pools run it (RET-11): any free block may be the victim
     if setting.tenant_quota is not None:
         return TenantQuotaPolicy(capacity, shape, f"{name}+quota", key, leaf_only=leaf_only,
                                  tenant_of=_tenant_map(workload, setting.tenants), quota=setting.tenant_quota,

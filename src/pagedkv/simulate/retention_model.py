@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pagedkv.simulate.retention_candidates import GroupFreq, ReuseDistance, ScaledAge, SizeAware
 from pagedkv.simulate.retention_policies import (
     Arc,
     ChainShape,
@@ -205,10 +206,21 @@ POLICIES: dict[str, PolicyFactory] = {
     "lfu-da": _keyed("lfu-da", key_lfu, False),
     "lfu-da-leaf": _keyed("lfu-da-leaf", key_lfu, True),
     "gdsf-leaf": _keyed("gdsf-leaf", key_gdsf, True),
-    "lru-freq": _keyed("lru-freq", key_lru_freq, True),
-    # Its sensitivity to the extension (0.75 x capacity per level above).
-    "lru-freq-0.25": _keyed("lru-freq-0.25", lru_freq_key(0.25), True),
-    "lru-freq-1.5": _keyed("lru-freq-1.5", lru_freq_key(1.5), True),
+    # Any candidate: lru-freq runs in the pools, so it picks among all free blocks (no leaf rule;
+    # its keys never rank a parent before its child, so it orphans nothing anyway).
+    "lru-freq": _keyed("lru-freq", key_lru_freq, False),
+    # Its sensitivity to the extension (0.75 x capacity per level above) and to the levels.
+    "lru-freq-0.5": _keyed("lru-freq-0.5", lru_freq_key(0.5), False),
+    "lru-freq-1.0": _keyed("lru-freq-1.0", lru_freq_key(1.0), False),
+    "lru-freq-1.5": _keyed("lru-freq-1.5", lru_freq_key(1.5), False),
+    "lru-freq-2lv-1.5": _keyed("lru-freq-2lv-1.5", lru_freq_key(1.5, 2), False),
+    # Candidates not chosen (pagedkv.simulate.retention_candidates, D-RET-9).
+    "scaled-age-2": lambda capacity, shape, _: ScaledAge(capacity, shape, 2.0),
+    "scaled-age-3": lambda capacity, shape, _: ScaledAge(capacity, shape, 3.0),
+    "lru-freq+short-turn": lambda capacity, shape, _: GroupFreq(capacity, shape, 4),
+    "reuse-distance": lambda capacity, shape, _: ReuseDistance(capacity, shape, 1.0, 1.0, 0.0),
+    "reuse-distance+freq": lambda capacity, shape, _: ReuseDistance(capacity, shape, 0.5, 0.5, 0.5),
+    "size-aware": lambda capacity, shape, _: SizeAware(capacity, shape, 0.2),
     "s3fifo": lambda capacity, shape, _: S3Fifo(capacity, shape),
     "arc": lambda capacity, shape, _: Arc(capacity, shape),
     "min": _keyed("min", key_min, True),

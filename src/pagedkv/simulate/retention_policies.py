@@ -41,8 +41,8 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["Policy", "KeyedPolicy", "VllmLru", "S3Fifo", "Arc", "ChainShape", "key_lru",
-           "key_lru2", "key_lfu", "key_lru_freq", "lru_freq_key", "key_reuse_oracle", "key_gdsf", "key_min"]
+__all__ = ["Policy", "KeyedPolicy", "VllmLru", "S3Fifo", "Arc", "ChainShape", "key_lru", "key_lru2",
+           "key_lfu", "key_lru_freq", "lru_freq_key", "freq_level", "key_reuse_oracle", "key_gdsf", "key_min"]
 
 # A block's key in a KeyedPolicy: (priority, primary, release sequence); least goes first.
 Key = tuple[int, float, int]
@@ -205,16 +205,24 @@ def key_gdsf(policy: KeyedPolicy, block: int) -> float:
     return policy.floor + policy.count[block] * (1.0 + policy.shape.depth[block] / 60.0)
 
 
-def lru_freq_key(extension: float) -> KeyFn:
+def freq_level(releases: int, levels: int = 4) -> int:
+    """A block's frequency level: ``floor(log2(releases))`` capped at
+    ``levels - 1`` (4 levels: 1, 2-3, 4-7, 8+ releases). The pools'
+    ``lru-freq`` (spec/retention.md, RET-11) uses the same rule."""
+    return min(releases.bit_length() - 1, levels - 1)
+
+
+def lru_freq_key(extension: float, levels: int = 4) -> KeyFn:
     """LRU with frequency-extended deadlines: the release sequence plus
-    ``extension`` x capacity per doubling of the block's uses (levels 0..3:
-    1, 2-3, 4-7, 8+ uses). Uses are counted across evictions for the last
-    2 x capacity hashes used (``KeyedPolicy.seen``): a block evicted and
-    computed again keeps its record. With 4 levels each level's keys arrive in
-    release order, so a FIFO per level and a look at the 4 heads evict in O(1)."""
+    ``extension`` x capacity per frequency level (:func:`freq_level` of the
+    block's releases). Releases are counted across evictions for the last
+    2 x capacity hashes released (``KeyedPolicy.released``): a block evicted
+    and computed again keeps its record. With a few levels each level's keys
+    arrive in release order, so a FIFO per level and a look at the heads
+    evict in O(1). It is the pools' ``lru-freq`` exactly (one request at a
+    time, so a use is a release)."""
     def key(policy: KeyedPolicy, block: int) -> float:
-        level = min(policy.seen[block].bit_length() - 1, 3)
-        return policy.sequence + extension * policy.capacity * level
+        return policy.sequence + extension * policy.capacity * freq_level(policy.released[block], levels)
     return key
 
 
@@ -261,16 +269,11 @@ class KeyedPolicy(Policy):
         self.count: dict[int, int] = {}  # resident block -> uses since admission
         self.history: dict[int, tuple[int, int]] = {}  # block -> (penultimate, last) use
         self.ghosts: OrderedDict[int, None] = OrderedDict()  # evicted blocks keeping history
-        # Uses of the last 2 x capacity hashes used, resident or not (lru-freq's record).
-        self.seen: OrderedDict[int, int] = OrderedDict()
+        # Releases of the last 2 x capacity hashes released, resident or not (lru-freq's record).
+        self.released: OrderedDict[int, int] = OrderedDict()
 
     def _use(self, block: int) -> None:
         self.count[block] = self.count.get(block, 0) + 1
-        seen = self.seen
-        seen[block] = seen.get(block, 0) + 1
-        seen.move_to_end(block)
-        if len(seen) > 2 * self.capacity:
-            seen.popitem(last=False)
         last = self.history.get(block, (-1, -1))[1]
         if last != self.now:
             self.history[block] = (last, self.now)
@@ -284,8 +287,13 @@ class KeyedPolicy(Policy):
         self._use(block)
 
     def _on_release(self, blocks: Sequence[int]) -> None:
+        released = self.released
         for block in blocks:
             self.sequence += 1
+            released[block] = released.get(block, 0) + 1
+            released.move_to_end(block)
+            if len(released) > 2 * self.capacity:
+                released.popitem(last=False)
             key = (self.priority.get(block, 35), self.key_fn(self, block), self.sequence)
             self.entry[block] = key
             if self._candidate(block):
