@@ -1,0 +1,122 @@
+"""Edges of the feature modules that only a precise scenario reaches.
+
+Each test pins one rule of a feature module (``reference/features/``) at the
+point where a near-miss of it would still pass the scenario and lockstep
+suites: the mutation run over those modules (``make mutation-features``,
+tools/mutation_triage.md) found them. Every test runs on both
+implementations.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.mamba_spec import MambaSpec
+from tests.faults import LineFuse
+from tests.implementations import IMPLEMENTATIONS
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def impl(request: pytest.FixtureRequest) -> ModuleType:
+    module: ModuleType = IMPLEMENTATIONS[request.param]
+    return module
+
+
+def _sub_block_hybrid(impl: ModuleType, num_blocks: int) -> Any:
+    """Full attention (2 tokens a block) beside a Mamba ``align`` group (4),
+    hashed every 2 tokens, with sub-block hits on."""
+    specs = (FullAttentionSpec(2, 1, 1, "float32"),
+             MambaSpec(4, shapes=((1,),), dtypes=("float32",), mamba_cache_mode="align"))
+    groups = tuple(KVCacheGroupSpec((f"layer.{i}",), spec) for i, spec in enumerate(specs))
+    manager = impl.KVCacheManager(KVCacheConfig(num_blocks, (), groups), 1024, hash_block_size=2)
+    manager.enable_partial_hash_hits()
+    return manager
+
+
+@pytest.mark.parametrize(("num_blocks", "admitted"), [(6, False), (7, True)])
+def test_sub_block_hit_counts_the_copy_destination_at_the_free_block_edge(
+        impl: ModuleType, num_blocks: int, admitted: bool) -> None:
+    """MPART-2: a new request's hit ending inside a Mamba block demands one
+    block more, the copy's destination. The sibling's hit (6 tokens) touches
+    the producer's four cached blocks; it then needs a full-attention block
+    and the copy: 2 blocks. With 6 blocks (1 left after the touch) it is
+    refused and nothing changes; with 7 it is admitted. Counting one block
+    too few takes the refused case into the allocation, which then runs out
+    of blocks half-way."""
+    manager = _sub_block_hybrid(impl, num_blocks)
+    producer = manager.make_request("0", [0, 0, 1, 1, 2, 2, 3])
+    assert manager.allocate_slots(producer, 6) is not None
+    manager.free(producer)
+    manager.new_step_starts()
+    sibling = manager.make_request("1", [0, 0, 1, 1, 2, 2, 3, 3])
+    hit_blocks, hit = manager.get_computed_blocks(sibling)
+    assert hit == 6
+    assert manager.block_pool.get_num_free_blocks() == num_blocks - 1
+    before = manager.snapshot()
+    new = manager.allocate_slots(sibling, 2, hit, hit_blocks)
+    manager.check_invariants()
+    if admitted:
+        assert new is not None
+        assert [len(group) for group in new.get_block_ids()] == [1, 1]   # the FA block and the copy
+        copies, retained = manager.take_kv_cache_block_copies()
+        assert len(copies) == 1 and len(retained) == 2
+    else:
+        assert new is None
+        assert manager.snapshot() == before
+
+
+def _events_manager(impl: ModuleType) -> Any:
+    spec = FullAttentionSpec(2, 1, 1, "float32")
+    config = KVCacheConfig(12, (), (KVCacheGroupSpec(("layer.0",), spec),))
+    return impl.KVCacheManager(config, 64, enable_kv_cache_events=True)
+
+
+def _admit_and_fault(impl: ModuleType, fire_at: int) -> tuple[Any, bool]:
+    """Admit request ``a`` (its blocks stored: events pending), then admit
+    ``b`` with a fault armed at its ``fire_at``-th line event. Returns the
+    manager and whether the fault fired."""
+    manager = _events_manager(impl)
+    first = manager.make_request("a", [1, 2, 3, 4, 5, 6, 7])
+    assert manager.allocate_slots(first, 7) is not None
+    second = manager.make_request("b", [1, 2, 3, 4, 9, 9, 9, 9, 9])
+    fuse = LineFuse(fire_at, KeyboardInterrupt)
+    fired = False
+    sys.settrace(fuse.global_trace)
+    try:
+        hit_blocks, hit = manager.get_computed_blocks(second)
+        manager.allocate_slots(second, second.num_tokens - hit, hit, hit_blocks)
+    except KeyboardInterrupt:
+        fired = True
+    finally:
+        sys.settrace(None)
+    return manager, fired
+
+
+def test_recovery_keeps_the_events_pending_before_the_fault(impl: ModuleType) -> None:
+    """Recovery after an interrupted change rebuilds the pool from the
+    request lists, but events already emitted stay pending with events on
+    (spec/operations.md, "Exception safety"): the engine still takes the
+    ``BlockStored`` of ``a``'s blocks, stored before the fault. Tried at
+    every fourth line event of ``b``'s lookup and admission."""
+    reference_manager, _ = _admit_and_fault(impl, 0)
+    stored_before = [event for event in reference_manager.take_events()
+                     if type(event).__name__ == "BlockStored"]
+    assert stored_before, "the first admission stores its full blocks"
+    first_hashes = stored_before[0].block_hashes
+    fired_once = False
+    for fire_at in range(1, 400, 4):
+        manager, fired = _admit_and_fault(impl, fire_at)
+        if not fired:
+            break
+        fired_once = True
+        manager.check_invariants()
+        taken = manager.take_events()
+        assert taken, f"line event {fire_at}: the pending events were dropped"
+        assert type(taken[0]).__name__ == "BlockStored" and taken[0].block_hashes == first_hashes, (
+            f"line event {fire_at}: {taken[0]!r}")
+    assert fired_once
