@@ -15,10 +15,15 @@ from typing import Any
 
 import pytest
 
+from pagedkv.optimized.host_tier.hisparse import HostTierManager as OptimizedTier
+from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.hisparse import HostTierConfig
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.faults import LineFuse
 from tests.implementations import IMPLEMENTATIONS
+
+Tier = ReferenceTier | OptimizedTier
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
@@ -120,3 +125,33 @@ def test_recovery_keeps_the_events_pending_before_the_fault(impl: ModuleType) ->
         assert type(taken[0]).__name__ == "BlockStored" and taken[0].block_hashes == first_hashes, (
             f"line event {fire_at}: {taken[0]!r}")
     assert fired_once
+
+
+@pytest.fixture(params=[ReferenceTier, OptimizedTier], ids=["reference", "optimized"])
+def host_tier(request: pytest.FixtureRequest) -> Tier:
+    tier: Tier = request.param(HostTierConfig(block_size=4, host_num_blocks=16, device_num_blocks=10,
+                                              hot_blocks_per_request=1, max_model_len=64))
+    return tier
+
+
+def test_a_reused_page_the_worker_never_saw_is_reported_once(host_tier: Tier) -> None:
+    """A released page whose block the pool hands out turns host-only; it is
+    *stale* (reported again) only if the worker was told of it before, i.e.
+    below ``synced``. Page 2 here is reused exactly at ``synced`` = 2: the
+    worker never saw it, so the next update lists it once, with the new
+    pages, not also as a stale page."""
+    tier = host_tier
+    assert tier.allocate("a", 8) is not None
+    assert tier.take_residency_updates(["a"])["a"].pages == (0, 1)  # synced = 2
+    assert tier.allocate("a", 20) is not None  # pages 2..4, unseen
+    tier.complete([transfer.transfer_id for transfer in tier.plan_writebacks("a", 20)])
+    tier.require_hot("a")
+    assert tier.allocate("a", 20) is not None
+    tier.update_residency("a")  # pages 0..2 released, page 2 first; 3 and 4 are the active tail
+    assert tier.residency("a").unpinned == frozenset({0, 1, 2})
+    never_used = tier.num_free_device_blocks() - 3
+    assert tier.allocate("b", 4 * (never_used + 1)) is not None  # reuses page 2's block
+    assert tier.residency("a").resident_row[2] == 0
+    update = tier.take_residency_updates(["a"])["a"]
+    assert update.pages == (2, 3, 4)
+    assert update.block_ids[0] == 0
