@@ -22,6 +22,7 @@ from pagedkv.spec.hisparse import HostTierConfig
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.faults import LineFuse
 from tests.implementations import IMPLEMENTATIONS
+from tests.test_dcp_partial_hits import dcp_hybrid
 
 Tier = ReferenceTier | OptimizedTier
 
@@ -155,3 +156,38 @@ def test_a_reused_page_the_worker_never_saw_is_reported_once(host_tier: Tier) ->
     update = tier.take_residency_updates(["a"])["a"]
     assert update.pages == (2, 3, 4)
     assert update.block_ids[0] == 0
+
+
+def test_a_reused_block_leaves_the_other_holders_of_its_prompt_tail_serving(impl: ModuleType) -> None:
+    """FPART-2 / D-MAMBA-22 under DCP (hash 2, full-attention block 8): two
+    requests with the same 16-token prompt compute it side by side, so two
+    blocks (``x1``, ``x2``) carry column 1's full key and the prompt tail 14
+    as their extra entry. Once both are freed, another prompt reuses ``x1``
+    at its own column 1 and gives it another tail. ``x2`` still holds the
+    old tail: a resend of the first prompt hits 14 tokens through it."""
+    manager = dcp_hybrid(impl, hash_block_size=2, full=8, mamba=2, dcp=4, num_blocks=10)
+    owners = [manager.make_request(name, list(range(16))) for name in ("o1", "o2")]
+    for owner in owners:  # no lookup: each computes its own blocks
+        assert manager.allocate_slots(owner, 14) is not None
+        owner.num_computed_tokens = 14
+    manager.new_step_starts()
+    for owner in owners:
+        assert manager.allocate_slots(owner, 2) is not None
+        owner.num_computed_tokens = 16
+    x1, x2 = manager.get_block_ids("o1")[0][1], manager.get_block_ids("o2")[0][1]
+    column_0 = manager.get_block_ids("o2")[0][0]
+    for owner in owners:
+        manager.free(owner)
+    manager.new_step_starts()
+    other = manager.make_request("other", list(range(100, 116)))
+    assert manager.allocate_slots(other, 14) is not None
+    other.num_computed_tokens = 14
+    manager.new_step_starts()
+    assert manager.allocate_slots(other, 2) is not None
+    assert manager.get_block_ids("other")[0][1] == x1  # x1 reused, under another tail
+    manager.free(other)
+    manager.new_step_starts()
+    hit_blocks, hit = manager.get_computed_blocks(manager.make_request("resend", list(range(16))))
+    assert hit == 14
+    assert list(hit_blocks.get_block_ids()[0]) == [column_0, x2]
+    manager.check_invariants()

@@ -69,9 +69,9 @@ TESTS = ["tests/test_admit_path.py",
 _EDGES = "tests/test_feature_edges.py"
 _KERNEL_FEATURES = ["tests/test_reference_kernel.py", "tests/test_connector_completes_state.py",
                     "tests/test_ring_scenarios.py", "tests/test_rswa_scenarios.py", "tests/test_scenarios_hybrid.py"]
-_DCP = ["tests/test_dcp_partial_hits.py", "tests/test_eagle_sub_block.py", "tests/test_dcp_lockstep.py"]
+_DCP = [_EDGES, "tests/test_dcp_partial_hits.py", "tests/test_eagle_sub_block.py", "tests/test_dcp_lockstep.py"]
 _EAGLE = ["tests/test_eagle_groups.py", "tests/test_eagle_sub_block.py", "tests/test_eagle_retention.py"]
-_HISPARSE = ["tests/test_hisparse_rules.py", "tests/test_hisparse.py", "tests/test_hisparse_steps.py",
+_HISPARSE = [_EDGES, "tests/test_hisparse_rules.py", "tests/test_hisparse.py", "tests/test_hisparse_steps.py",
              "tests/test_hisparse_vllm_scenarios.py", "tests/test_hisparse_lockstep.py"]
 _MAMBA = [_EDGES, "tests/test_mamba_checkpoints.py", "tests/test_mamba_checkpoints_publish.py",
           "tests/test_mamba_partial_hits.py", "tests/test_eagle_retention.py", "tests/test_eagle_sub_block.py",
