@@ -18,6 +18,7 @@ import pytest
 from pagedkv.optimized.host_tier.hisparse import HostTierManager as OptimizedTier
 from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hisparse import HostTierConfig
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.faults import LineFuse
@@ -191,3 +192,27 @@ def test_a_reused_block_leaves_the_other_holders_of_its_prompt_tail_serving(impl
     assert hit == 14
     assert list(hit_blocks.get_block_ids()[0]) == [column_0, x2]
     manager.check_invariants()
+
+
+def test_a_sub_block_hit_off_a_hash_boundary_is_refused(impl: ModuleType) -> None:
+    """MPART-1 (check 1f): with sub-block hits a hit may end inside a block,
+    but only on a hash boundary. Handed the blocks of a real 14-token hit
+    (hash 2: two full-attention blocks of 8, four Mamba columns of 4) with
+    13 computed tokens, whose block counts match, ``allocate_slots`` refuses
+    it and changes nothing."""
+    manager = dcp_hybrid(impl, hash_block_size=2, full=8, mamba=4, dcp=4)
+    owner = manager.make_request("owner", list(range(16)))
+    assert manager.allocate_slots(owner, 14) is not None
+    owner.num_computed_tokens = 14
+    manager.new_step_starts()
+    assert manager.allocate_slots(owner, 2) is not None
+    manager.free(owner)
+    manager.new_step_starts()
+    resend = manager.make_request("resend", list(range(16)))
+    hit_blocks, hit = manager.get_computed_blocks(resend)
+    assert hit == 14 and [len(group) for group in hit_blocks.get_block_ids()] == [2, 4]
+    before = manager.snapshot()
+    with pytest.raises(InvalidArgumentError, match="num_new_computed_tokens"):
+        manager.allocate_slots(resend, 3, 13, hit_blocks)
+    assert manager.snapshot() == before
+    assert manager.allocate_slots(resend, 2, hit, hit_blocks) is not None  # the real hit is taken
