@@ -18,6 +18,7 @@ import pytest
 from pagedkv.optimized.host_tier.hisparse import HostTierManager as OptimizedTier
 from pagedkv.reference.features.hisparse import HostTierManager as ReferenceTier
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from pagedkv.spec.attention_variants import CircularBufferSpec
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hisparse import HostTierConfig
 from pagedkv.spec.mamba_spec import MambaSpec
@@ -216,3 +217,27 @@ def test_a_sub_block_hit_off_a_hash_boundary_is_refused(impl: ModuleType) -> Non
         manager.allocate_slots(resend, 3, 13, hit_blocks)
     assert manager.snapshot() == before
     assert manager.allocate_slots(resend, 2, hit, hit_blocks) is not None  # the real hit is taken
+
+
+def test_per_group_hits_are_zero_where_nothing_is_cached(impl: ModuleType) -> None:
+    """``get_computed_blocks_per_group`` (what a KV connector reads) reports
+    0 tokens for a group that serves no hit: with one-token blocks (the hit
+    unit is 1) when the first token is not cached, and for a ring, which is
+    outside prefix caching (PFX-1), however long the full-attention hit."""
+    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(1, 1, 8, "float16")),)
+    manager = impl.KVCacheManager(KVCacheConfig(40, (), groups), 64)
+    first = manager.make_request("a", [1, 2, 3])
+    assert manager.allocate_slots(first, 3) is not None
+    manager.free(first)
+    hit, lengths = manager.get_computed_blocks_per_group(manager.make_request("b", [7, 8, 9, 10]))
+    assert lengths == (0,) and hit.get_block_ids() == ([],)
+    assert manager.get_computed_blocks_per_group(manager.make_request("c", [1, 2, 3, 4]))[1] == (3,)
+
+    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(4, 1, 8, "float16")),
+              KVCacheGroupSpec(("ring",), CircularBufferSpec(4, 1, 8, "float16")))
+    manager = impl.KVCacheManager(KVCacheConfig(20, (), groups), 64)
+    first = manager.make_request("a", list(range(13)))
+    assert manager.allocate_slots(first, 13) is not None
+    manager.free(first)
+    hit, lengths = manager.get_computed_blocks_per_group(manager.make_request("b", list(range(13))))
+    assert lengths == (12, 0) and len(hit.get_block_ids()[0]) == 3 and hit.get_block_ids()[1] == []

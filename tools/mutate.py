@@ -76,7 +76,7 @@ _HISPARSE = [_EDGES, "tests/test_hisparse_rules.py", "tests/test_hisparse.py", "
 _MAMBA = [_EDGES, "tests/test_mamba_checkpoints.py", "tests/test_mamba_checkpoints_publish.py",
           "tests/test_mamba_partial_hits.py", "tests/test_eagle_retention.py", "tests/test_eagle_sub_block.py",
           "tests/test_mamba_partial_lockstep.py"]
-_RETENTION = ["tests/test_retention.py", "tests/test_eagle_retention.py", "tests/test_mamba_partial_hits.py",
+_RETENTION = [_EDGES, "tests/test_retention.py", "tests/test_eagle_retention.py", "tests/test_mamba_partial_hits.py",
               "tests/test_retention_lockstep.py"]
 #: The feature module -> its suite. Left out: the host tier's invariant
 #: checker (hisparse_invariants), like reference/invariants.py (its mutants
