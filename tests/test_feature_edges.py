@@ -224,8 +224,8 @@ def test_per_group_hits_are_zero_where_nothing_is_cached(impl: ModuleType) -> No
     0 tokens for a group that serves no hit: with one-token blocks (the hit
     unit is 1) when the first token is not cached, and for a ring, which is
     outside prefix caching (PFX-1), however long the full-attention hit."""
-    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(1, 1, 8, "float16")),)
-    manager = impl.KVCacheManager(KVCacheConfig(40, (), groups), 64)
+    one_group = (KVCacheGroupSpec(("full",), FullAttentionSpec(1, 1, 8, "float16")),)
+    manager = impl.KVCacheManager(KVCacheConfig(40, (), one_group), 64)
     first = manager.make_request("a", [1, 2, 3])
     assert manager.allocate_slots(first, 3) is not None
     manager.free(first)
@@ -233,9 +233,9 @@ def test_per_group_hits_are_zero_where_nothing_is_cached(impl: ModuleType) -> No
     assert lengths == (0,) and hit.get_block_ids() == ([],)
     assert manager.get_computed_blocks_per_group(manager.make_request("c", [1, 2, 3, 4]))[1] == (3,)
 
-    groups = (KVCacheGroupSpec(("full",), FullAttentionSpec(4, 1, 8, "float16")),
-              KVCacheGroupSpec(("ring",), CircularBufferSpec(4, 1, 8, "float16")))
-    manager = impl.KVCacheManager(KVCacheConfig(20, (), groups), 64)
+    with_ring = (KVCacheGroupSpec(("full",), FullAttentionSpec(4, 1, 8, "float16")),
+                 KVCacheGroupSpec(("ring",), CircularBufferSpec(4, 1, 8, "float16")))
+    manager = impl.KVCacheManager(KVCacheConfig(20, (), with_ring), 64)
     first = manager.make_request("a", list(range(13)))
     assert manager.allocate_slots(first, 13) is not None
     manager.free(first)
