@@ -24,6 +24,7 @@ from pagedkv.spec.hisparse import HostTierConfig
 from pagedkv.spec.mamba_spec import MambaSpec
 from tests.faults import LineFuse
 from tests.implementations import IMPLEMENTATIONS
+from tests.scenario_kit import build_manager, full, window
 from tests.test_dcp_partial_hits import dcp_hybrid
 
 Tier = ReferenceTier | OptimizedTier
@@ -241,3 +242,22 @@ def test_per_group_hits_are_zero_where_nothing_is_cached(impl: ModuleType) -> No
     manager.free(first)
     hit, lengths = manager.get_computed_blocks_per_group(manager.make_request("b", list(range(13))))
     assert lengths == (12, 0) and len(hit.get_block_ids()[0]) == 3 and hit.get_block_ids()[1] == []
+
+
+def test_a_pinned_junction_keeps_one_window_tail_without_eagle(impl: ModuleType) -> None:
+    """D-SWA-11 under retention 0 (full attention + window 4, block 4): B
+    shares 16 tokens with A and pins the junction 16. Its window group keeps
+    the tail of the replay position (block 6) and the junction's tail
+    (block 3), and nothing else: the extra block below the junction is kept
+    only with EAGLE, whose peek reads past the junction."""
+    manager = build_manager(impl, (full(), window()), num_blocks=60, max_model_len=128, retention_interval=0)
+    shared = [7] * 16
+    assert manager.allocate_slots(manager.make_request("A", shared + list(range(100, 116))), 32) is not None
+    second = manager.make_request("B", shared + list(range(200, 216)))
+    hit, num_hit = manager.get_computed_blocks(second)
+    second.shared_prefix_boundary = manager.shared_prefix_boundary(second, num_hit)
+    assert second.shared_prefix_boundary == 16
+    assert manager.allocate_slots(second, 32 - num_hit, num_hit, hit) is not None
+    hashes = manager.snapshot().pool.block_hashes
+    window_blocks = manager.get_block_ids("B")[1]
+    assert [index for index, block in enumerate(window_blocks) if block and hashes[block] is not None] == [3, 6]
