@@ -222,12 +222,12 @@ class HostTierManager(HostTierSteps):
         published, and the last page it wrote, which the engine replays into,
         is restored from host into its device block; that restore is returned.
         """
-        state = self._get(request_id)
-        if not state.importing:
+        if not self._get(request_id).importing:
             raise InvalidArgumentError(f"request {request_id!r} has no import in flight")
         if failed:
             self.free(request_id)
             return None
+        state = self.requests[request_id]
         # The sealed pages it wrote are clean; the page the engine replays
         # into is restored from host into the device block its row holds.
         num_clean, replay_page = rules.import_pages(state.importing, self.config.block_size)
