@@ -149,6 +149,12 @@ bench: install $(if $(findstring --vllm,$(BENCH_ARGS)),vllm-venv)
 mutation: install
 	$(PY) tools/mutate.py $(MUTATION_ARGS)
 
+# The reference's feature modules (the lines moved out of the kernel), each mutant
+# with its module's narrow suite (FEATURE_TESTS in tools/mutate.py): 63 mutants, seed 30.
+.PHONY: mutation-features
+mutation-features: install
+	$(PY) tools/mutate.py --features --per-file 3 --seed 30 --out tools/mutation_results_features.json $(MUTATION_ARGS)
+
 demo: install
 	$(PY) -m pagedkv.cli demo $(DEMO_ARGS)
 

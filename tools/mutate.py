@@ -18,7 +18,13 @@ would otherwise reuse the stale cache), and the file is restored. A mutant is *k
 fail (or exceed the time limit), *survived* otherwise.
 
     python tools/mutate.py [--per-file N] [--seed S] [--files GLOB...] [--out FILE]
-                           [--changed-since REV] [--tests PYTEST_ARG...]
+                           [--changed-since REV] [--tests PYTEST_ARG...] [--features]
+
+``--features`` (``make mutation-features``) targets the reference's feature
+modules (``reference/features/*.py``, the lines that moved out of the kernel
+and the rules restated from spec/) and runs, per mutant, only the tests of
+its module (``FEATURE_TESTS``): the whole feature suite per mutant would take
+hours on two cores.
 
 ``--changed-since REV`` draws only mutants on lines that differ from git
 revision ``REV`` (the lines a branch added or changed), so a re-run scores
@@ -55,6 +61,51 @@ TESTS = ["tests/test_admit_path.py",
          "tests/test_hashing.py", "tests/test_fault_injection.py", "tests/test_kv_integrity.py",
          "tests/test_kv_integrity_state.py",
          "tests/test_differential.py", "tests/test_differential_hybrid.py"]
+
+#: The narrow suites of the feature modules (``--features``): the tests that
+#: exercise a module on both implementations, unit and scenario tests first
+#: and the lockstep machine last (``-x`` stops at the first failure, so only
+#: a mutant the fast tests miss pays for the machine).
+_EDGES = "tests/test_feature_edges.py"
+_KERNEL_FEATURES = ["tests/test_reference_kernel.py", "tests/test_connector_completes_state.py",
+                    "tests/test_ring_scenarios.py", "tests/test_rswa_scenarios.py", "tests/test_scenarios_hybrid.py"]
+_DCP = [_EDGES, "tests/test_dcp_partial_hits.py", "tests/test_eagle_sub_block.py", "tests/test_dcp_lockstep.py"]
+_EAGLE = ["tests/test_eagle_groups.py", "tests/test_eagle_sub_block.py", "tests/test_eagle_retention.py"]
+_HISPARSE = [_EDGES, "tests/test_hisparse_rules.py", "tests/test_hisparse.py", "tests/test_hisparse_steps.py",
+             "tests/test_hisparse_vllm_scenarios.py", "tests/test_hisparse_lockstep.py"]
+_MAMBA = [_EDGES, "tests/test_mamba_checkpoints.py", "tests/test_mamba_checkpoints_publish.py",
+          "tests/test_mamba_partial_hits.py", "tests/test_eagle_retention.py", "tests/test_eagle_sub_block.py",
+          "tests/test_mamba_partial_lockstep.py"]
+_RETENTION = [_EDGES, "tests/test_retention.py", "tests/test_eagle_retention.py", "tests/test_mamba_partial_hits.py",
+              "tests/test_retention_lockstep.py"]
+#: The feature module -> its suite. Left out: the host tier's invariant
+#: checker (hisparse_invariants), like reference/invariants.py (its mutants
+#: are for the planted-bug gates); ``enabled`` (a list of classes, no
+#: mutation point); ``tensor_model`` (the torch path's model, SKIP).
+FEATURE_TESTS: dict[str, list[str]] = {
+    "reference/features/connector_hits.py": _KERNEL_FEATURES,
+    "reference/features/dcp_partial.py": _DCP,
+    "reference/features/dcp_rules.py": _DCP,
+    "reference/features/eagle.py": _EAGLE,
+    "reference/features/eagle_rules.py": _EAGLE,
+    "reference/features/hisparse.py": _HISPARSE,
+    "reference/features/hisparse_rules.py": _HISPARSE,
+    "reference/features/hisparse_state.py": _HISPARSE,
+    "reference/features/hisparse_steps.py": _HISPARSE,
+    "reference/features/mamba_checkpoint_rules.py": _MAMBA,
+    "reference/features/mamba_partial.py": _MAMBA,
+    "reference/features/mamba_partial_rules.py": _MAMBA,
+    "reference/features/mamba_publish.py": _MAMBA,
+    "reference/features/mamba_states.py": _MAMBA,
+    "reference/features/operations.py": _RETENTION,
+    # Recovery is the reference's own: its half of the fault injection.
+    "reference/features/recovery.py": [_EDGES, "tests/test_fault_injection.py", "-k", "reference"],
+    "reference/features/retention.py": _RETENTION,
+    "reference/features/retention_rules.py": _RETENTION,
+    "reference/features/ring.py": _KERNEL_FEATURES,
+    "reference/features/rswa.py": _KERNEL_FEATURES,
+    "reference/features/sparse_retention.py": _RETENTION,
+}
 
 _COMPARE_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -219,7 +270,11 @@ def main() -> int:
                         help="the pytest arguments each mutant runs (default: the kernel's suite)")
     parser.add_argument("--changed-since", metavar="REV", default=None,
                         help="only mutants on lines changed since git revision REV")
+    parser.add_argument("--features", action="store_true",
+                        help="the reference's feature modules, each mutant with its module's FEATURE_TESTS")
     args = parser.parse_args()
+    if args.features:
+        args.files = list(FEATURE_TESTS)
     files = sorted({p for pattern in args.files for p in ROOT.glob(pattern)
                     if not any(fnmatch.fnmatch(str(p.relative_to(ROOT)), s) for s in SKIP)})
     everything = enumerate_mutants(files)
@@ -234,14 +289,19 @@ def main() -> int:
     rng = random.Random(args.seed)
     chosen = [m for rel in sorted(everything) for m in sorted(
         rng.sample(everything[rel], min(args.per_file, len(everything[rel]))), key=lambda m: m.index)]
-    started = time.monotonic()
-    if run_tests(args.tests, 1800) != "survived":
-        print("the unmutated tests fail: fix them first", file=sys.stderr)
-        return 2
-    baseline = time.monotonic() - started
-    timeout = max(60.0, baseline * 3)
-    print(f"baseline {baseline:.0f} s; {len(chosen)} mutants of {sum(map(len, everything.values()))} points",
-          flush=True)
+    def suite(mutant: Mutant) -> tuple[str, ...]:
+        return tuple(FEATURE_TESTS[mutant.path] if args.features else args.tests)
+
+    timeouts: dict[tuple[str, ...], float] = {}
+    for tests in dict.fromkeys(map(suite, chosen)):
+        started = time.monotonic()
+        if run_tests(list(tests), 1800) != "survived":
+            print(f"the unmutated tests fail ({' '.join(tests)}): fix them first", file=sys.stderr)
+            return 2
+        baseline = time.monotonic() - started
+        timeouts[tests] = max(60.0, baseline * 3)
+        print(f"baseline {baseline:.0f} s: {' '.join(tests)}", flush=True)
+    print(f"{len(chosen)} mutants of {sum(map(len, everything.values()))} points", flush=True)
     results = []
     for number, mutant in enumerate(chosen, 1):
         path = ROOT / mutant.path
@@ -249,7 +309,7 @@ def main() -> int:
         try:
             path.write_text(apply(mutant))
             forget_bytecode(mutant.path)
-            outcome = run_tests(args.tests, timeout)
+            outcome = run_tests(list(suite(mutant)), timeouts[suite(mutant)])
         except SyntaxError:
             outcome = "invalid"
         finally:
@@ -267,10 +327,10 @@ def main() -> int:
         entry[1] += 1
     print("\nper file: killed / tried")
     for rel, (killed, tried) in sorted(scores.items()):
-        print(f"  {rel:34s} {killed:3d} / {tried:3d}  {100 * killed / tried:5.1f}%")
+        print(f"  {rel:44s} {killed:3d} / {tried:3d}  {100 * killed / tried:5.1f}%")
     killed = sum(k for k, _ in scores.values())
     tried = sum(t for _, t in scores.values())
-    print(f"  {'total':34s} {killed:3d} / {tried:3d}  {100 * killed / max(tried, 1):5.1f}%")
+    print(f"  {'total':44s} {killed:3d} / {tried:3d}  {100 * killed / max(tried, 1):5.1f}%")
     Path(ROOT / args.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

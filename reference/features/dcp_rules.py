@@ -1,17 +1,18 @@
-"""Decode context parallelism (DCP) beside Mamba groups, and the sub-block
-hits of full-attention groups it brings (spec/mamba.md, "DCP and
-full-attention sub-block hits", FPART-1..4, D-MAMBA-20..24).
+"""The rules of decode context parallelism (DCP) that the reference
+states itself (spec/mamba.md, "DCP and full-attention sub-block hits":
+FPART-1..4, D-MAMBA-20..24).
 
-Under DCP each rank stores ``1 / dcp`` of every attention block, so an
-attention group's block spans ``dcp`` times its spec's tokens; a Mamba
-group's state is replicated on every rank and keeps its own block size.
-With the hash block as the hit granularity, a full-attention block then
-spans several hash blocks, and a hit may end inside one: the request
-shares that block's leading tokens and copies the block before writing on,
-as a Mamba state is copied (MPART).
+What changes under DCP: every rank keeps a ``1 / dcp`` share of each
+attention block, so one attention block covers ``dcp`` times the tokens its
+spec names, while a Mamba state, the same on every rank, keeps its size.
+Hits are found hash block by hash block, and a widened full-attention
+block now holds several of them, so a hit can stop part-way into a block.
+The request then shares that block's first tokens and writes on a copy of
+it, the way a Mamba state is copied (MPART).
 
-The reference states the boundary rules by trying every candidate; ``pagedkv.optimized``
-computes them in closed form in its own module, and the lockstep compares the two.
+Here each boundary rule tries every candidate boundary and keeps the ones
+that qualify; ``pagedkv.optimized`` computes the same answers in closed
+form, and the lockstep machines compare the two.
 """
 
 from __future__ import annotations

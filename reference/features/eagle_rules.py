@@ -1,20 +1,24 @@
-"""EAGLE per KV-cache group: its rules (spec/coordinators.md section 4.1).
+"""The EAGLE rules of the reference, one function per question
+(spec/coordinators.md section 4.1). Written apart from
+``pagedkv.optimized``'s (this mask compares every pair of groups) so the
+lockstep machines compare two statements of each rule.
 
-The reference's statement, written apart from ``pagedkv.optimized``'s (the group mask by
-comparing every pair of groups), so the lockstep compares two versions:
+A drafting model gives back the last block of a prefix hit, because the
+draft head must recompute that block's last token. Three questions follow:
 
-- :func:`eagle_group_mask`: which groups apply the EAGLE hit rule. A model
-  marks its draft groups (``KVCacheGroupSpec.is_eagle_group``); with none
-  marked every group is a draft group. Groups sharing one spec are looked up
-  and cached together, so one marked member marks its siblings (D-SWA-14).
-- :func:`eagle_peek_limit`: how far an EAGLE group may look for the block it
-  gives back. With several groups the peek may pass the hit cap up to the
-  hashed tokens (D-SWA-15); one group keeps the cap.
-- :func:`sub_block_eagle_limit`: how far an EAGLE full-attention group that
-  hits inside its own blocks looks before giving one hash block back
+- Which groups give a block back (:func:`eagle_group_mask`)? Those the
+  model marks as draft groups, or all of them when it marks none; a group
+  looked up together with a marked one (the same spec) follows it
+  (D-SWA-14).
+- How far may a group look for the block it gives back
+  (:func:`eagle_peek_limit`)? Up to the hit cap when it is the only group;
+  with others, as far as the request's hashed tokens reach (D-SWA-15).
+- And a full-attention group that hits inside its own blocks
+  (:func:`sub_block_eagle_limit`)? One hash block past the cap, at most
   (FPART-5, D-MAMBA-38).
-The Mamba sparse-retention rule (D-MAMBA-35) lives with the other Mamba
-publication rules in :mod:`pagedkv.reference.features.mamba_checkpoint_rules`.
+
+Mamba's sparse retention under EAGLE (D-MAMBA-35) is stated with the other
+publication rules, in :mod:`pagedkv.reference.features.mamba_checkpoint_rules`.
 """
 
 from __future__ import annotations
@@ -25,17 +29,16 @@ __all__ = ["eagle_group_mask", "eagle_peek_limit", "sub_block_eagle_limit"]
 
 
 def eagle_group_mask(marked: Sequence[bool], sibling_keys: Sequence[Hashable], use_eagle: bool) -> tuple[bool, ...]:
-    """Whether each group applies the EAGLE hit rule (D-SWA-14; a type's
-    own exemption, Mamba's and cross-attention's, comes after): none without
-    ``use_eagle``; all when no group is marked (``marked[g]``:
-    ``is_eagle_group``); else each group some marked group shares its
-    ``sibling_keys`` entry with (the groups searched and cached as one).
+    """For each group (``marked[g]``: its ``is_eagle_group``), whether it
+    follows the EAGLE hit rule, before a manager type's own exemption (Mamba
+    and cross-attention never follow it). Without ``use_eagle`` no group
+    does. With it, every group does when none is marked; otherwise a group
+    does when a marked group has its ``sibling_keys`` entry, itself
+    included: such groups are looked up and cached as one (D-SWA-14).
 
-    pre: len(marked) == len(sibling_keys)
-    post: len(__return__) == len(marked)
-    post: use_eagle or not any(__return__)
-    post: not use_eagle or any(marked) or all(__return__)
-    post: all(flag for flag, mark in zip(__return__, marked) if mark) or not use_eagle
+    pre: len(sibling_keys) == len(marked)
+    post: len(__return__) == len(marked) and (use_eagle or True not in __return__)
+    post: not use_eagle or all(flag for flag, mark in zip(__return__, marked) if mark or True not in marked)
     """
     groups = range(len(marked))
     if not use_eagle:
@@ -48,31 +51,30 @@ def eagle_group_mask(marked: Sequence[bool], sibling_keys: Sequence[Hashable], u
 
 
 def eagle_peek_limit(max_length: int, num_hashed_tokens: int, num_groups: int) -> int:
-    """The furthest token an EAGLE group's given-back block may reach: the
-    hit cap ``max_length`` with one group; with several, the hashed tokens
-    (the block after a hit at the cap is read and given back, as vLLM 0.33's
-    hybrid coordinator does, so an aligned resend keeps its last aligned
-    block: D-SWA-15), never below the cap.
+    """How far a group may look for the block it gives back. Alone, it stays
+    within the hit cap ``max_length``. Beside other groups it reads on to the
+    end of the hashed tokens when those pass the cap: vLLM 0.33's hybrid
+    coordinator reads the block after a hit at the cap and gives that one
+    back, so a resend of an aligned prompt keeps its last aligned block
+    (D-SWA-15). It never looks short of the cap.
 
-    pre: max_length >= 0 and num_hashed_tokens >= 0 and num_groups >= 0
-    post: __return__ >= max_length
-    post: num_groups > 1 or __return__ == max_length
+    pre: num_groups >= 0 and max_length >= 0 and num_hashed_tokens >= 0
+    post: __return__ == max_length or (num_groups > 1 and __return__ > max_length)
     """
     several_groups = num_groups > 1
     return max_length if not several_groups or num_hashed_tokens < max_length else num_hashed_tokens
 
 
 def sub_block_eagle_limit(max_length: int, num_hashed_tokens: int, hash_block_size: int) -> int:
-    """How far an EAGLE full-attention group with sub-block hits (a block
-    larger than the hash block, FPART-5) may match before it gives back one
-    hash block: one hash block past the hit cap, never past the hashed
-    tokens -- vLLM 0.33's lookup bound for such a group. Which tail block a
-    hit inside a block uses depends on this bound (FPART-1), so it is the
-    exact bound, not the wider D-SWA-15 peek.
+    """The lookup bound of an EAGLE full-attention group whose block holds
+    several hash blocks (FPART-5): it may match up to one hash block beyond
+    the hit cap before giving one hash block back, and no further than the
+    request is hashed. This is vLLM 0.33's exact bound, not the wider peek of
+    :func:`eagle_peek_limit`: the tail block a hit inside a block uses
+    (FPART-1) depends on it.
 
-    pre: max_length >= 0 and num_hashed_tokens >= 0 and hash_block_size > 0
-    post: __return__ <= num_hashed_tokens
-    post: __return__ <= max_length + hash_block_size
+    pre: hash_block_size > 0 and max_length >= 0 and num_hashed_tokens >= 0
+    post: __return__ <= min(num_hashed_tokens, max_length + hash_block_size)
     """
     one_hash_block_past_the_cap = max_length + hash_block_size
     return num_hashed_tokens if num_hashed_tokens < one_hash_block_past_the_cap else one_hash_block_past_the_cap

@@ -9,23 +9,13 @@ fast on purpose. ``check_invariants`` checks HOST-1..HOST-14 by ID.
 
 from __future__ import annotations
 
+import itertools
 import pprint
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.features.hisparse_rules import (
-    AllocationCounts,
-    check_transfer_ids,
-    full_sequence_need,
-    import_pages,
-    plan_allocation,
-    residency_update,
-    row_mirrors,
-    stored_events,
-    wants_hot_region,
-    writeback_window,
-)
+from pagedkv.reference.features import hisparse_rules as rules
 from pagedkv.reference.features.hisparse_state import RequestState, TierPool
 from pagedkv.reference.features.hisparse_steps import HostTierSteps
 from pagedkv.spec.errors import (
@@ -35,17 +25,16 @@ from pagedkv.spec.errors import (
 )
 from pagedkv.spec.hisparse import (
     ACTIVE_TAIL_PAGES,
-    FenceHold,
     HostAllocation,
     HostCacheEvent,
-    HostTierConfig,
     HostTierSnapshot,
     PageTransfer,
     RequestResidency,
-    ResidencyUpdate,
-    RowMirror,
 )
 from pagedkv.spec.types import BlockHash
+
+if TYPE_CHECKING:
+    from pagedkv.spec.hisparse import FenceHold, HostTierConfig, ResidencyUpdate, RowMirror
 
 __all__ = ["HostTierManager", "release_to_back"]
 
@@ -64,57 +53,56 @@ def release_to_back(pool: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> 
 
 
 class HostTierManager(HostTierSteps):
-    """Blocks of the HiSparse source, resident and hot groups in two pools."""
+    """The blocks of the HiSparse source, resident and hot groups, kept in a
+    host pool and a device pool (spec/host_tier.md)."""
 
     def __init__(self, config: HostTierConfig) -> None:
         self.config = config
+        self.spill_budget = config.spill_budget  # an engine may change it between steps
+        # The two pools, and the blocks of them that others took: the device
+        # blocks of other groups on a shared pool (D-HOST-18), the host
+        # blocks of callers (D-HOST-23).
         self.host = TierPool(config.host_num_blocks)
         self.device = TierPool(config.device_num_blocks)
+        self.shared: set[int] = set()
+        self.host_taken: set[int] = set()
+        # The requests, and the finished ones still waiting for their last
+        # write-backs before their durable prefix is published (D-HOST-5).
         self.requests: dict[str, RequestState] = {}
-        # Released device block -> the (request, page) pairs still reading it.
-        self.readers: dict[int, set[tuple[str, int]]] = {}
-        # Published host hash -> a device block holding the same page, readable
-        # until the pool hands the block out (D-HOST-7).
-        self.copies: dict[BlockHash, int] = {}
-        self.transfers: dict[int, tuple[PageTransfer, RequestState]] = {}
-        self.next_transfer_id = 0
-        # Finished requests whose last write-backs are in flight: their durable
-        # prefix is published when those land (D-HOST-5).
         self.detached: list[RequestState] = []
-        self.outbox: list[int] = []  # transfers planned since the last take_transfers
-        self.spill_budget = config.spill_budget  # an engine may retune it between steps
-        # In-flight transfer -> (workers expected, workers done) (D-HOST-12).
+        # What a released device block still serves until the pool hands it
+        # out: the (request, page) pairs reading it, and the published host
+        # hash it holds a copy of, which a hit may adopt (D-HOST-7).
+        self.readers: dict[int, set[tuple[str, int]]] = {}
+        self.copies: dict[BlockHash, int] = {}
+        # Transfers: in flight (with their request), planned since the last
+        # take_transfers, and the workers expected and done for each (D-HOST-12).
+        self.transfers: dict[int, tuple[PageTransfer, RequestState]] = {}
+        self.outbox: list[int] = []
         self.worker_counts: dict[int, tuple[int, int]] = {}
-        self.fences: dict[int, FenceHold] = {}  # blocks kept for in-flight steps
+        self.next_transfer_id = 0
+        # Blocks fenced for steps in flight; host cache events when recorded (D-HOST-26).
+        self.fences: dict[int, FenceHold] = {}
         self.next_fence_id = 0
-        self.shared: set[int] = set()  # device blocks other groups took (D-HOST-18)
-        self.host_taken: set[int] = set()  # host blocks callers took (D-HOST-23)
-        self.events: list[HostCacheEvent] = []  # host cache changes, when recorded (D-HOST-26)
+        self.events: list[HostCacheEvent] = []
 
     # -- queries -------------------------------------------------------------
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> tuple[int, ...]:
-        """The host blocks of the longest cached prefix of ``block_hashes``."""
-        hits: list[int] = []
-        if self.config.enable_caching:
-            for block_hash in block_hashes:
-                if block_hash not in self.host.cached:
-                    break
-                hits.append(self.host.cached[block_hash])
-        return tuple(hits)
-
-    def num_free_host_blocks(self) -> int:
-        return len(self.host.free)
-
-    def num_free_device_blocks(self) -> int:
-        return len(self.device.free)
+        """The host blocks of the longest prefix of ``block_hashes`` the host
+        cache holds (none with caching off)."""
+        if not self.config.enable_caching:
+            return ()
+        prefix = itertools.takewhile(lambda block_hash: block_hash in self.host.cached, block_hashes)
+        return tuple(self.host.cached[block_hash] for block_hash in prefix)
 
     def residency(self, request_id: str) -> RequestResidency:
-        req = self._get(request_id)
+        state = self._get(request_id)
         return RequestResidency(
-            tuple(req.host_row), tuple(req.resident_row), tuple(req.hot), req.hot_required,
-            frozenset(req.clean), frozenset(req.pending), frozenset(req.unpinned), req.published,
-            req.importing, req.synced, frozenset(req.stale))
+            host_row=tuple(state.host_row), resident_row=tuple(state.resident_row), hot=tuple(state.hot),
+            hot_required=state.hot_required, clean=frozenset(state.clean), pending=frozenset(state.pending),
+            unpinned=frozenset(state.unpinned), published=state.published, importing=state.importing,
+            synced=state.synced, stale=frozenset(state.stale))
 
     def can_read_from_host(self, request_id: str) -> bool:
         """Whether the request holds its hot region."""
@@ -125,145 +113,189 @@ class HostTierManager(HostTierSteps):
             raise UnknownRequestError(f"request_id {request_id!r} holds nothing in the host tier")
         return self.requests[request_id]
 
+    def num_free_host_blocks(self) -> int:
+        return len(self.host.free)
+
+    def num_free_device_blocks(self) -> int:
+        return len(self.device.free)
+
     # -- allocation ----------------------------------------------------------
 
     def _plan(self, request_id: str, num_tokens: int, hit: Sequence[int],
               block_hashes: Sequence[BlockHash] | None, num_external_tokens: int,
-              num_local_tokens: int | None) -> tuple[RequestState | None, AllocationCounts]:
-        """Validate an allocation and count what it needs (changes nothing)."""
-        req = self.requests.get(request_id)
-        return req, plan_allocation(
-            self.config, request_id, num_tokens, hit, block_hashes, num_external_tokens,
-            held_pages=len(req.host_row) if req is not None else 0,
-            held_hashes=req.block_hashes if req is not None else (),
-            has_hot=req is not None and bool(req.hot),
-            hot_required=req is not None and req.hot_required,
-            host_hash_of=self.host.hash_of, host_ref=self.host.ref,
-            num_local_tokens=num_local_tokens)
+              num_local_tokens: int | None) -> tuple[RequestState | None, rules.AllocationCounts]:
+        """The request's state (None when new) and the checked counts of the
+        allocation; raises on bad arguments and changes nothing."""
+        state = self.requests.get(request_id)
+        held_hashes: Sequence[BlockHash]
+        if state is None:
+            held_pages, held_hashes, has_hot, hot_required = 0, (), False, False
+        else:
+            held_pages, held_hashes = len(state.host_row), state.block_hashes
+            has_hot, hot_required = bool(state.hot), state.hot_required
+        counts = rules.plan_allocation(self.config, request_id, num_tokens, hit, block_hashes, num_external_tokens,
+                                 held_pages=held_pages, held_hashes=held_hashes, has_hot=has_hot,
+                                 hot_required=hot_required, host_hash_of=self.host.hash_of,
+                                 host_ref=self.host.ref, num_local_tokens=num_local_tokens)
+        return state, counts
 
     def blocks_needed(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                       block_hashes: Sequence[BlockHash] | None = None,
                       num_external_tokens: int = 0,
                       num_local_tokens: int | None = None) -> tuple[int, int]:
-        """Read-only: the (host, device) free blocks ``allocate`` with these
-        arguments would take; it succeeds iff both are available."""
-        _, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens,
-                             num_local_tokens)
-        return plan.host_new + plan.free_hits, plan.device_new + plan.hot_n
+        """How many free host and device blocks ``allocate`` would take with
+        the same arguments, as ``(host, device)``; it succeeds exactly when
+        both are free. Changes nothing."""
+        counts = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens, num_local_tokens)[1]
+        host = counts.host_new + counts.free_hits
+        device = counts.device_new + counts.hot_n
+        return host, device
 
     def full_sequence_blocks(self, request_id: str, full_sequence_tokens: int) -> tuple[int, int]:
-        """Read-only: the (host, device) blocks the request still needs to hold
+        """The ``(host, device)`` blocks the request still lacks to hold all
         ``full_sequence_tokens`` tokens, for an engine that admits a request
-        only when its whole sequence fits. Every page needs a host block, but
-        resident pages count only up to the admission window: older pages move
-        to host (D-HOST-11). An unknown request holds nothing."""
-        req = self.requests.get(request_id)
-        return full_sequence_need(
-            self.config, full_sequence_tokens, held_pages=len(req.host_row) if req else 0,
-            hot_missing=req is not None and req.hot_required and not req.hot)
+        only if its whole sequence fits. Each page takes a host block; device
+        blocks are counted only within the admission window, since older pages
+        move to host (D-HOST-11). A request the tier does not know holds
+        nothing. Changes nothing."""
+        state = self.requests.get(request_id)
+        held_pages = 0 if state is None else len(state.host_row)
+        hot_missing = state is not None and state.hot_required and not state.hot
+        return rules.full_sequence_need(self.config, full_sequence_tokens, held_pages=held_pages,
+                                  hot_missing=hot_missing)
 
     def allocate(self, request_id: str, num_tokens: int, hit: Sequence[int] = (),
                  block_hashes: Sequence[BlockHash] | None = None,
                  num_external_tokens: int = 0,
                  num_local_tokens: int | None = None) -> HostAllocation | None:
-        """Grow the request to ``num_tokens`` tokens (spec/host_tier.md, allocate)."""
-        req, plan = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens,
-                               num_local_tokens)
-        hashes, imported, host_only = plan.hashes, plan.imported, plan.host_only
-        host_new, hot_n, device_new = plan.host_new, plan.hot_n, plan.device_new
-        if host_new > len(self.host.free) - plan.free_hits:
-            return None  # host exhaustion defers the request (nothing changed)
-        if device_new + hot_n > len(self.device.free):
+        """Grow the request to ``num_tokens`` tokens (spec/host_tier.md,
+        allocate). None when either pool lacks the blocks: the request is
+        deferred and nothing changed."""
+        state, counts = self._plan(request_id, num_tokens, hit, block_hashes, num_external_tokens,
+                                   num_local_tokens)
+        if counts.host_new + counts.free_hits > len(self.host.free):
             return None
-        if req is None:
-            req = self.requests[request_id] = RequestState(request_id)
-        req.block_hashes = hashes
-        for b in hit:
-            self.host.hold(b)
-            req.host_row.append(b)
-        # Only the computed hit pages are clean; the rest are the import's.
-        req.clean.update(range(plan.clean_hits))
+        if counts.device_new + counts.hot_n > len(self.device.free):
+            return None
+        if state is None:
+            state = RequestState(request_id)
+            self.requests[request_id] = state
+        state.block_hashes = counts.hashes
+        # The hit's host pages are shared; only its computed pages are clean
+        # now, the rest are filled by the import.
+        for block in hit:
+            self.host.hold(block)
+        state.host_row.extend(hit)
+        state.clean.update(range(counts.clean_hits))
         if hit:
-            req.published = plan.clean_hits
-        if hit or imported:
-            req.hot_required = True
-            req.importing = imported
-        new_host = self._take_host(host_new)
-        req.host_row.extend(new_host)
-        taken = self._take_device(device_new + hot_n)
-        req.resident_row.extend([0] * host_only + taken[:device_new])
-        if hot_n:
-            req.hot = taken[device_new:]
-        # Clean hit pages adopt surviving device copies, after the new blocks
-        # were taken (admission did not count on them).
-        for page in range(plan.clean_hits):
-            copy = self.copies.get(self.host.hash_of[req.host_row[page]])
-            if copy is not None:
+            state.published = counts.clean_hits
+        if hit or counts.imported:
+            state.hot_required = True
+            state.importing = counts.imported
+        fresh_host = self._take_host(counts.host_new)
+        state.host_row.extend(fresh_host)
+        device_blocks = self._take_device(counts.device_new + counts.hot_n)
+        resident, hot = device_blocks[:counts.device_new], device_blocks[counts.device_new:]
+        state.resident_row.extend([0] * counts.host_only)
+        state.resident_row.extend(resident)
+        if counts.hot_n:
+            state.hot = hot
+        self._read_surviving_copies(state, counts.clean_hits)
+        return HostAllocation(tuple(hit) + tuple(fresh_host), tuple(resident), tuple(hot))
+
+    def _read_surviving_copies(self, state: RequestState, num_clean_hits: int) -> None:
+        """A clean hit page whose device copy survives reads that copy
+        (D-HOST-7). Looked for only once the new blocks are taken: admission
+        did not count on the copies, and taking blocks may reuse them."""
+        for page in range(num_clean_hits):
+            block_hash = self.host.hash_of[state.host_row[page]]
+            if block_hash in self.copies:
+                copy = self.copies[block_hash]
                 self.device.hold(copy)
-                req.resident_row[page] = copy
-        return HostAllocation(tuple(hit) + tuple(new_host), tuple(taken[:device_new]),
-                              tuple(taken[device_new:]))
+                state.resident_row[page] = copy
 
     def finish_import(self, request_id: str, failed: bool = False) -> PageTransfer | None:
-        """The external load into the request's host pages ended.
+        """The external load into the request's host pages is over (D-HOST-9).
 
-        Success: its sealed pages become clean (and are published), and the
-        last imported page, which the engine replays into, gets a restore
-        from host into its device block (returned). Failure: the request is
-        freed; the engine admits it again and recomputes (D-HOST-9).
+        If it failed, the request is freed: the engine admits it again and
+        recomputes. If it worked, the sealed pages it wrote are clean and
+        published, and the last page it wrote, which the engine replays into,
+        is restored from host into its device block; that restore is returned.
         """
-        req = self._get(request_id)
-        if not req.importing:
+        if not self._get(request_id).importing:
             raise InvalidArgumentError(f"request {request_id!r} has no import in flight")
         if failed:
             self.free(request_id)
             return None
-        imported, req.importing = req.importing, 0
-        num_clean, tail = import_pages(imported, self.config.block_size)
-        req.clean.update(range(num_clean))
-        self.device.hold(req.resident_row[tail])
-        transfer = self._new_transfer(request_id, req, tail, req.resident_row[tail], "restore")
-        self._publish(req)
-        return transfer
+        state = self.requests[request_id]
+        # The sealed pages it wrote are clean; the page the engine replays
+        # into is restored from host into the device block its row holds.
+        num_clean, replay_page = rules.import_pages(state.importing, self.config.block_size)
+        state.importing = 0
+        state.clean.update(range(num_clean))
+        restore = self._restore_into_row(request_id, state, replay_page)
+        self._publish(state)
+        return restore
+
+    def _restore_into_row(self, request_id: str, state: RequestState, page: int) -> PageTransfer:
+        """A restore of ``page`` into its row's own device block, which the
+        transfer holds once more until it lands."""
+        self.device.hold(state.resident_row[page])
+        return self._new_transfer(request_id, state, page, state.resident_row[page], "restore")
 
     def _take_host(self, n: int) -> list[int]:
+        """``n`` free host blocks; a hashed one among them is evicted, and a
+        device copy of its page with it (no hit can find the page any more)."""
         blocks = self.host.take(n)
-        if self.host.evicted and self.config.record_events:
-            self.events.append(HostCacheEvent("removed", tuple(self.host.evicted)))
-        for block_hash in self.host.evicted:
-            self._drop_copy(block_hash)  # a copy of a page no hit can find
+        evicted = tuple(self.host.evicted)
+        for block_hash in evicted:
+            self._drop_copy(block_hash)
+        if evicted and self.config.record_events:
+            self.events.append(HostCacheEvent("removed", evicted))
         return blocks
 
     def _drop_copy(self, block_hash: BlockHash) -> None:
         self.copies.pop(block_hash, None)
 
     def _take_device(self, n: int) -> list[int]:
-        """``n`` free device blocks; each one's copy and readers are lost."""
+        """``n`` free device blocks; whatever they still served is lost."""
         blocks = self.device.take(n)
         self.device_blocks_taken(blocks)
         return blocks
 
     def device_blocks_taken(self, blocks: Sequence[int]) -> None:
-        """The device pool handed these blocks out (to the tier or, when the
-        pool is shared, to another group): their copies and readers are lost."""
-        for b in blocks:
-            for block_hash in [h for h, c in self.copies.items() if c == b]:
-                del self.copies[block_hash]
-            for request_id, page in sorted(self.readers.pop(b, set())):
-                req = self.requests[request_id]
-                req.resident_row[page] = 0
-                req.unpinned.discard(page)
-                if page < req.synced:
-                    req.stale.add(page)
-                req.hot_required = True
+        """The device pool handed out these blocks, to the tier or (on a
+        shared pool) to another group: a copy they held is gone, and a page
+        still reading one of them becomes host-only."""
+        for block in blocks:
+            self._forget_copies_in(block)
+            for request_id, page in sorted(self.readers.pop(block, set())):
+                self._lose_device_page(self.requests[request_id], page)
 
-    def _record_copy(self, req: RequestState, page: int) -> None:
-        b, host_block = req.resident_row[page], req.host_row[page]
-        # A page a restore is still filling must not become a hit's copy.
-        if b != 0 and host_block in self.host.hash_of and page not in req.pending:
-            for block_hash in [h for h, c in self.copies.items() if c == b]:
+    def _lose_device_page(self, state: RequestState, page: int) -> None:
+        """A released page's block was reused: the page is host-only now, the
+        worker must hear of it, and the request needs its hot region again."""
+        state.resident_row[page] = 0
+        state.unpinned.discard(page)
+        if page < state.synced:
+            state.stale.add(page)
+        state.hot_required = True
+
+    def _forget_copies_in(self, block: int) -> None:
+        """``block`` holds no copy of a published page any more."""
+        for block_hash, copy in list(self.copies.items()):
+            if copy == block:
                 del self.copies[block_hash]
-            self.copies[self.host.hash_of[host_block]] = b
+
+    def _record_copy(self, state: RequestState, page: int) -> None:
+        """The page's device block becomes the copy of its published host
+        block, unless it has none, or a restore still fills it (no hit may
+        read a half-written copy)."""
+        block, host_block = state.resident_row[page], state.host_row[page]
+        if block == 0 or page in state.pending or host_block not in self.host.hash_of:
+            return
+        self._forget_copies_in(block)
+        self.copies[self.host.hash_of[host_block]] = block
 
     def require_hot(self, request_id: str) -> None:
         """Ask for the request's hot region at its next allocation."""
@@ -271,205 +303,237 @@ class HostTierManager(HostTierSteps):
 
     # -- write-back, restore, residency ---------------------------------------
 
-    def _new_transfer(self, request_id: str, req: RequestState, page: int, device_block: int,
+    def _new_transfer(self, request_id: str, state: RequestState, page: int, device_block: int,
                       kind: Literal["writeback", "restore"]) -> PageTransfer:
-        transfer = PageTransfer(self.next_transfer_id, request_id, page, req.host_row[page],
-                                device_block, kind)
-        self.next_transfer_id += 1
-        self.transfers[transfer.transfer_id] = (transfer, req)
-        req.pending[page] = transfer.transfer_id
-        self.outbox.append(transfer.transfer_id)
-        self.host.hold(transfer.host_block)
+        """Plan one transfer of ``page``; it holds the page's host block until it lands."""
+        transfer_id = self.next_transfer_id
+        self.next_transfer_id = transfer_id + 1
+        host_block = state.host_row[page]
+        transfer = PageTransfer(transfer_id, request_id, page, host_block, device_block, kind)
+        self.transfers[transfer_id] = (transfer, state)
+        state.pending[page] = transfer_id
+        self.outbox.append(transfer_id)
+        self.host.hold(host_block)
         return transfer
+
+    def _dirty_on_device(self, state: RequestState, page: int) -> bool:
+        """Whether the page has a device block not yet written back (HOST-5)."""
+        return state.resident_row[page] != 0 and page not in state.clean and page not in state.pending
 
     def plan_writebacks(self, request_id: str, num_computed_tokens: int,
                         budget: int | None = None) -> list[PageTransfer]:
-        """Write-back transfers of the sealed dirty pages, lowest first."""
-        req = self._get(request_id)
+        """Write back the request's sealed dirty pages, lowest page first, at
+        most ``budget`` of them (all when None)."""
+        state = self._get(request_id)
+        pages = rules.writeback_window(self.config.block_size, num_computed_tokens, len(state.resident_row),
+                                 state.importing)
         planned: list[PageTransfer] = []
-        for page in writeback_window(self.config.block_size, num_computed_tokens,
-                                     len(req.resident_row), req.importing):
-            if budget is not None and len(planned) >= budget:
+        for page in pages:
+            within_budget = budget is None or len(planned) < budget
+            if not within_budget:
                 break
-            b = req.resident_row[page]
-            if b == 0 or page in req.clean or page in req.pending:
-                continue
-            self.device.hold(b)
-            planned.append(self._new_transfer(request_id, req, page, b, "writeback"))
+            if self._dirty_on_device(state, page):
+                device_block = state.resident_row[page]
+                self.device.hold(device_block)
+                planned.append(self._new_transfer(request_id, state, page, device_block, "writeback"))
         return planned
 
     def plan_restore(self, request_id: str, page: int) -> PageTransfer | None:
-        """A restore of host-only ``page`` into a fresh device block, or None
+        """Restore the clean host-only ``page`` into a fresh device block; None
         when the device pool has no free block."""
-        req = self._get(request_id)
-        if not (0 <= page < len(req.resident_row)) or req.resident_row[page] != 0 or (
-                page in req.pending) or page not in req.clean:
+        state = self._get(request_id)
+        restorable = (0 <= page < len(state.resident_row) and state.resident_row[page] == 0
+                      and page not in state.pending and page in state.clean)
+        if not restorable:
             raise InvalidArgumentError(
                 f"page {page!r} of {request_id!r} is not a clean host-only page")
-        if not self.device.free:
+        if len(self.device.free) == 0:
             return None
-        (b,) = self._take_device(1)
-        return self._new_transfer(request_id, req, page, b, "restore")
+        device_block = self._take_device(1)[0]
+        return self._new_transfer(request_id, state, page, device_block, "restore")
 
     def complete(self, transfer_ids: Sequence[int]) -> None:
         """The worker ran these transfers (spec/host_tier.md, complete)."""
-        check_transfer_ids(transfer_ids, self.transfers)
-        for t in transfer_ids:
-            self.worker_counts.pop(t, None)
-        touched: list[str] = []
-        finished_detached: list[RequestState] = []
-        for t in transfer_ids:
-            transfer, req = self.transfers.pop(t)
-            live = self.requests.get(transfer.request_id) is req
+        rules.check_transfer_ids(transfer_ids, self.transfers)
+        for transfer_id in transfer_ids:
+            self.worker_counts.pop(transfer_id, None)
+        to_publish: list[str] = []  # live requests, in the order their first transfer landed
+        done_detached: list[RequestState] = []
+        for transfer_id in transfer_ids:
+            transfer, state = self.transfers.pop(transfer_id)
             self.host.release([transfer.host_block])
-            if live:
-                del req.pending[transfer.page]
-                if transfer.request_id not in touched:
-                    touched.append(transfer.request_id)
-            elif req.held:
-                del req.pending[transfer.page]
+            if self.requests.get(transfer.request_id) is state:
+                self._land(transfer, state)
+                if transfer.request_id not in to_publish:
+                    to_publish.append(transfer.request_id)
+                continue
+            # The request was freed: the transfer's device block goes back. A
+            # detached request publishes once its last write-back landed.
+            if state.held:
+                del state.pending[transfer.page]
                 if transfer.kind == "writeback":
-                    req.clean.add(transfer.page)
-                if not req.pending:
-                    finished_detached.append(req)
-            if transfer.kind == "writeback":
-                self.device.release([transfer.device_block])
-                if live:
-                    req.clean.add(transfer.page)
-            elif live and req.resident_row[transfer.page] != transfer.device_block:
-                req.resident_row[transfer.page] = transfer.device_block  # the ref moves to the row
-                if transfer.page < req.synced:
-                    req.stale.add(transfer.page)
-            else:
-                self.device.release([transfer.device_block])
-            if live and transfer.kind == "restore" and transfer.page in req.clean:
-                self._record_copy(req, transfer.page)
-            if live and len(req.hot) == self.config.hot_blocks_per_request:
-                # A page is released as soon as it is clean, in completion
-                # order, so a prefix written back in order is reused head first.
-                self._unpin_page(transfer.request_id, req, transfer.page)
-        for req in finished_detached:
-            self._finish_detached(req)
-        for request_id in touched:
+                    state.clean.add(transfer.page)
+                if not state.pending:
+                    done_detached.append(state)
+            self.device.release([transfer.device_block])
+        for state in done_detached:
+            self._finish_detached(state)
+        for request_id in to_publish:
             self._publish(self.requests[request_id])
 
-    def _publish(self, req: RequestState) -> None:
+    def _land(self, transfer: PageTransfer, state: RequestState) -> None:
+        """One transfer of a live request landed."""
+        page, device_block = transfer.page, transfer.device_block
+        del state.pending[page]
+        if transfer.kind == "writeback":
+            self.device.release([device_block])
+            state.clean.add(page)
+        elif state.resident_row[page] == device_block:
+            self.device.release([device_block])  # restored into the block the row holds
+        else:
+            state.resident_row[page] = device_block  # the transfer's reference stays, now the row's
+            if page < state.synced:
+                state.stale.add(page)
+        if transfer.kind == "restore" and page in state.clean:
+            self._record_copy(state, page)
+        if len(state.hot) == self.config.hot_blocks_per_request:
+            # Released as soon as it is clean, in landing order: a prefix
+            # written back in order is reused from its head.
+            self._unpin_page(transfer.request_id, state, page)
+
+    def _publish(self, state: RequestState) -> None:
+        """Publish the request's clean pages from ``published`` on, in page
+        order, up to the first page not clean (or its hashes' end)."""
         if not self.config.enable_caching:
             return
-        stored: list[tuple[int, int]] = []
-        while (req.published < min(len(req.block_hashes), len(req.host_row))
-               and req.published in req.clean):
-            b, block_hash = req.host_row[req.published], req.block_hashes[req.published]
-            if block_hash not in self.host.cached and b not in self.host.hash_of:
-                stored.append((req.published, b))
-            self.host.publish(b, block_hash)
-            self._record_copy(req, req.published)
-            req.published += 1
-        if stored and self.config.record_events:
-            self.events.extend(stored_events(req.request_id, self.requests.get(
-                req.request_id) is not req, req.block_hashes, stored))
+        limit = min(len(state.block_hashes), len(state.host_row))
+        newly_stored: list[tuple[int, int]] = []
+        while state.published < limit and state.published in state.clean:
+            page = state.published
+            block, block_hash = state.host_row[page], state.block_hashes[page]
+            # publish keeps the first block cached under a hash: a store only if both are new.
+            if block_hash not in self.host.cached and block not in self.host.hash_of:
+                newly_stored.append((page, block))
+            self.host.publish(block, block_hash)
+            self._record_copy(state, page)
+            state.published = page + 1
+        if newly_stored and self.config.record_events:
+            detached = self.requests.get(state.request_id) is not state
+            self.events.extend(rules.stored_events(state.request_id, detached, state.block_hashes, newly_stored))
 
-    def _unpin_clean(self, request_id: str, req: RequestState) -> None:
-        for page in reversed(range(len(req.resident_row))):
-            self._unpin_page(request_id, req, page)
+    def _unpin_clean(self, request_id: str, state: RequestState) -> None:
+        for page in sorted(range(len(state.resident_row)), reverse=True):
+            self._unpin_page(request_id, state, page)
 
-    def _unpin_page(self, request_id: str, req: RequestState, page: int) -> None:
-        """Release a clean pinned page outside the tail; the request keeps reading it."""
-        b = req.resident_row[page]
-        if page < len(req.resident_row) - ACTIVE_TAIL_PAGES and b != 0 and page in req.clean and (
-                page not in req.unpinned and page not in req.pending):
-            self.device.unpin(b)
-            self.readers.setdefault(b, set()).add((request_id, page))
-            req.unpinned.add(page)
+    def _unpin_page(self, request_id: str, state: RequestState, page: int) -> None:
+        """Release a clean pinned page outside the active tail; the request
+        keeps reading it until the pool hands the block out."""
+        block = state.resident_row[page]
+        in_tail = page >= len(state.resident_row) - ACTIVE_TAIL_PAGES
+        if in_tail or block == 0 or page not in state.clean or page in state.unpinned or page in state.pending:
+            return
+        self.device.unpin(block)
+        self.readers.setdefault(block, set()).add((request_id, page))
+        state.unpinned.add(page)
 
     def update_residency(self, request_id: str) -> None:
-        """Release clean pages when the request can read from host, else ask
-        for a hot region when the device pool runs low."""
-        req = self._get(request_id)
-        if len(req.hot) == self.config.hot_blocks_per_request:
-            self._unpin_clean(request_id, req)
-        elif wants_hot_region(self.config, len(self.device.free), len(req.resident_row)):
-            req.hot_required = True
+        """With its hot region the request reads from host, so its clean
+        pages are released; without, it asks for the region once the device
+        pool runs low."""
+        state = self._get(request_id)
+        if len(state.hot) == self.config.hot_blocks_per_request:
+            self._unpin_clean(request_id, state)
+        elif rules.wants_hot_region(self.config, len(self.device.free), len(state.resident_row)):
+            state.hot_required = True
 
     # -- release -------------------------------------------------------------
 
     def take_residency_updates(self, request_ids: Sequence[str]) -> dict[str, ResidencyUpdate]:
-        """For each request with news, its stale pages then its pages the
-        worker has never seen, with their device blocks (0: host-only)."""
-        for request_id in request_ids:
-            self._get(request_id)
+        """What changed for the worker, per request that has news: its stale
+        pages, then the pages the worker has not seen yet, with their device
+        blocks (0: host-only). Every id is checked before anything changes."""
+        states = [self._get(request_id) for request_id in request_ids]
         updates: dict[str, ResidencyUpdate] = {}
-        for request_id in request_ids:
-            req = self.requests[request_id]
-            update = residency_update(req.resident_row, req.synced, req.stale)
+        for request_id, state in zip(request_ids, states):
+            update = rules.residency_update(state.resident_row, state.synced, state.stale)
+            state.stale, state.synced = set(), len(state.resident_row)
             if update is not None:
                 updates[request_id] = update
-            req.stale = set()
-            req.synced = len(req.resident_row)
         return updates
 
     def fully_resident(self, request_id: str) -> bool:
-        """Whether every page of the request can be read from the device."""
-        return all(b != 0 for b in self._get(request_id).resident_row)
+        """Whether the device holds every page of the request."""
+        return 0 not in self._get(request_id).resident_row
 
     def row_mirrors(self, request_id: str, num_computed_tokens: int,
                     num_scheduled_tokens: int) -> list[RowMirror]:
-        """Where the rows of tokens ``[num_computed_tokens, +num_scheduled_tokens)``
-        go on the device and in the host pool, one mirror per page span; a
-        host-only page (nothing written on the device) or a page beyond the
-        row is skipped, its neighbours are not. Read-only."""
-        req = self._get(request_id)
-        return row_mirrors(self.config.block_size, req.resident_row, req.host_row,
+        """The device and host places of the rows of tokens
+        ``num_computed_tokens`` to ``num_computed_tokens + num_scheduled_tokens``,
+        one mirror per span of a page. Pages past the row, and host-only pages
+        (the device writes nothing there), get no mirror; the pages around
+        them do. Changes nothing."""
+        state = self._get(request_id)
+        return rules.row_mirrors(self.config.block_size, state.resident_row, state.host_row,
                            num_computed_tokens, num_scheduled_tokens)
 
     def free(self, request_id: str, finished: bool = False) -> None:
-        """Release every block the request holds, each list tail first.
-        ``finished``: the request ended (it was not preempted), so its durable
-        prefix is published once its in-flight write-backs land (D-HOST-5)."""
-        req = self._get(request_id)
-        self._detach_if_publishing(req, finished)
-        dirty: list[int] = []
-        for page in reversed(range(len(req.resident_row))):
-            b = req.resident_row[page]
-            if b == 0:
-                continue
-            if page in req.unpinned:
-                self.readers[b].discard((request_id, page))
-                if not self.readers[b]:
-                    del self.readers[b]
-            elif page in req.clean and page not in req.pending:
-                self.device.unpin(b)  # a copy: readable until reused, so reused last
+        """Give back every block the request holds, the last page first in
+        each row (spec/host_tier.md, free). ``finished`` (it ended, it was not
+        preempted): a durable prefix still being written back is published
+        once those write-backs land (D-HOST-5)."""
+        state = self._get(request_id)
+        self._detach_if_publishing(state, finished)
+        to_release: list[int] = []
+        for page in sorted(range(len(state.resident_row)), reverse=True):
+            block = state.resident_row[page]
+            if block == 0:
+                pass  # host-only: nothing on the device
+            elif page in state.unpinned:
+                self._stop_reading(block, request_id, page)  # released already
+            elif page not in state.pending and page in state.clean:
+                self.device.unpin(block)  # a clean copy: readable until reused, so reused last
             else:
-                dirty.append(b)
-        self.device.release(dirty)
-        self.device.release(req.hot[::-1])
-        self.host.release(req.host_row[::-1])
+                to_release.append(block)
+        self.device.release(to_release)
+        self.device.release(list(reversed(state.hot)))
+        self.host.release(list(reversed(state.host_row)))
         del self.requests[request_id]
-        if req.held:
-            req.resident_row = [0] * len(req.resident_row)  # its device pages are gone
-            self.detached.append(req)
+        if state.held:
+            state.resident_row = [0 for _ in state.resident_row]  # its device pages went with it
+            self.detached.append(state)
 
-    def _detach_if_publishing(self, req: RequestState, finished: bool) -> None:
-        """Keep the publishable host blocks of a finished request with write-backs
-        in flight referenced, so nothing evicts them before they are published."""
-        limit = min(len(req.block_hashes), len(req.host_row))
-        if finished and self.config.enable_caching and req.published < limit and any(
-                self.transfers[t][0].kind == "writeback" for t in req.pending.values()):
-            req.held = req.host_row[:limit]
-            for b in req.held:
-                self.host.hold(b)
+    def _stop_reading(self, block: int, request_id: str, page: int) -> None:
+        readers = self.readers[block]
+        readers.discard((request_id, page))
+        if len(readers) == 0:
+            del self.readers[block]
 
-    def _finish_detached(self, req: RequestState) -> None:
-        """The last in-flight transfer of a detached request landed."""
-        self._publish(req)
-        for b in reversed(req.held):
-            self.host.release([b])
-        req.held = []
-        self.detached.remove(req)
+    def _detach_if_publishing(self, state: RequestState, finished: bool) -> None:
+        """A finished request whose write-backs are in flight keeps its
+        publishable host blocks referenced, so no eviction takes them before
+        they are published."""
+        if not (finished and self.config.enable_caching):
+            return
+        publishable = min(len(state.block_hashes), len(state.host_row))
+        if state.published >= publishable:
+            return
+        kinds = [self.transfers[transfer_id][0].kind for transfer_id in state.pending.values()]
+        if "writeback" in kinds:
+            state.held = state.host_row[:publishable]
+            for block in state.held:
+                self.host.hold(block)
+
+    def _finish_detached(self, state: RequestState) -> None:
+        """A detached request's last transfer landed: publish, then let go."""
+        self._publish(state)
+        held, state.held = state.held, []
+        self.host.release(held[::-1])
+        self.detached.remove(state)
 
     def reset_host_cache(self) -> bool:
-        """Drop every host hash; refused (False) while a host block is held."""
-        if any(self.host.ref):
+        """Forget every host hash (and so every copy); refused, returning
+        False, while any host block is held."""
+        if any(count != 0 for count in self.host.ref):
             return False
         self.host.cached.clear()
         self.host.hash_of.clear()
@@ -479,16 +543,22 @@ class HostTierManager(HostTierSteps):
     # -- observation ----------------------------------------------------------
 
     def snapshot(self) -> HostTierSnapshot:
+        in_flight = sorted((transfer for transfer, _ in self.transfers.values()),
+                           key=lambda transfer: transfer.transfer_id)
         return HostTierSnapshot(
-            tuple(self.host.free), tuple(sorted((h, b) for h, b in self.host.cached.items())),
-            tuple(self.device.free),
-            tuple((r, self.residency(r)) for r in sorted(self.requests)),
-            tuple(t for t, _ in sorted(self.transfers.values(), key=lambda x: x[0].transfer_id)),
-            tuple(sorted(self.copies.items())),
-            tuple(tuple(req.held) for req in self.detached), tuple(self.outbox),
-            tuple((t, e, d) for t, (e, d) in sorted(self.worker_counts.items())),
-            tuple(self.fences[f] for f in sorted(self.fences)), tuple(sorted(self.shared)),
-            tuple(sorted(self.host_taken)))
+            host_free=tuple(self.host.free),
+            host_cached=tuple(sorted(self.host.cached.items())),
+            device_free=tuple(self.device.free),
+            requests=tuple((request_id, self.residency(request_id)) for request_id in sorted(self.requests)),
+            in_flight=tuple(in_flight),
+            copies=tuple(sorted(self.copies.items())),
+            detached=tuple(tuple(state.held) for state in self.detached),
+            outbox=tuple(self.outbox),
+            worker_counts=tuple((transfer_id, expected, done)
+                                for transfer_id, (expected, done) in sorted(self.worker_counts.items())),
+            fences=tuple(self.fences[fence_id] for fence_id in sorted(self.fences)),
+            shared=tuple(sorted(self.shared)),
+            host_taken=tuple(sorted(self.host_taken)))
 
     def check_invariants(self) -> None:
         """HOST-1..HOST-14, by ID (raises InvariantViolation with a state dump)."""

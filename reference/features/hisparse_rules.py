@@ -58,22 +58,25 @@ def check_token_count(name: str, value: object, max_model_len: int | None = None
 class AllocationCounts:
     """An ``allocate``'s needs, all counted before any block is taken."""
 
-    hashes: list[BlockHash]
-    """The block hashes the request has after the call."""
-    imported: int
-    """The tokens an import covers, the local hit included (0: no import)."""
-    clean_hits: int
-    """The leading hit pages clean at once; the rest the import fills (HOST-14)."""
-    host_only: int
-    """The leading new pages with no device block (the hit's, and the import's but its last)."""
+    # What the two pools give: fresh host blocks, and the hit blocks to
+    # take out of the host free queue; fresh device blocks, and the hot region.
     host_new: int
     """The fresh host blocks."""
-    device_new: int
-    """The fresh device blocks of resident pages (the hot region not included)."""
     free_hits: int
     """The hit blocks sitting in the host free queue (holding them shortens that queue as well)."""
+    device_new: int
+    """The fresh device blocks of resident pages (the hot region not included)."""
     hot_n: int
     """The hot blocks to take (0 when the region is held or not wanted)."""
+    # How the request's pages start out, and the hashes it holds after the call.
+    host_only: int
+    """The leading new pages with no device block (the hit's, and the import's but its last)."""
+    clean_hits: int
+    """The leading hit pages clean at once; the rest the import fills (HOST-14)."""
+    imported: int
+    """The tokens an import covers, the local hit included (0: no import)."""
+    hashes: list[BlockHash]
+    """The block hashes the request has after the call."""
     cow: int = 0
     """1 when the computed tokens stop inside a hit block: only a capacity
     query counts it, ``allocate`` refuses it."""

@@ -36,24 +36,16 @@ def _recover_requests(coordinator: Coordinator) -> None:
     coordinator.known.clear()
     coordinator.known.update(known)
     reserved = {id(block) for block in coordinator.block_pool.reserved}
+    null_block = coordinator.block_pool.null_block
     for request_id in known:
-        seen: set[int] = set()
+        held: set[int] = set()  # the blocks this request holds, over all groups
         for manager in managers:
             blocks = manager.req_to_blocks.setdefault(request_id, [])
-            kept: list[KVCacheBlock] = []
-            for block in blocks:
-                if not block.is_null and (id(block) in seen or id(block) in reserved):
-                    continue
-                seen.add(id(block))
-                kept.append(block)
+            blocks[:] = _without_repeats(blocks, held, reserved)
             if isinstance(manager, (SlidingWindowManager, ChunkedLocalAttentionManager)):
-                # Skipping nulls a prefix (SKIP-1): positions before a null
-                # were being skipped when the exception came.
-                last_null = max((i for i, block in enumerate(kept) if block.is_null), default=0)
-                kept[:last_null] = [coordinator.block_pool.null_block] * last_null
-            blocks[:] = kept
-            cached = manager.num_cached_blocks.get(request_id, 0)
-            manager.num_cached_blocks[request_id] = min(max(cached, 0), len(blocks))
+                _nulls_before_last_null(blocks, null_block)
+            cached = max(manager.num_cached_blocks.get(request_id, 0), 0)
+            manager.num_cached_blocks[request_id] = min(cached, len(blocks))
     for manager in managers:
         for attribute in ("last_state_block",):
             table = getattr(manager, attribute, None)
@@ -63,6 +55,24 @@ def _recover_requests(coordinator: Coordinator) -> None:
         given = getattr(manager, "given_state", None)
         if isinstance(given, set):
             given.intersection_update(known)
+
+
+def _without_repeats(blocks: list[KVCacheBlock], held: set[int], reserved: set[int]) -> list[KVCacheBlock]:
+    """``blocks`` less each real block the request already holds (``held``,
+    updated) or that is reserved (REQ-6); the null block may repeat."""
+    kept: list[KVCacheBlock] = []
+    for block in blocks:
+        if block.is_null or not (id(block) in held or id(block) in reserved):
+            held.add(id(block))
+            kept.append(block)
+    return kept
+
+
+def _nulls_before_last_null(blocks: list[KVCacheBlock], null_block: KVCacheBlock) -> None:
+    """A windowed list's skipped positions are a prefix (SKIP-1): the
+    exception came while positions before its last null were being skipped."""
+    last_null = max((index for index, block in enumerate(blocks) if block.is_null), default=0)
+    blocks[:last_null] = [null_block] * last_null
 
 
 def _recover_pool(pool: BlockPool, num_groups: int, holders: Counter[int]) -> None:
