@@ -35,8 +35,13 @@ def per_group_hits(coordinator: KVCacheCoordinator, block_hashes: Sequence[Block
     lengths: list[int] = []
     unit = coordinator.hit_unit
     for manager, cacheable in zip(coordinator.managers, coordinator.cacheable):
+        if not (cacheable and coordinator.enable_caching):
+            # PFX-1: no hit; such a group may be finer than the hash block, so it has no view.
+            blocks.append([])
+            lengths.append(0)
+            continue
         view, limit = coordinator.lookup(manager, block_hashes, max_length)
-        length = max_length // unit * unit if cacheable and coordinator.enable_caching else 0
+        length = max_length // unit * unit
         while length > 0 and not manager.can_hit(view, length, limit):
             length -= unit
         blocks.append(manager.hit_blocks(view, length, limit) if length else [])
