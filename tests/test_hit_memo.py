@@ -6,8 +6,8 @@ memo is only sound while ``map_epoch`` moves on every change to what a map
 serves: these tests change the map each way it can change between a lookup
 and the admission (an eviction in C or in Python, a reset, a recovery) and
 demand that the stale hit is refused exactly as the general path refuses
-it, and that a fresh hit still goes through. ``same_prefix`` (C and the
-Python fallback) is held to identity, not equality.
+it, and that a fresh hit still goes through. ``same_prefix`` is held to
+identity, not equality.
 """
 
 from __future__ import annotations
@@ -112,11 +112,8 @@ def test_an_equal_but_not_identical_hit_is_probed_not_vouched() -> None:
     assert not hit_memo.vouches(pool, request.block_hashes[:2], hit.blocks[0])
 
 
-@pytest.mark.parametrize("implementation", ["python", "c"])
-def test_same_prefix_compares_identity(implementation: str) -> None:
-    if implementation == "c" and NATIVE is None:
-        pytest.skip("built without the C modules")
-    same: Any = NATIVE.same_prefix if implementation == "c" and NATIVE is not None else hit_memo._same_prefix
+def test_same_prefix_compares_identity() -> None:
+    same = hit_memo.same_prefix
     a, b = object(), object()
     big, also_big = 10**30, int(str(10**30))
     assert same([a, b, 3], [a, b]) is True
@@ -125,8 +122,6 @@ def test_same_prefix_compares_identity(implementation: str) -> None:
     assert same([a], [a, b]) is False  # shorter
     assert same([b, a], [a, b]) is False
     assert same([big], [also_big]) is False  # equal, not identical
-    if implementation == "c":
-        assert same(iter([a]), [a]) is None  # not a list or tuple: the Python code decides
 
 
 # The scan memo (D-PERF-46): a full-attention group's hit blocks reuse the
