@@ -20,7 +20,7 @@ from pagedkv.optimized import KVCacheManager
 from pagedkv.optimized.native import NATIVE
 from pagedkv.optimized.pool import hit_memo
 from pagedkv.spec import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, Request
-from pagedkv.spec.errors import InvalidArgumentError
+from pagedkv.spec.errors import InvalidArgumentError, UnknownBlockError
 
 BLOCK = 4
 
@@ -110,6 +110,18 @@ def test_an_equal_but_not_identical_hit_is_probed_not_vouched() -> None:
     rebuilt: Any = [bytes(bytearray(h)) for h in request.block_hashes]  # equal keys, other objects
     assert not hit_memo.vouches(pool, rebuilt, hit.blocks[0])
     assert not hit_memo.vouches(pool, request.block_hashes[:2], hit.blocks[0])
+
+
+def test_the_admission_refuses_an_equal_but_not_identical_hit() -> None:
+    # The admission step tests the memo inline (admit_path): equal ids that are
+    # other objects (floats) must be probed, and refused as the general path refuses them.
+    manager = _manager(16)
+    request, hit, tokens = _cached_then_looked_up(manager)
+    hit.blocks[0][:] = [float(block) for block in hit.blocks[0]]  # the memo keeps its own copy
+    with pytest.raises((InvalidArgumentError, UnknownBlockError)):
+        manager.allocate_slots(request, request.num_tokens - tokens, tokens, hit)
+    assert request.request_id not in manager.coordinator.requests
+    manager.check_invariants()
 
 
 def test_same_prefix_compares_identity() -> None:
