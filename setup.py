@@ -41,8 +41,7 @@ SOURCES = {"_native": ["optimized/_native.c", "optimized/_native_map.c", "optimi
            "_tokens": ["optimized/_tokens.c"],
            "_decode": ["optimized/_decode.c"]}
 NATIVE = [Extension(f"pagedkv.optimized.{name}", sources,
-                    depends=["optimized/_native_int.h", "optimized/_native_map.h",
-                             "optimized/_native_loops.h"],
+                    depends=["optimized/_native.h"],
                     optional=True, extra_compile_args=["-O2"])
           for name, sources in SOURCES.items()]
 

@@ -31,7 +31,7 @@ from bench import side_driver as sd
 from bench.locations import mooncake_trace
 from bench.vllm_side_by_side import pagedkv_manager
 from pagedkv.optimized import KVCacheManager
-from pagedkv.optimized.native import NATIVE
+from pagedkv.optimized.native import NATIVE, AdmitContext
 
 __all__ = ["bare_calls", "main"]
 
@@ -54,6 +54,8 @@ def bare_calls(manager: KVCacheManager, block_size: int) -> Calls:
         pool._key_tokens
     maps = (gids, pool.cached_by_group, pool.dup_by_group, pool)
     held: dict[str, list[int]] = {}
+    context = AdmitContext(ref, prev, nxt, queue.sentinel, hashes, gids, key_tokens, table, pool._evict, maps,
+                           block_size)
 
     def lookup(request: Any) -> tuple[list[int], int]:
         hit = native.prefix_hits(table, request.block_hashes, (request.num_tokens - 1) // block_size)
@@ -64,8 +66,7 @@ def bare_calls(manager: KVCacheManager, block_size: int) -> Calls:
         blocks = list(hit)
         missing = -(-request.num_tokens // block_size) - len(hit)
         full = min(request.num_tokens // block_size, len(request.block_hashes))
-        done = native.admit(ref, prev, nxt, queue.sentinel, hashes, gids, key_tokens, table, pool._evict, maps,
-                            blocks, missing, request.block_hashes, full, block_size)
+        done = native.admit(context, blocks, missing, request.block_hashes, full)
         assert done is not None
         moved, new, keyed = done
         assert new is not None

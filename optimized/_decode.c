@@ -1,23 +1,18 @@
-/* The decode step's no-op test in C (D-PERF-39) and its no-op case (D-PERF-50):
- * pagedkv.optimized._decode.
+/* The decode step's no-op test in C (D-PERF-39) and its no-op case (D-PERF-50): pagedkv.optimized._decode.
  *
- * Optional, like _native.c: without a C compiler the module is left out and
- * optimized/decode_path.py runs the same test in Python (decode.is_noop_decode,
- * inlined there), which stays the definition. The test runs on most
- * allocate_slots calls of a hybrid model and reads a few dict and list
- * entries per group; in the interpreter each group costs a tuple unpacking,
- * a bound-method call for its skip rule and a dozen bytecodes.
+ * Optional, like _native.c: without a C compiler the module is left out and optimized/decode_path.py runs the
+ * same test in Python (decode.is_noop_decode, inlined there), which stays the definition. The test runs on
+ * most allocate_slots calls of a hybrid model and reads a few dict and list entries per group; in the
+ * interpreter each group costs a tuple unpacking, a bound-method call for its skip rule and a dozen
+ * bytecodes.
  *
- * noop(rules, request_id, num_computed, total, cache_tokens) answers True
- * (no group needs a block, fills one or releases one), False (some group
- * does: the step's filling branch runs) or None: anything it was not built
- * for (a request id that is not an exact str, a request some group does not
- * know, a value that is not an exact int of the range the tables hold), and
- * the caller then runs the Python test, which answers or raises as before.
- * It reads only: dict and list lookups of exact str keys and ints run no
- * Python code, so nothing can change under it.
- */
-#include "_native_int.h"
+ * noop(rules, request_id, num_computed, total, cache_tokens) answers True (no group needs a block, fills one
+ * or releases one), False (some group does: the step's filling branch runs) or None: anything it was not
+ * built for (a request id that is not an exact str, a request some group does not know, a value that is not
+ * an exact int of the range the tables hold), and the caller then runs the Python test, which answers or
+ * raises as before. It reads only: dict and list lookups of exact str keys and ints run no Python code, so
+ * nothing can change under it. native.NativeDecode says what each function answers. */
+#include "_native.h"
 
 #include <limits.h>
 
@@ -36,28 +31,15 @@ floor_div(long long a, long long b)
 static inline long long
 int_value(PyObject *item, int *ok)
 {
-    if (item == NULL || !PyLong_CheckExact(item)) {
-        *ok = 0;
-        return 0;
-    }
-    int overflow = 0;
-    long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
-    if (overflow || (value == -1 && PyErr_Occurred())) {
+    int overflow = 0, exact = item != NULL && PyLong_CheckExact(item);
+    long long value = exact ? PyLong_AsLongLongAndOverflow(item, &overflow) : 0;
+    if (!exact || overflow || (value == -1 && PyErr_Occurred())) {
         PyErr_Clear();
         *ok = 0;
         return 0;
     }
     return value;
 }
-
-PyDoc_STRVAR(noop_doc,
-"noop(rules, request_id, num_computed, total, cache_tokens, /) -> bool | None\n\n"
-"decode.is_noop_decode over rules: per group a tuple (req_to_blocks,\n"
-"num_cached_blocks, block_size, extra, cache_size, skip, param, align) where\n"
-"skip is 0 (releases nothing), 1 (a window: num_computed - param + 1\n"
-"tokens skipped, at least 0), 2 (chunks of param tokens) or 3 (a Mamba\n"
-"state: num_computed - 1) and align is a Mamba align group's\n"
-"last_state_block or None. None when an argument is not what it covers.");
 
 static PyObject *
 noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -96,8 +78,8 @@ noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;  /* an unknown request: the Python test hands it on */
         }
         long long held = PyList_GET_SIZE(blocks);
-        /* ALLOC-7 would allocate: total + extra > held * block_size: a new block (a product past
-         * the range, a ring's huge size, holds every count). */
+        /* ALLOC-7 would allocate: total + extra > held * block_size: a new block (a product past the range, a
+         * ring's huge size, holds every count). */
         if ((held == 0 || block_size <= LLONG_MAX / held) && total + extra > held * block_size) {
             Py_RETURN_FALSE;
         }
@@ -112,22 +94,12 @@ noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (skip == SKIP_NONE) {
             continue;
         }
-        long long skipped;
-        if (skip == SKIP_WINDOW) {
-            skipped = num_computed - param + 1;
-            if (skipped < 0) {
-                skipped = 0;
-            }
-        }
-        else if (skip == SKIP_CHUNK) {
-            skipped = floor_div(num_computed, param) * param;
-        }
-        else if (skip == SKIP_STATE) {
-            skipped = num_computed - 1;
-        }
-        else {
+        if (skip != SKIP_WINDOW && skip != SKIP_CHUNK && skip != SKIP_STATE) {
             Py_RETURN_NONE;
         }
+        long long skipped = skip == SKIP_CHUNK ? floor_div(num_computed, param) * param
+                            : skip == SKIP_STATE ? num_computed - 1
+                            : num_computed - param + 1 > 0 ? num_computed - param + 1 : 0;  /* a window */
         if (skipped >= block_size) {
             long long index = skipped / block_size;
             if (held == 0) {
@@ -183,8 +155,8 @@ static const char *const step_fields[] = {"python_step", "rules", "counted", "ma
 
 static PyObject *s_num_computed_tokens, *s_num_tokens, *s_block_hashes, *s_request_id;
 
-/* getattr(request, name) into *out: 1 read, 0 an AttributeError (cleared:
- * the Python step's `except AttributeError` answers it), -1 another error. */
+/* getattr(request, name) into *out: 1 read, 0 an AttributeError (cleared: the Python step's `except
+ * AttributeError` answers it), -1 another error. */
 static int
 read_attr(PyObject *request, PyObject *name, PyObject **out)
 {
@@ -199,16 +171,8 @@ read_attr(PyObject *request, PyObject *name, PyObject **out)
     return -1;
 }
 
-PyDoc_STRVAR(decode_step_doc,
-"decode_step(context, request, num_new_tokens, delay_cache_blocks, /)\n\n"
-"decode_path.probed_decode_step's step (context[0]), its no-op case run in\n"
-"C (D-PERF-50): the same reads of the request in the same order, the same\n"
-"checks and noop()'s verdict; True gives the shared empty result (context's\n"
-"last item). Anything else (a verdict other than True, a check the step\n"
-"would fail, an attribute missing, a value of another type) goes to the\n"
-"Python step, which reads and decides again; nothing has changed by then.\n"
-"An error other than a missing attribute propagates, as from the step.");
-
+/* decode_path.probed_decode_step's step, its no-op case run in C (D-PERF-50); anything else goes to the
+ * Python step (context[0]) before any change. */
 static PyObject *
 decode_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -224,8 +188,8 @@ decode_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *computed_obj = NULL, *tokens_obj = NULL, *hashes = NULL, *request_id = NULL, *verdict = NULL;
     int caches = PyTuple_GET_ITEM(ctx, STEP_CACHING) == Py_True && args[3] == Py_False;
     int handled = 0, read;
-    /* The step's reads, in its order: num_computed_tokens, then num_tokens
-     * where the class is not counted (0: not read). */
+    /* The step's reads, in its order: num_computed_tokens, then num_tokens where the class is not counted (0:
+     * not read). */
     if ((read = read_attr(request, s_num_computed_tokens, &computed_obj)) <= 0) {
         goto out;
     }
@@ -312,8 +276,8 @@ python_step:
 }
 
 static PyMethodDef decode_methods[] = {
-    {"noop", (PyCFunction)(void (*)(void))noop, METH_FASTCALL, noop_doc},
-    {"decode_step", (PyCFunction)(void (*)(void))decode_step, METH_FASTCALL, decode_step_doc},
+    PK_METHOD("noop", noop, "(rules, request_id, num_computed, total, cache_tokens, /)"),
+    PK_METHOD("decode_step", decode_step, "(context, request, num_new_tokens, delay_cache_blocks, /)"),
     {NULL, NULL, 0, NULL},
 };
 
@@ -328,14 +292,10 @@ static struct PyModuleDef decode_module = {
 PyMODINIT_FUNC
 PyInit__decode(void)
 {
-    struct { PyObject **slot; const char *name; } names[] = {
-        {&s_num_computed_tokens, "num_computed_tokens"}, {&s_num_tokens, "num_tokens"},
-        {&s_block_hashes, "block_hashes"}, {&s_request_id, "request_id"},
-    };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL) {
-            return NULL;
-        }
+    PyObject **slots[] = {&s_num_computed_tokens, &s_num_tokens, &s_block_hashes, &s_request_id};
+    const char *names[] = {"num_computed_tokens", "num_tokens", "block_hashes", "request_id"};
+    if (pk_intern(slots, names, 4) < 0) {
+        return NULL;
     }
     PyObject *module = PyModule_Create(&decode_module);
     if (module != NULL && pk_add_fields(module, "STEP_FIELDS", step_fields, STEP_SIZE) < 0) {

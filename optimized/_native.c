@@ -1,46 +1,22 @@
 /* The block pool's per-block loops in C (D-PERF-26): pagedkv.optimized._native.
  *
- * Optional: a build without a C compiler leaves this module out and
- * optimized/block_pool.py runs its own Python loops, which stay the
- * definition. Each function here is one of those loops, step for step, over
- * the same plain lists (ref counts, group ids, free-queue links indexed by
- * block id) and storing the same objects, so the two builds cannot be told
- * apart from Python (the lockstep tests run against both).
+ * Optional: a build without a C compiler leaves this module out and optimized/block_pool.py runs its own
+ * Python loops, which stay the definition. Each function here is one of those loops, step for step, over the
+ * same plain lists (ref counts, group ids, free-queue links indexed by block id) and storing the same
+ * objects, so the two builds cannot be told apart from Python (the lockstep tests run against both).
  *
- * Memory safety first: every function checks, before its first store, that
- * it was given exact lists and that every id it will index is an exact int
- * inside every list it indexes. Anything unexpected (a subclass, a stray
- * type, an id out of range) makes it return None untouched, and the caller
- * runs the Python loop, which raises whatever the pure build raises.
- */
-#include "_native_int.h"
-#include "_native_loops.h"
-#include "_native_map.h"
-
-/* The int value of an exact int in [0, bound), or -1. */
-static inline Py_ssize_t
-index_in(PyObject *item, Py_ssize_t bound)
-{
-    if (!PyLong_CheckExact(item)) {
-        return -1;
-    }
-    int ok = 1;
-    long value = compact_value(item, &ok);
-    if (!ok || value < 0 || value >= bound) {
-        return -1;
-    }
-    return (Py_ssize_t)value;
-}
+ * Memory safety first: every function checks, before its first store, that it was given exact lists and that
+ * every id it will index is an exact int inside every list it indexes. Anything unexpected (a subclass, a
+ * stray type, an id out of range) makes it return None untouched, and the caller runs the Python loop, which
+ * raises whatever the pure build raises. */
+#include "_native.h"
 
 /* A small count (ref count, group id) held in a list slot, or LONG_MIN. */
 static inline long
 small_int(PyObject *item)
 {
-    if (!PyLong_CheckExact(item)) {
-        return LONG_MIN;
-    }
-    int ok = 1;
-    long value = compact_value(item, &ok);
+    int ok = PyLong_CheckExact(item);
+    long value = ok ? compact_value(item, &ok) : 0;
     return ok ? value : LONG_MIN;
 }
 
@@ -97,13 +73,7 @@ common_bound(PyObject *const *args, Py_ssize_t n)
     return bound;
 }
 
-PyDoc_STRVAR(release_doc,
-"release(ref, gids, prev, next, sentinel, blocks) -> int | None\n\n"
-"BlockPool.free_held's loop: each block's ref count drops; a block reaching\n"
-"0 is linked after the queue's tail if keyed (gids[b] >= 0) or gathered\n"
-"into a batch spliced before the front if not. Null blocks (0) are skipped.\n"
-"Returns the number released, or None (nothing changed) when an argument is\n"
-"not what the pool holds.");
+/* BlockPool.free_held's loop (FREE-4, FREE-5): native.NativeLoops.release says what it does. */
 
 PyObject *
 pk_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -201,12 +171,7 @@ error:
     return NULL;
 }
 
-PyDoc_STRVAR(touch_doc,
-"touch(ref, prev, next, blocks) -> int | None\n\n"
-"BlockPool.touch_held's loop: each non-null block leaves the free queue if\n"
-"its ref count is 0, then its count rises by one. Returns the number taken\n"
-"off the queue, or None (nothing changed) when an argument is not what the\n"
-"pool holds.");
+/* BlockPool.touch_held's loop: native.NativeLoops.touch says what it does. */
 
 PyObject *
 pk_touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -259,24 +224,9 @@ pk_touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(removed);
 }
 
-PyDoc_STRVAR(take_doc,
-"take(ref, hashes, prev, next, sentinel, n, evict, maps=None) -> list | None\n\n"
-"BlockPool.get_new_blocks's loop: the first n blocks of the free queue, in\n"
-"order; evict(block) is called for each whose hash is not None (hashes may\n"
-"be None: caching off), then its ref count becomes 1; the queue's front\n"
-"moves past them. The caller has checked n <= the queue's size. Returns\n"
-"None (nothing changed) when an argument is not what the pool holds.\n\n"
-"maps: (gids, cached_by_group, dup_by_group[, owner]) when eviction announces\n"
-"nothing (kv-cache events off): a block whose key no other block\n"
-"duplicates is then evicted here, as BlockPool._evict does it (its key\n"
-"leaves its group's map, its hash becomes None and its group id -1),\n"
-"without the call; any other block still goes through evict(block).\n"
-"With owner given, owner.map_epoch += 1 once when any key was evicted\n"
-"here (the lookup memo's epoch, D-PERF-44), on error paths too.");
-
-/* BlockPool._evict's common case in place (EVICT-3, EVICT-4): the block's key leaves its
- * group's map, no duplicate of it waits, no event. 1: done; 0: not that
- * case (nothing changed, the caller calls evict); -1: an error is set. */
+/* BlockPool._evict's common case in place (EVICT-3, EVICT-4): the block's key leaves its group's map, no
+ * duplicate of it waits, no event. 1: done; 0: not that case (nothing changed, the caller calls evict); -1:
+ * an error is set. */
 static int
 evict_inline(PyObject *maps, PyObject *hashes, Py_ssize_t block)
 {
@@ -311,9 +261,8 @@ evict_inline(PyObject *maps, PyObject *hashes, Py_ssize_t block)
     return store_int(gids, block, -1) < 0 ? -1 : 1;
 }
 
-/* `result` (a new reference or NULL with an error set), after moving the
- * map epoch of maps' owner (its fourth item, when given) if any key was
- * evicted in place: owner.map_epoch += 1 (D-PERF-44). The epoch moves even
+/* `result` (a new reference or NULL with an error set), after moving the map epoch of maps' owner (its fourth
+ * item, when given) if any key was evicted in place: owner.map_epoch += 1 (D-PERF-44). The epoch moves even
  * on an error path (keys left the map); an error here replaces the result. */
 static PyObject *
 epoch_moved(PyObject *maps, Py_ssize_t in_place, PyObject *result)
@@ -322,30 +271,25 @@ epoch_moved(PyObject *maps, Py_ssize_t in_place, PyObject *result)
         return result;
     }
     PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyObject *owner = PyTuple_GET_ITEM(maps, 3);
-    PyObject *epoch = PyObject_GetAttrString(owner, "map_epoch");
-    PyObject *one = PyLong_FromLong(1);
-    PyObject *moved = epoch == NULL || one == NULL ? NULL : PyNumber_Add(epoch, one);
-    Py_XDECREF(one);
+    PyErr_Fetch(&type, &value, &traceback);  /* set only when result is NULL: that first error wins */
+    PyObject *owner = PyTuple_GET_ITEM(maps, 3), *one = PyLong_FromLong(1);
+    PyObject *epoch = one == NULL ? NULL : PyObject_GetAttrString(owner, "map_epoch");
+    PyObject *moved = epoch == NULL ? NULL : PyNumber_Add(epoch, one);
     int failed = moved == NULL || PyObject_SetAttrString(owner, "map_epoch", moved) < 0;
+    Py_XDECREF(one);
     Py_XDECREF(epoch);
     Py_XDECREF(moved);
     if (result == NULL) {
         PyErr_Clear();
-        PyErr_Restore(type, value, traceback);  /* the first error wins */
-        return NULL;
+        PyErr_Restore(type, value, traceback);
     }
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(traceback);
-    if (failed) {
-        Py_DECREF(result);
-        return NULL;
+    else if (failed) {
+        Py_CLEAR(result);
     }
     return result;
 }
 
+/* BlockPool.get_new_blocks's loop: native.NativeLoops.take says what it does. */
 PyObject *
 pk_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -442,58 +386,61 @@ pk_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return epoch_moved(maps, in_place, out);
 }
 
-PyDoc_STRVAR(key_run_doc,
-"key_run(hashes, gids, key_tokens, run, keys, group_id, first_count, step) -> bool | None\n\n"
-"pool_caching.cache_new_run's stores for a run of scattered ids: block\n"
-"run[i] gets hash keys[i], group group_id and token count first_count +\n"
-"i * step. The caller has checked the rule (fresh blocks, new keys).\n"
-"Returns True, or None (nothing changed) when an argument is not what the\n"
-"pool holds.");
+/* key_run's checks (args as key_run takes them): 1 when it stores, else 0 (nothing to change). The fused
+ * admission (_native_admit.c) asks before map_run changes the map. */
+int
+pk_key_run_takes(PyObject *const *args)
+{
+    if (!all_lists(args, 5) || !PyLong_CheckExact(args[5]) || !PyLong_CheckExact(args[6])
+            || !PyLong_CheckExact(args[7])) {
+        return 0;
+    }
+    Py_ssize_t bound = common_bound(args, 3), n = PyList_GET_SIZE(args[3]);
+    int ok = 1;
+    long first = compact_value(args[6], &ok), step = compact_value(args[7], &ok);
+    /* Both counts one-digit ints, the last one fitting a long. */
+    if (!ok || PyList_GET_SIZE(args[4]) != n || n > (1L << 20) || first < 0 || step < 0) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (index_in(PyList_GET_ITEM(args[3], i), bound) < 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
 
+/* pool_caching.cache_new_run's stores for a run of fresh blocks: native.NativeLoops.key_run says what it does. */
 PyObject *
 pk_key_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8 || !all_lists(args, 5) || !PyLong_CheckExact(args[5])
-            || !PyLong_CheckExact(args[6]) || !PyLong_CheckExact(args[7])) {
+    if (nargs != 8 || !pk_key_run_takes(args)) {
         Py_RETURN_NONE;
     }
     PyObject *hashes = args[0], *gids = args[1], *key_tokens = args[2], *run = args[3], *keys = args[4];
-    PyObject *group = args[5];
-    Py_ssize_t bound = common_bound(args, 3);
-    Py_ssize_t n = PyList_GET_SIZE(run);
     int ok = 1;
-    long first_count = compact_value(args[6], &ok);
-    long step = compact_value(args[7], &ok);
-    if (!ok || PyList_GET_SIZE(keys) != n || n > (1L << 20)) {
-        Py_RETURN_NONE;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (index_in(PyList_GET_ITEM(run, i), bound) < 0) {
-            Py_RETURN_NONE;
-        }
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    long first_count = compact_value(args[6], &ok), step = compact_value(args[7], &ok);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
         Py_ssize_t block = checked_value(PyList_GET_ITEM(run, i));
         if (store_int(key_tokens, block, first_count + (long)i * step) < 0) {
             return NULL;
         }
         store(hashes, block, Py_NewRef(PyList_GET_ITEM(keys, i)));
-        store(gids, block, Py_NewRef(group));
+        store(gids, block, Py_NewRef(args[5]));
     }
     Py_RETURN_TRUE;
 }
 
 static PyMethodDef native_methods[] = {
-    {"release", (PyCFunction)(void (*)(void))pk_release, METH_FASTCALL, release_doc},
-    {"touch", (PyCFunction)(void (*)(void))pk_touch, METH_FASTCALL, touch_doc},
-    {"take", (PyCFunction)(void (*)(void))pk_take, METH_FASTCALL, take_doc},
-    {"key_run", (PyCFunction)(void (*)(void))pk_key_run, METH_FASTCALL, key_run_doc},
-    {"map_run", (PyCFunction)(void (*)(void))map_run, METH_FASTCALL, map_run_doc},
-    {"prefix_hits", (PyCFunction)(void (*)(void))prefix_hits, METH_FASTCALL, prefix_hits_doc},
-    {"same_prefix", (PyCFunction)(void (*)(void))same_prefix, METH_FASTCALL, same_prefix_doc},
-    {"admit", (PyCFunction)(void (*)(void))pk_admit, METH_FASTCALL, admit_doc},
-    {"lookup", (PyCFunction)(void (*)(void))pk_lookup, METH_FASTCALL, lookup_doc},
-    {"release_request", (PyCFunction)(void (*)(void))pk_release_request, METH_FASTCALL, release_request_doc},
+    PK_METHOD("release", pk_release, "(ref, gids, prev, next, sentinel, blocks, /)"),
+    PK_METHOD("touch", pk_touch, "(ref, prev, next, blocks, /)"),
+    PK_METHOD("take", pk_take, "(ref, hashes, prev, next, sentinel, n, evict, maps=None, /)"),
+    PK_METHOD("key_run", pk_key_run, "(hashes, gids, key_tokens, run, keys, group_id, first_count, step, /)"),
+    PK_METHOD("map_run", map_run, "(table, keys, run, /)"),
+    PK_METHOD("prefix_hits", prefix_hits, "(table, hashes, limit, owner=None, /)"),
+    PK_METHOD("admit", pk_admit, "(context, blocks, missing, keys, num_full, /)"),
+    PK_METHOD("lookup", pk_lookup, "(context, request, /)"),
+    PK_METHOD("release_request", pk_release_request, "(context, request_id, /)"),
     {NULL, NULL, 0, NULL},
 };
 
@@ -513,7 +460,8 @@ PyInit__native(void)
     }
     PyObject *module = PyModule_Create(&native_module);
     if (module != NULL && (pk_add_fields(module, "LOOKUP_FIELDS", pk_lookup_fields, pk_lookup_nfields) < 0
-                           || pk_add_fields(module, "RELEASE_FIELDS", pk_release_fields, pk_release_nfields) < 0)) {
+                           || pk_add_fields(module, "RELEASE_FIELDS", pk_release_fields, pk_release_nfields) < 0
+                           || pk_add_fields(module, "ADMIT_FIELDS", pk_admit_fields, pk_admit_nfields) < 0)) {
         Py_CLEAR(module);
     }
     return module;

@@ -1,121 +1,58 @@
-/* The one-group admission's pool work as one call (D-PERF-48), part of
- * pagedkv.optimized._native (its method table is in _native.c).
+/* The one-group admission's pool work as one call (D-PERF-48), part of pagedkv.optimized._native (its method
+ * table is in _native.c).
  *
- * Why one call: replaying a large trace, a call into the pool's C loops
- * costs about half a microsecond before its first block, because the work
- * between requests evicts the interpreter's and the pool's hot lines, and
- * the admission step made four of them (touch, take, map_run, key_run) plus
- * the Python around them. admit runs the same four functions, with the
- * same arguments, in the same order, from C: no step is reimplemented here,
- * so each keeps its own checks and its own definition in the Python loops.
- */
-#include "_native_loops.h"
-#include "_native_map.h"
+ * Why one call: replaying a large trace, a call into the pool's C loops costs about half a microsecond before
+ * its first block, because the work between requests evicts the interpreter's and the pool's hot lines, and
+ * the admission step made four of them (touch, take, map_run, key_run) plus the Python around them. admit
+ * runs the same four functions, with the same arguments, in the same order, from C: no step is reimplemented
+ * here, so each keeps its own checks and its own definition in the Python loops. native.NativeLoops.admit
+ * says what it answers. */
+#include "_native.h"
 
-const char admit_doc[] =
-"admit(ref, prev, next, sentinel, hashes, gids, key_tokens, table, evict, maps,\n"
-"      blocks, missing, keys, num_full, block_size) -> tuple | None\n\n"
-"admit_path's pool work for a new request of one full-attention group\n"
-"(group 0), which holds its hit in blocks (an exact list, len(blocks) =\n"
-"held blocks):\n"
-"  1. touch(ref, prev, next, blocks) when held > 0 -> moved;\n"
-"  2. take(ref, hashes, prev, next, sentinel, missing, evict, maps) -> new;\n"
-"     new is appended to blocks;\n"
-"  3. when num_full > held: the fresh run new[:num_full - held] keyed with\n"
-"     keys[held:num_full] (token counts (held + 1) * block_size onward,\n"
-"     step block_size): map_run(table, ...) -> mapped, then, when mapped is\n"
-"     True, key_run(hashes, gids, key_tokens, ...).\n"
-"Returns None when step 1 declines (nothing changed: the caller runs the\n"
-"steps itself), else (moved, new, keyed): new is None when step 2 declined\n"
-"(nothing taken, keyed None); keyed is True when step 3 keyed the run,\n"
-"False when map_run found a key cached already (nothing keyed), None when\n"
-"step 3 did not run or its lists are not the ones key_run takes (nothing\n"
-"keyed). The caller moves the queue's size (moved + len(new)), as after the\n"
-"separate calls. An error after step 1 leaves the earlier steps done, as\n"
-"an error between the separate calls did (the caller recovers).";
+/* The admission's context, as admit_path builds it (native.AdmitContext). */
+enum { AD_REF, AD_PREV, AD_NEXT, AD_SENTINEL, AD_HASHES, AD_GIDS, AD_KEY_TOKENS, AD_TABLE, AD_EVICT, AD_MAPS,
+       AD_BLOCK_SIZE, AD_SIZE };
+const char *const pk_admit_fields[] = {"ref", "prev", "next", "sentinel", "hashes", "gids", "key_tokens", "table",
+                                       "evict", "maps", "block_size"};
+const Py_ssize_t pk_admit_nfields = AD_SIZE;
+#define C(i) PyTuple_GET_ITEM(ctx, i)
 
-/* Would key_run take run (fresh ids from take), keys and the counts
- * first, first + step, ...? Then step 3 may change the map first. */
-static int
-key_run_takes(PyObject *hashes, PyObject *gids, PyObject *key_tokens, PyObject *run, long first, long step)
-{
-    if (!PyList_CheckExact(hashes) || !PyList_CheckExact(gids) || !PyList_CheckExact(key_tokens)) {
-        return 0;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(run);
-    /* key_run reads both counts as one-digit ints, and the last count must fit its long. */
-    if (n > (1L << 20) || first < 0 || first >= (1L << 30) || step < 0 || step >= (1L << 30)) {
-        return 0;
-    }
-    Py_ssize_t bound = PyList_GET_SIZE(hashes);
-    if (PyList_GET_SIZE(gids) < bound) {
-        bound = PyList_GET_SIZE(gids);
-    }
-    if (PyList_GET_SIZE(key_tokens) < bound) {
-        bound = PyList_GET_SIZE(key_tokens);
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(run, i);
-        int ok = PyLong_CheckExact(item);
-        long block = ok ? compact_value(item, &ok) : -1;
-        if (!ok || block < 0 || block >= bound) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* Step 3: Py_True, Py_False or Py_None (a new reference), NULL on error. */
+/* ALLOC-8, step 3: the fresh run new[:num_full - held] keyed with keys[held:num_full] (map_run, then
+ * key_run). Py_True, Py_False or Py_None (a new reference), NULL on error. */
 static PyObject *
-key_fresh_run(PyObject *self, PyObject *const *args, PyObject *new, Py_ssize_t held)
+key_fresh_run(PyObject *self, PyObject *ctx, PyObject *new, Py_ssize_t held, PyObject *keys, Py_ssize_t num_full)
 {
-    PyObject *hashes = args[4], *gids = args[5], *key_tokens = args[6], *table = args[7];
-    PyObject *keys = args[12];
-    Py_ssize_t num_full = PyLong_AsSsize_t(args[13]);
-    long block_size = PyLong_AsLong(args[14]);
-    if ((num_full == -1 || block_size == -1) && PyErr_Occurred()) {
+    Py_ssize_t fresh = num_full - held;
+    long block_size = PyLong_AsLong(C(AD_BLOCK_SIZE));
+    if (block_size == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    Py_ssize_t fresh = num_full - held;
     if (fresh <= 0 || !PyList_CheckExact(keys) || num_full > PyList_GET_SIZE(keys)
             || fresh > PyList_GET_SIZE(new) || block_size <= 0 || held + 1 > (1L << 30) / block_size) {
         Py_RETURN_NONE;
     }
     PyObject *run = PyList_GetSlice(new, 0, fresh);
-    if (run == NULL) {
-        return NULL;
-    }
-    long first = (long)(held + 1) * block_size;
-    if (!key_run_takes(hashes, gids, key_tokens, run, first, block_size)) {
-        Py_DECREF(run);
-        Py_RETURN_NONE;
-    }
     PyObject *run_keys = PyList_GetSlice(keys, held, num_full);
-    PyObject *first_obj = PyLong_FromLong(first);
+    PyObject *first = PyLong_FromLong((long)(held + 1) * block_size);
     PyObject *group = PyLong_FromLong(0);
     PyObject *keyed = NULL;
-    if (run_keys != NULL && first_obj != NULL && group != NULL) {
-        PyObject *map_args[3] = {table, run_keys, run};
-        keyed = map_run(self, map_args, 3);
-        if (keyed == Py_True) {
-            PyObject *key_args[8] = {hashes, gids, key_tokens, run, run_keys, group, first_obj, args[14]};
-            PyObject *stored = pk_key_run(self, key_args, 8);
-            if (stored != Py_True) {
-                Py_DECREF(keyed);
-                keyed = NULL;
-                if (stored != NULL) {  /* cannot happen: key_run_takes said it would */
-                    Py_DECREF(stored);
-                    PyErr_SetString(PyExc_SystemError, "pagedkv: key_run declined a checked run");
-                }
-            }
-            else {
-                Py_DECREF(stored);
-            }
+    if (run != NULL && run_keys != NULL && first != NULL && group != NULL) {
+        PyObject *key_args[8] = {C(AD_HASHES), C(AD_GIDS), C(AD_KEY_TOKENS), run, run_keys, group, first,
+                                 C(AD_BLOCK_SIZE)};
+        PyObject *map_args[3] = {C(AD_TABLE), run_keys, run};
+        /* key_run must not decline once map_run has changed the map: asked first. */
+        keyed = !pk_key_run_takes(key_args) ? Py_NewRef(Py_None) : map_run(self, map_args, 3);
+        PyObject *stored = keyed == Py_True ? pk_key_run(self, key_args, 8) : NULL;
+        if (stored != NULL) {
+            Py_DECREF(stored);  /* True: key_run runs the same key_run_takes first */
+        }
+        else if (keyed == Py_True) {
+            Py_CLEAR(keyed);
         }
     }
-    Py_DECREF(run);
+    Py_XDECREF(run);
     Py_XDECREF(run_keys);
-    Py_XDECREF(first_obj);
+    Py_XDECREF(first);
     Py_XDECREF(group);
     return keyed;
 }
@@ -123,43 +60,42 @@ key_fresh_run(PyObject *self, PyObject *const *args, PyObject *new, Py_ssize_t h
 PyObject *
 pk_admit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 15 || !PyList_CheckExact(args[10]) || !PyLong_CheckExact(args[13])
-            || !PyLong_CheckExact(args[14])) {
+    PyObject *ctx = pk_context(args, nargs, 5, AD_SIZE, "admit(context, blocks, missing, keys, num_full)");
+    if (ctx == NULL) {
+        return NULL;
+    }
+    PyObject *blocks = args[1];
+    Py_ssize_t num_full = PyLong_CheckExact(args[4]) ? PyLong_AsSsize_t(args[4]) : -1;
+    if (!PyList_CheckExact(blocks) || !PyLong_CheckExact(C(AD_BLOCK_SIZE)) || num_full < 0) {
+        PyErr_Clear();
         Py_RETURN_NONE;
     }
-    PyObject *blocks = args[10];
     Py_ssize_t held = PyList_GET_SIZE(blocks);
     PyObject *moved;
     if (held > 0) {  /* ALLOC-6: the hit is touched */
-        PyObject *touch_args[4] = {args[0], args[1], args[2], blocks};
+        PyObject *touch_args[4] = {C(AD_REF), C(AD_PREV), C(AD_NEXT), blocks};
         moved = pk_touch(self, touch_args, 4);
         if (moved == NULL || moved == Py_None) {
             return moved;
         }
     }
-    else {
-        moved = PyLong_FromLong(0);
-        if (moved == NULL) {
-            return NULL;
-        }
-    }
-    /* ALLOC-7 (EVICT-2..5 in pk_take): take(ref, hashes, prev, next, sentinel, missing, evict, maps) */
-    PyObject *take_args[8] = {args[0], args[4], args[1], args[2], args[3], args[11], args[8], args[9]};
-    PyObject *new = pk_take(self, take_args, 8);
-    if (new == NULL) {
-        Py_DECREF(moved);
+    else if ((moved = PyLong_FromLong(0)) == NULL) {
         return NULL;
     }
+    /* ALLOC-7 (EVICT-2..5 in pk_take) */
+    PyObject *take_args[8] = {C(AD_REF), C(AD_HASHES), C(AD_PREV), C(AD_NEXT), C(AD_SENTINEL), args[2],
+                              C(AD_EVICT), C(AD_MAPS)};
+    PyObject *new = pk_take(self, take_args, 8);
     if (new == Py_None) {
         return Py_BuildValue("(NNO)", moved, new, Py_None);
     }
     PyObject *keyed = NULL;
-    if (PyList_SetSlice(blocks, held, held, new) == 0) {
-        keyed = key_fresh_run(self, args, new, held);  /* ALLOC-8 */
+    if (new != NULL && PyList_SetSlice(blocks, held, held, new) == 0) {
+        keyed = key_fresh_run(self, ctx, new, held, args[3], num_full);
     }
     if (keyed == NULL) {
         Py_DECREF(moved);
-        Py_DECREF(new);
+        Py_XDECREF(new);
         return NULL;
     }
     return Py_BuildValue("(NNN)", moved, new, keyed);

@@ -1,24 +1,20 @@
-/* The one-group manager's lookup and release in C (D-PERF-49), part of
- * pagedkv.optimized._native (its method table is in _native.c).
+/* The one-group manager's lookup and release in C (D-PERF-49), part of pagedkv.optimized._native (its method
+ * table is in _native.c).
  *
- * Why: replaying a large trace one request at a time, the interpreted layers around the pool's C loops
- * (a frame, a few attribute reads, a result object built through its
- * __init__) cost about a third of what the loops cost, mostly in lines the
- * work between requests has evicted. These two run those layers for one
+ * Why: replaying a large trace one request at a time, the interpreted layers around the pool's C loops (a
+ * frame, a few attribute reads, a result object built through its __init__) cost about a third of what the
+ * loops cost, mostly in lines the work between requests has evicted. These two run those layers for one
  * full-attention group from C:
  *
- * - lookup: KVCacheManager.get_computed_blocks after its checks, without
- *   statistics: prefix_hits (_native_map.c) and the result;
- * - release_request: UnitaryCoordinator.release: the request's bookkeeping
- *   and release (_native.c) of its blocks, tail first.
+ * - lookup: KVCacheManager.get_computed_blocks after its checks, without statistics: prefix_hits
+ *   (_native_map.c) and the result;
+ * - release_request: UnitaryCoordinator.release: the request's bookkeeping and release (_native.c) of its
+ *   blocks, tail first.
  *
- * Both read and change nothing before deciding whether they apply, and
- * hand anything else back (None for the lookup, the Python method for the
- * release), which then runs as before.
- */
-#include "_native_int.h"
-#include "_native_loops.h"
-#include "_native_map.h"
+ * Both read and change nothing before deciding whether they apply, and hand anything else back (None for the
+ * lookup, the Python method for the release), which then runs as before. native.NativeLoops says what each
+ * answers. */
+#include "_native.h"
 
 static PyObject *s_block_hashes, *s_num_tokens, *s_size, *s_blocks, *s_block_hashes_slot;
 
@@ -27,16 +23,11 @@ pk_calls_init(void)
 {
     PyObject **slots[] = {&s_block_hashes, &s_num_tokens, &s_size, &s_blocks, &s_block_hashes_slot};
     const char *names[] = {"block_hashes", "num_tokens", "size", "blocks", "_block_hashes"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (*slots[i] == NULL && (*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) {
-            return -1;
-        }
-    }
-    return 0;
+    return pk_intern(slots, names, 5);
 }
 
-/* KVCacheBlocks((new,), hashes) without its __init__, whose whole work is
- * storing these two slots (blocks.py). */
+/* KVCacheBlocks((new,), hashes) without its __init__, whose whole work is storing these two slots
+ * (blocks.py). */
 static PyObject *
 own_blocks(PyObject *type, PyObject *new, PyObject *hashes)
 {
@@ -53,49 +44,24 @@ own_blocks(PyObject *type, PyObject *new, PyObject *hashes)
     return out;
 }
 
-/* args[0] when the call is (context, one argument) with a context tuple of
- * `size` items, else NULL with a TypeError naming the call's `usage`. */
-static PyObject *
-context_of(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t size, const char *usage)
-{
-    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != size) {
-        PyErr_Format(PyExc_TypeError, "%s: the context tuple its builder makes, then one argument", usage);
-        return NULL;
-    }
-    return args[0];
-}
-
 /* The lookup's context, as KVCacheManager builds it (native.LookupContext). */
 enum { LOOK_TABLE, LOOK_BLOCK_SIZE, LOOK_POOL, LOOK_BLOCKS_TYPE, LOOK_HASHES, LOOK_SIZE };
 const char *const pk_lookup_fields[] = {"table", "block_size", "pool", "blocks_type", "hashes"};
 const Py_ssize_t pk_lookup_nfields = LOOK_SIZE;
 
-const char lookup_doc[] =
-"lookup(context, request) -> tuple | None\n\n"
-"KVCacheManager.get_computed_blocks for one full-attention group once its\n"
-"checks have passed, statistics off: (KVCacheBlocks((hit,), hashes), hit\n"
-"tokens), hit = prefix_hits(table, request.block_hashes, (request.num_tokens\n"
-"- 1) // block_size, pool). context: (table, block_size, pool, the\n"
-"KVCacheBlocks type, the pool's hash list). None (nothing changed) when\n"
-"prefix_hits declines or num_tokens is not an exact int; the method then\n"
-"runs its own code. An error reading the request propagates.";
-
 PyObject *
 pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *ctx = context_of(args, nargs, LOOK_SIZE, "lookup(context, request)");
+    PyObject *ctx = pk_context(args, nargs, 2, LOOK_SIZE, "lookup(context, request)");
     if (ctx == NULL) {
         return NULL;
     }
     PyObject *request = args[1];
     /* The method's order: block_hashes, then num_tokens. */
     PyObject *hashes = PyObject_GetAttr(request, s_block_hashes);
-    if (hashes == NULL) {
-        return NULL;
-    }
-    PyObject *num_tokens = PyObject_GetAttr(request, s_num_tokens);
+    PyObject *num_tokens = hashes == NULL ? NULL : PyObject_GetAttr(request, s_num_tokens);
     if (num_tokens == NULL) {
-        Py_DECREF(hashes);
+        Py_XDECREF(hashes);
         return NULL;
     }
     PyObject *block_size = PyTuple_GET_ITEM(ctx, LOOK_BLOCK_SIZE);
@@ -109,14 +75,10 @@ pk_lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     /* LOOKUP-2: the last token is recomputed; LOOKUP-3/4: the group's scan. */
     PyObject *limit = PyLong_FromLongLong((tokens - 1) / size);
-    if (limit == NULL) {
-        Py_DECREF(hashes);
-        return NULL;
-    }
     PyObject *scan_args[4] = {PyTuple_GET_ITEM(ctx, LOOK_TABLE), hashes, limit, PyTuple_GET_ITEM(ctx, LOOK_POOL)};
-    PyObject *hit = prefix_hits(self, scan_args, 4);
+    PyObject *hit = limit == NULL ? NULL : prefix_hits(self, scan_args, 4);
     Py_DECREF(hashes);
-    Py_DECREF(limit);
+    Py_XDECREF(limit);
     if (hit == NULL || hit == Py_None) {
         return hit;
     }
@@ -139,21 +101,10 @@ const char *const pk_release_fields[] = {"python_release", "requests", "blocks_o
                                          "prev", "next", "sentinel", "queue", "free_held"};
 const Py_ssize_t pk_release_nfields = REL_SIZE;
 
-const char release_request_doc[] =
-"release_request(context, request_id) -> None\n\n"
-"UnitaryCoordinator.release for one full-attention group: the request\n"
-"leaves the request set and both tables, its block list is reversed and\n"
-"released (release(), or the pool's free_held where that declines), the\n"
-"free queue's size moves. context: (the Python method, requests,\n"
-"req_to_blocks, num_cached_blocks, ref, gids, prev, next, sentinel, queue,\n"
-"pool.free_held). A request id that is not an exact str known to all three\n"
-"tables, or a block list that is not an exact list, goes to the method\n"
-"before any change.";
-
 PyObject *
 pk_release_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *ctx = context_of(args, nargs, REL_SIZE, "release_request(context, request_id)");
+    PyObject *ctx = pk_context(args, nargs, 2, REL_SIZE, "release_request(context, request_id)");
     if (ctx == NULL) {
         return NULL;
     }
@@ -166,10 +117,7 @@ pk_release_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             || !PyDict_CheckExact(cached_of) || PySet_Contains(requests, request_id) != 1
             || (blocks = PyDict_GetItemWithError(blocks_of, request_id)) == NULL || !PyList_CheckExact(blocks)
             || PyDict_GetItemWithError(cached_of, request_id) == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        return PyObject_CallOneArg(C(REL_METHOD), request_id);
+        return PyErr_Occurred() ? NULL : PyObject_CallOneArg(C(REL_METHOD), request_id);
     }
     Py_INCREF(blocks);  /* the table's reference goes below */
     /* FREE-6 (the request is forgotten), then FREE-2: its list tail first. */
@@ -196,10 +144,9 @@ pk_release_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_XDECREF(released);
     Py_DECREF(blocks);
-    if (result == NULL) {
-        return NULL;
+    if (result != NULL) {
+        Py_SETREF(result, Py_NewRef(Py_None));  /* what free_held answered is not the method's */
     }
-    Py_DECREF(result);
-    Py_RETURN_NONE;
+    return result;
 #undef C
 }

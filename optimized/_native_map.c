@@ -1,36 +1,23 @@
-/* The block pool's map loops in C (D-PERF-40, D-PERF-41), part of
- * pagedkv.optimized._native (its method table is in _native.c).
+/* The block pool's map loops in C (D-PERF-40, D-PERF-41), part of pagedkv.optimized._native (its method table
+ * is in _native.c).
  *
- * Both run over one group's map {raw hash: block id} (D-PERF-10) and take
- * only exact bytes keys, whose hashing and comparison run no Python code, so
- * nothing can change under a loop; anything else returns None and the Python
- * code (pool_caching.cache_new_run, single_type.FullAttentionManager) runs.
- */
-#include "_native_int.h"
-#include "_native_map.h"
+ * Both run over one group's map {raw hash: block id} (D-PERF-10) and take only exact bytes keys, whose
+ * hashing and comparison run no Python code, so nothing can change under a loop; anything else returns None
+ * and the Python code (pool_caching.cache_new_run, single_type.FullAttentionManager) runs. native.NativeLoops
+ * says what each answers. */
+#include "_native.h"
 
-const char map_run_doc[] =
-"map_run(table, keys, run) -> bool | None\n\n"
-"pool_caching.cache_new_run's map step in one pass: table[keys[i]] = run[i]\n"
-"for every i when no key is in table already and none repeats in keys\n"
-"(True); otherwise table is left as it was (False). One insertion per key\n"
-"where the Python code probes each key twice (a disjointness test, then\n"
-"dict.update): in a large map every probe is a cache miss. None (nothing\n"
-"changed) unless table is an\n"
-"exact dict, keys an exact list of exact bytes (their hashing and\n"
-"comparison run no Python code) and run an exact list as long.";
-
+/* pool_caching.cache_new_run's map step in one pass: one insertion per key where the Python code probes each
+ * key twice (a disjointness test, then dict.update); in a large map every probe misses. */
 PyObject *
 map_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2])) {
+    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2])
+            || PyList_GET_SIZE(args[1]) != PyList_GET_SIZE(args[2])) {
         Py_RETURN_NONE;
     }
     PyObject *table = args[0], *keys = args[1], *run = args[2];
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (PyList_GET_SIZE(run) != n) {
-        Py_RETURN_NONE;
-    }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!PyBytes_CheckExact(PyList_GET_ITEM(keys, i))) {
             Py_RETURN_NONE;
@@ -66,29 +53,14 @@ map_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_FALSE;
 }
 
-const char prefix_hits_doc[] =
-"prefix_hits(table, hashes, limit, owner=None) -> list | None\n\n"
-"The cached prefix of hashes[:limit] in one group's map: [table[h] for each\n"
-"leading h of hashes[:limit] that table holds], stopping at the first it\n"
-"does not. The prefix scan of a full-attention lookup\n"
-"(single_type.FullAttentionManager) without an interpreted iteration per\n"
-"block, its probes prefetched a batch at a time (D-PERF-47). None unless\n"
-"table is an exact dict and hashes an exact list or tuple whose scanned\n"
-"items are exact bytes (looked up without running Python code).\n\n"
-"owner (the pool): when given and the hit is not empty, its lookup memo is\n"
-"left as hit_memo.remember leaves it (D-PERF-44): owner.last_hit =\n"
-"(owner.map_epoch, list(hashes[:len(hit)]), a copy of the hit); the\n"
-"coordinator's lookup then makes no second call (D-PERF-48).";
-
+/* The prefix scan of a full-attention lookup (single_type.FullAttentionManager), no interpreted iteration per
+ * block; leaves the pool's lookup memo as hit_memo.remember does (D-PERF-44, -48). */
 /* owner.last_hit = (owner.map_epoch, list(items[:n]), hit[:]): 0, or -1 with an error set. */
 static int
 remember(PyObject *owner, PyObject *const *items, PyObject *hit)
 {
-    static PyObject *epoch_name = NULL, *memo_name = NULL;
-    if (epoch_name == NULL && (epoch_name = PyUnicode_InternFromString("map_epoch")) == NULL) {
-        return -1;
-    }
-    if (memo_name == NULL && (memo_name = PyUnicode_InternFromString("last_hit")) == NULL) {
+    static PyObject *epoch_name, *memo_name;
+    if (pk_intern((PyObject **[]){&epoch_name, &memo_name}, (const char *[]){"map_epoch", "last_hit"}, 2) < 0) {
         return -1;
     }
     Py_ssize_t n = PyList_GET_SIZE(hit);
@@ -128,12 +100,7 @@ prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     Py_ssize_t size = PySequence_Fast_GET_SIZE(hashes);
-    if (limit > size) {
-        limit = size;
-    }
-    if (limit < 0) {
-        limit = 0;
-    }
+    limit = limit > size ? size : limit < 0 ? 0 : limit;
     PyObject **items = PySequence_Fast_ITEMS(hashes);
     for (Py_ssize_t i = 0; i < limit; i++) {
         if (!PyBytes_CheckExact(items[i])) {
@@ -145,8 +112,7 @@ prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (out == NULL) {
         return NULL;
     }
-    /* No Python code runs below (exact bytes keys, an exact dict): the
-     * sequence cannot change under the loop. */
+    /* No Python code runs below (exact bytes keys, an exact dict): the sequence cannot change under it. */
     for (Py_ssize_t i = 0; i < limit; i++) {
         PyObject *block = PyDict_GetItemWithError(table, items[i]);
         if (block == NULL) {
@@ -166,32 +132,4 @@ prefix_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     return out;
-}
-
-const char same_prefix_doc[] =
-"same_prefix(items, prefix) -> bool | None\n\n"
-"True when items starts with the very objects of prefix (identity, not\n"
-"equality: nothing is read but the pointers, so no item's memory is\n"
-"touched); False otherwise, a shorter items included. What the admission\n"
-"step compares a hit and its hashes with the last lookup's by (the pool's\n"
-"lookup memo, D-PERF-44). None unless both are exact lists or tuples.";
-
-PyObject *
-same_prefix(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2 || !(PyList_CheckExact(args[0]) || PyTuple_CheckExact(args[0]))
-            || !(PyList_CheckExact(args[1]) || PyTuple_CheckExact(args[1]))) {
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(args[1]);
-    if (PySequence_Fast_GET_SIZE(args[0]) < n) {
-        Py_RETURN_FALSE;
-    }
-    PyObject **items = PySequence_Fast_ITEMS(args[0]), **prefix = PySequence_Fast_ITEMS(args[1]);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (items[i] != prefix[i]) {
-            Py_RETURN_FALSE;
-        }
-    }
-    Py_RETURN_TRUE;
 }

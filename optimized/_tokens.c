@@ -1,24 +1,20 @@
 /* Token checking and prompt hashing in C (D-PERF-35): pagedkv.optimized._tokens.
  *
- * Optional, like _native.c: a build without a C compiler leaves it out and
- * the Python definitions run, spec/request.py's pack_token_ids and
- * optimized/hasher.py's per-block pickling. Both functions here either give
- * exactly what those give or return None having computed nothing, and the
- * caller then runs the Python path (tests/test_native_tokens.py compares
- * them on random and hostile input).
+ * Optional, like _native.c: a build without a C compiler leaves it out and the Python definitions run,
+ * spec/request.py's pack_token_ids and optimized/hasher.py's per-block pickling. Both functions here either
+ * give exactly what those give or return None having computed nothing, and the caller then runs the Python
+ * path (tests/test_native_tokens.py compares them on random and hostile input).
  *
- * Why C: creating a request is one pass over its prompt to check the token
- * ids and, with sha256, one pickle.dumps per block (the bytes vLLM hashes).
- * Both are per-token work in the interpreter's general machinery (marshal,
- * the pickler's dispatch), several nanoseconds a token; here each token is a
- * type check, a load and a few stores.
- */
-#include "_native_int.h"
+ * Why C: creating a request is one pass over its prompt to check the token ids and, with sha256, one
+ * pickle.dumps per block (the bytes vLLM hashes). Both are per-token work in the interpreter's general
+ * machinery (marshal, the pickler's dispatch), several nanoseconds a token; here each token is a type check,
+ * a load and a few stores. */
+#include "_native.h"
 
 #include <stdint.h>
 
-/* The value of an exact int in [0, 2**31), or -1: what pack_token_ids
- * accepts. Almost every token id is one digit, read in place. */
+/* The value of an exact int in [0, 2**31), or -1: what pack_token_ids accepts. Almost every token id is one
+ * digit, read in place. */
 static inline long
 token_value(PyObject *item)
 {
@@ -38,11 +34,7 @@ token_value(PyObject *item)
     return (value >= 0 && value <= 0x7FFFFFFFL) ? value : -1;
 }
 
-PyDoc_STRVAR(pack_doc,
-"pack(tokens, /) -> bytes | None\n\n"
-"spec.request.pack_token_ids in one C pass: the little-endian uint32 bytes\n"
-"of tokens if it is an exact list of exact ints in [0, 2**31), else None.");
-
+/* spec.request.pack_token_ids in one C pass (native.NativeTokens.pack). */
 static PyObject *
 pack(PyObject *self, PyObject *tokens)
 {
@@ -71,13 +63,12 @@ pack(PyObject *self, PyObject *tokens)
     return out;
 }
 
-/* pickle.dumps((parent, block, None), protocol=5) for a 32-byte parent and a
- * tuple of n >= 4 ints in [0, 2**31), while it fits one frame:
+/* pickle.dumps((parent, block, None), protocol=5) for a 32-byte parent and a tuple of n >= 4 ints
+ * in [0, 2**31), while it fits one frame:
  *   PROTO 5 | FRAME <8-byte length> | SHORT_BINBYTES 32 <parent> | MEMOIZE |
  *   MARK | <ints> | TUPLE | MEMOIZE | NONE | TUPLE3 | MEMOIZE | STOP
- * each int BININT1 (K, 1 byte), BININT2 (M, 2 bytes) or BININT (J, 4 bytes),
- * little-endian (spec/hashing.md section 6; optimized/hasher.py builds the
- * same bytes with numpy for blocks of at most 128 tokens). */
+ * each int BININT1 (K, 1 byte), BININT2 (M, 2 bytes) or BININT (J, 4 bytes), little-endian (spec/hashing.md
+ * section 6; optimized/hasher.py builds the same bytes with numpy for blocks of at most 128 tokens). */
 #define HEAD_BYTES 47  /* PROTO 2 + FRAME 9 + SHORT_BINBYTES 2 + parent 32 + MEMOIZE, MARK 2 */
 #define TAIL_BYTES 6
 #define PARENT_BYTES 32
@@ -90,8 +81,8 @@ load_le32(const unsigned char *p)
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
-/* The pickle of one block into a new bytes object; NULL with no error set
- * when a value is 2**31 or more (not what pack() makes). */
+/* The pickle of one block into a new bytes object; NULL with no error set when a value is 2**31 or more (not
+ * what pack() makes). */
 static PyObject *
 block_pickle(const unsigned char *values, Py_ssize_t n, const char *parent)
 {
@@ -145,15 +136,7 @@ block_pickle(const unsigned char *values, Py_ssize_t n, const char *parent)
 
 static PyObject *digest_name;  /* "digest", interned at import */
 
-PyDoc_STRVAR(sha256_blocks_doc,
-"sha256_blocks(packed, start, end, size, parent, sha256, /) -> list[bytes] | None\n\n"
-"The chained sha256 hashes of the blocks of size tokens in [start, end) of\n"
-"the uint32 tokens packed (as pack() makes them), no extra keys: block i's\n"
-"hash is sha256(pickle.dumps((previous hash, tuple(block), None), 5)).digest(),\n"
-"the first block's previous hash being parent (32 bytes). sha256 is\n"
-"hashlib.sha256. None (nothing computed) when the arguments are outside\n"
-"that: sizes below 4 or above 8192, a ragged range, a token of 2**31 or more.");
-
+/* The chained sha256 hashes of a prompt's blocks (native.NativeTokens.sha256_blocks). */
 static PyObject *
 sha256_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -209,8 +192,8 @@ sha256_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef tokens_methods[] = {
-    {"pack", (PyCFunction)pack, METH_O, pack_doc},
-    {"sha256_blocks", (PyCFunction)(void (*)(void))sha256_blocks, METH_FASTCALL, sha256_blocks_doc},
+    {"pack", (PyCFunction)pack, METH_O, "pack(tokens, /)"},
+    PK_METHOD("sha256_blocks", sha256_blocks, "(packed, start, end, size, parent, sha256, /)"),
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,7 +22,7 @@ D-PERF-17). The capacity check of every path is ``capacity.refuses``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -38,9 +38,10 @@ from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
 from pagedkv.spec.stored_events import PER_CALL
-from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
+from pagedkv.spec.types import PrefixCacheStats
 
 from . import validation
+from .manager_cache import ManagerCache
 from .manager_reads import ManagerReads
 from .native import NATIVE, LookupContext
 from .sub_block_ops import SubBlockOperations
@@ -49,7 +50,7 @@ __all__ = ["KVCacheManager"]
 
 
 
-class KVCacheManager(ManagerReads, SubBlockOperations):
+class KVCacheManager(ManagerReads, ManagerCache, SubBlockOperations):
     """Allocates KV cache blocks to requests, with prefix caching.
 
     Args:
@@ -419,30 +420,6 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
             recover(coordinator)
             raise
 
-    def cache_blocks(self, request: RequestView, num_computed_tokens: int) -> None:
-        """Cache the request's blocks that ``num_computed_tokens`` tokens
-        fill and that are not cached yet. No-op with caching off.
-
-        Cost: O(blocks newly cached).
-
-        Raises:
-            UnknownRequestError: the request holds no allocation.
-            InvalidTokenCountError: ``num_computed_tokens`` is negative.
-            InvalidArgumentError: more full blocks than the request holds
-                blocks or block hashes.
-        """
-        if not self.enable_caching:
-            return
-        request = RequestFacts.capture(request)
-        validation.cache_blocks_args(coordinator=self._coordinator, request=request,
-                                     num_computed_tokens=num_computed_tokens)
-        try:
-            self._coordinator.cache_blocks(request=request, request_id=request.request_id,
-                                           num_tokens=num_computed_tokens)
-        except BaseException:
-            recover(self._coordinator)
-            raise
-
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
         """Release the request's blocks (group by group, tail first) and
         forget it. With ``missing_ok`` an unknown request is a no-op.
@@ -474,25 +451,7 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
             raise
 
     # ----------------------------------------------------------- the cache
-
-    def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drop the hashes of the given blocks (see ``BlockPool.evict_blocks``).
-
-        Cost: O(len(block_ids)).
-
-        Raises:
-            InvalidArgumentError: ``block_ids`` is not iterable.
-            UnknownBlockError: an id outside ``[0, num_blocks)`` (no change).
-        """
-        try:
-            ids = list(block_ids)
-        except TypeError:
-            raise InvalidArgumentError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
-        try:
-            self._pool.evict_blocks(ids)
-        except BaseException:
-            recover(self._coordinator)
-            raise
+    # (the rest of the cache's upkeep is ManagerCache's)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every hash if no request holds blocks; marks the stats as
@@ -510,23 +469,6 @@ class KVCacheManager(ManagerReads, SubBlockOperations):
         if self.prefix_cache_stats is not None:  # RESET-4
             self.prefix_cache_stats.reset = True
         return True
-
-    def take_events(self) -> list[KVCacheEvent]:
-        """Pending events, oldest first; empties the queue. Cost: O(1)."""
-        return self._pool.take_events()
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """The stats since the last call (replaced by fresh ones), or None
-        without log_stats. Cost: O(1)."""
-        stats = self.prefix_cache_stats
-        if stats is None:
-            return None
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
-    def new_step_starts(self) -> None:
-        """Per-step hook (no-op for full attention). Cost: O(groups)."""
-        self._coordinator.new_step_starts()
 
     # ------------------------------------------------------- introspection
 

@@ -365,7 +365,7 @@ def mislabelled_cache() -> Iterator[None]:
     holds (and the hit's freshness check, which compares keys, passes)."""
     original = BlockPool.cache_full_blocks_unchecked
 
-    def planted(self: BlockPool, request: Any, blocks: Any, **kwargs: Any) -> None:
+    def planted(self: Any, request: Any, blocks: Any, **kwargs: Any) -> None:
         shifted = list(blocks[1:]) + list(blocks[-1:])
         original(self, request, shifted, **kwargs)
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 
 from pagedkv.optimized import BlockPool
-from pagedkv.optimized.native import NATIVE
+from pagedkv.optimized.native import NATIVE, AdmitContext
 from pagedkv.optimized.pool.hasher import make_block_hasher
 from pagedkv.optimized.pool.hit_memo import remember
 from pagedkv.spec import Request
@@ -56,10 +56,16 @@ def build(num_blocks: int, history: list[int]) -> tuple[BlockPool, list[int]]:
     return pool, held
 
 
-def lists(pool: BlockPool) -> tuple[Any, ...]:
+def context(pool: BlockPool, block_size: int) -> AdmitContext:
+    """The admission's context, as admit_path builds it."""
     queue = pool._queue
-    return (pool._ref, queue.prev, queue.next, queue.sentinel, pool._hash, pool._gid, pool._key_tokens,
-            pool.cached_by_group[0], pool._evict, (pool._gid, pool.cached_by_group, pool.dup_by_group, pool))
+    return AdmitContext(pool._ref, queue.prev, queue.next, queue.sentinel, pool._hash, pool._gid, pool._key_tokens,
+                        pool.cached_by_group[0], pool._evict,
+                        (pool._gid, pool.cached_by_group, pool.dup_by_group, pool), block_size)
+
+
+def lists(pool: BlockPool) -> Any:
+    return context(pool, 0)[:-1]
 
 
 def separate(pool: BlockPool, blocks: list[int], missing: int, keys: Any, num_full: int,
@@ -113,8 +119,7 @@ def test_admit_is_the_separate_loops_in_turn(num_blocks: int, history: list[int]
     given_keys: Any = tuple(keys) if as_tuple else keys
     fused_blocks, split_blocks = list(hit), list(hit)
     before = state(fused_pool)
-    admit: Any = NATIVE.admit  # called with the pool's lists spread: typed by the stub's 15 parameters
-    fused = admit(*lists(fused_pool), fused_blocks, missing, given_keys, num_full, block_size)
+    fused = NATIVE.admit(context(fused_pool, block_size), fused_blocks, missing, given_keys, num_full)
     split = separate(split_pool, split_blocks, missing, given_keys, num_full, block_size)
     assert fused == split
     assert fused_blocks == split_blocks
@@ -131,10 +136,13 @@ def test_admit_declines_what_touch_declines_and_changes_nothing() -> None:
     assert NATIVE is not None
     pool, _ = build(10, [1, 2, 4, 5])
     before = state(pool)
-    admit: Any = NATIVE.admit
-    assert admit(*lists(pool), [1, 99], 1, [], 0, 1) is None  # an id outside the pool
-    assert admit(*lists(pool), (1,), 1, [], 0, 1) is None  # not a list
+    bound = context(pool, 1)
+    assert NATIVE.admit(bound, [1, 99], 1, [], 0) is None  # an id outside the pool
+    odd: Any = (1,)
+    assert NATIVE.admit(bound, odd, 1, [], 0) is None  # not a list
     assert state(pool) == before
+    with pytest.raises(TypeError, match="context tuple"):
+        NATIVE.admit(tuple(bound)[:-1], [], 1, [], 0)  # type: ignore[arg-type]
 
 
 @needs_native
@@ -144,8 +152,8 @@ def test_admit_leaves_unkeyed_what_key_run_would_not_take() -> None:
     pool = BlockPool(8, True)
     ref, prev, nxt, sentinel, hashes, gids, _, table, evict, maps = lists(pool)
     short: list[int] = [0]
-    done = NATIVE.admit(ref, prev, nxt, sentinel, hashes, gids, short, table, evict, maps, [], 2,
-                        [BlockHash(b"k" * 32), BlockHash(b"l" * 32)], 2, 16)
+    bound = AdmitContext(ref, prev, nxt, sentinel, hashes, gids, short, table, evict, maps, 16)
+    done = NATIVE.admit(bound, [], 2, [BlockHash(b"k" * 32), BlockHash(b"l" * 32)], 2)
     assert done == (0, [1, 2], None)
     assert table == {} and gids[1:3] == [-1, -1]
 

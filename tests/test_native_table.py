@@ -56,7 +56,7 @@ def test_every_twin_test_exists() -> None:
 def test_the_contexts_are_the_named_structures() -> None:
     assert native.NATIVE is not None and native.DECODE is not None
     pairs: list[tuple[object, str, Any]] = [
-        (native.NATIVE, "LOOKUP_FIELDS", native.LookupContext),
+        (native.NATIVE, "ADMIT_FIELDS", native.AdmitContext), (native.NATIVE, "LOOKUP_FIELDS", native.LookupContext),
         (native.NATIVE, "RELEASE_FIELDS", native.ReleaseContext), (native.DECODE, "STEP_FIELDS", native.DecodeContext)]
     for module, name, structure in pairs:
         assert getattr(module, name) == structure._fields, name

@@ -13,7 +13,7 @@ the compiled modules load in place of the pure ones:
 - with ``--tests``, runs those test files (``HYPOTHESIS_PROFILE=quick``) and prints pytest's summary.
 
 The default module set is every module mypyc accepts and that the rest of the tree lets be
-compiled: not ``__init__``, ``manager``, ``manager_reads``, ``sub_block_ops`` (multiple inheritance),
+compiled: not ``__init__``, ``manager``, ``manager_reads``, ``manager_cache``, ``sub_block_ops`` (multiple inheritance),
 ``hisparse*`` (``pagedkv.vllm`` subclasses them in interpreted code), ``validation`` (its typed
 parameters would raise mypyc's ``TypeError`` before the typed errors). Needs a C compiler.
 A measurement, not a test.
@@ -31,7 +31,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NOT_COMPILED = ("__init__", "manager", "manager_reads", "sub_block_ops", "validation")
+NOT_COMPILED = ("__init__", "manager", "manager_reads", "manager_cache", "sub_block_ops", "validation")
 
 
 def default_modules() -> list[str]:

@@ -28,14 +28,15 @@ state, events and errors.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from operator import is_
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
-from pagedkv.optimized.native import NATIVE
+from pagedkv.optimized.native import NATIVE, AdmitContext
 from pagedkv.optimized.paths.capacity import refuses
 from pagedkv.optimized.paths.decode_path import TAKE_GENERAL_PATH
 from pagedkv.optimized.paths.recovery import recover
 from pagedkv.optimized.pool.blocks import KVCacheBlocks
-from pagedkv.optimized.pool.hit_memo import same_prefix
 from pagedkv.optimized.pool.pool_caching import cache_new_run
 from pagedkv.spec.request import RequestFacts
 from pagedkv.spec.types import BlockHash
@@ -114,14 +115,11 @@ def single_admit_step(self: CoordinatorState) -> AdmitStep:
     # applies: events off, as the take loop evicts in place only then
     # (moving the pool's map epoch itself, D-PERF-44). The lists are the
     # pool's own, changed in place only (pool_recover).
-    admit = None if NATIVE is None else NATIVE.admit
-    # hit_memo.same_prefix's C half, called directly (None, for a sequence it
-    # does not read, is not proven: the probes below decide).
-    same = same_prefix if NATIVE is None else NATIVE.same_prefix
-    prev, nxt, sentinel = queue.prev, queue.next, queue.sentinel
-    maps = (pool._gid, pool.cached_by_group, pool.dup_by_group, pool)  # the pool: owner of the epoch
-    evict = pool._evict
-    keys_of, gids, key_tokens, table = pool._hash, pool._gid, pool._key_tokens, pool.cached_by_group[0]
+    admit = None if NATIVE is None else partial(NATIVE.admit, AdmitContext(
+        pool._ref, queue.prev, queue.next, queue.sentinel, pool._hash, pool._gid, pool._key_tokens,
+        pool.cached_by_group[0], pool._evict,
+        (pool._gid, pool.cached_by_group, pool.dup_by_group, pool),  # the pool: owner of the epoch
+        block_size))
 
     def finish(facts: RequestFacts, blocks: list[int], done: tuple[int, list[int] | None, bool | None] | None,
                held: int, missing: int, num_full: int, block_hashes: Sequence[BlockHash], request_id: str,
@@ -197,7 +195,8 @@ def single_admit_step(self: CoordinatorState) -> AdmitStep:
             # the hit is the one it found, else probed (D-PERF-44).
             memo = pool.last_hit  # hit_memo.vouches, inline: three calls less per admission (D-PERF-48)
             if not (memo is not None and memo[0] == pool.map_epoch and type(hit) is list
-                    and len(hit) == len(memo[2]) and same(hit, memo[2]) and same(block_hashes, memo[1])) and (
+                    and len(hit) == len(memo[2]) and len(block_hashes) >= len(memo[1])
+                    and all(map(is_, hit, memo[2])) and all(map(is_, block_hashes, memo[1]))) and (
                     type(hit) is not list or held > len(block_hashes)
                     or list(map(type, hit)).count(int) != held
                     or list(map(table_get, block_hashes[:held])) != hit):
@@ -233,8 +232,7 @@ def single_admit_step(self: CoordinatorState) -> AdmitStep:
                 if num_full > len(block_hashes):
                     num_full = len(block_hashes)
             done = None if admit is None or pool.enable_kv_cache_events else admit(
-                ref, prev, nxt, sentinel, keys_of, gids, key_tokens, table, evict, maps, blocks, missing,
-                block_hashes, num_full, block_size)
+                blocks, missing, block_hashes, num_full)
             if done is not None and done[1] is not None and (num_full <= held or done[2] is True):
                 # The pool call did ALLOC-6 to ALLOC-8 (the common case).
                 queue.size -= done[0] + missing

@@ -25,17 +25,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from pagedkv.optimized.native import NATIVE
 from pagedkv.optimized.pool.free_queue import FreeBlockQueue
-from pagedkv.optimized.pool.pool_caching import cache_new_run
-from pagedkv.optimized.pool.pool_events import stored_events
+from pagedkv.optimized.pool.pool_caching import PoolCaching
 from pagedkv.optimized.pool.pool_recover import recover_pool
-from pagedkv.optimized.pool.pool_view import NULL_BLOCK, PoolView
+from pagedkv.optimized.pool.pool_view import NULL_BLOCK
 from pagedkv.spec.errors import (
     InvalidArgumentError,
     InvalidConfigError,
     InvariantViolation,
     PoolExhaustedError,
 )
-from pagedkv.spec.hashing import HashedRequest
 from pagedkv.spec.stored_events import PER_CALL, check_block_stored_events
 from pagedkv.spec.types import (
     MEDIUM_GPU,
@@ -47,7 +45,7 @@ from pagedkv.spec.types import (
 
 __all__ = ["BlockPool", "NULL_BLOCK"]
 
-class BlockPool(PoolView):
+class BlockPool(PoolCaching):
     """A pool of ``num_blocks`` integer-id blocks with a prefix cache.
 
     Args:
@@ -367,107 +365,7 @@ class BlockPool(PoolView):
             prev[old_front] = last
 
     # --------------------------------------------------------------- caching
-
-    def cache_full_blocks(
-        self,
-        request: HashedRequest,
-        blocks: Sequence[int],
-        *,
-        block_hashes: Sequence[BlockHash],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        group_id: int,
-        mask: Sequence[bool] | None = None,
-    ) -> None:
-        """Give blocks ``[num_cached_blocks, num_full_blocks)`` of
-        ``blocks`` the keys ``block_hashes[i] + group_id``; ``block_hashes``
-        is the group's view of the request's hashes (at ``block_size``). Null
-        blocks, blocks already hashed and blocks the ``mask`` (indexed from
-        ``num_cached_blocks``) rules out are skipped. With events on, one
-        ``BlockStored`` for the call, or one per contiguous run of newly
-        hashed blocks, as ``block_stored_events`` says (D-EVT-15).
-        No-op with caching disabled.
-
-        Cost: O(num_full_blocks - num_cached_blocks).
-
-        Raises:
-            InvalidArgumentError: ``group_id`` is out of range, or
-                ``num_full_blocks`` exceeds ``len(blocks)`` or the hashes
-                (no change).
-        """
-        if num_cached_blocks >= num_full_blocks or not self.enable_caching:
-            return
-        if not 0 <= group_id < self.num_groups:
-            raise InvalidArgumentError(
-                f"group_id must lie in [0, {self.num_groups}), got {group_id!r}")
-        if num_cached_blocks < 0 or num_full_blocks > len(blocks) or (
-                num_full_blocks > len(block_hashes)):
-            raise InvalidArgumentError(
-                f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}): the request "
-                f"holds {len(blocks)} blocks and {len(block_hashes)} block hashes")
-        self.cache_full_blocks_unchecked(request, blocks, block_hashes=block_hashes,
-                                         num_cached_blocks=num_cached_blocks,
-                                         num_full_blocks=num_full_blocks,
-                                         block_size=block_size, group_id=group_id, mask=mask)
-
-    def cache_full_blocks_unchecked(
-        self,
-        request: HashedRequest,
-        blocks: Sequence[int],
-        *,
-        block_hashes: Sequence[BlockHash],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        group_id: int,
-        mask: Sequence[bool] | None,
-    ) -> None:
-        """:meth:`cache_full_blocks` without validation: caching on,
-        ``group_id`` in range, ``0 <= num_cached_blocks < num_full_blocks <=
-        min(len(blocks), len(block_hashes))``. Cost: O(num_full_blocks - num_cached_blocks)."""
-        # Runs of newly hashed positions: (first index, hashes), for events.
-        runs: list[tuple[int, list[BlockHash]]] = []
-        call = (num_cached_blocks, num_full_blocks)  # the range a per-call event covers
-        if mask is None and num_full_blocks - num_cached_blocks > 1:
-            # The rule first, in bulk (pool_caching.py); one block (a decode
-            # step filling its block) costs less through the loop below.
-            keys = block_hashes[num_cached_blocks:num_full_blocks]
-            if cache_new_run(self, blocks[num_cached_blocks:num_full_blocks], keys, group_id,
-                             num_cached_blocks, block_size):
-                if self.enable_kv_cache_events:
-                    runs.append((num_cached_blocks, list(keys)))
-                num_full_blocks = num_cached_blocks  # done: skip the per-block loop
-        hashes = self._hash
-        gids = self._gid
-        table = self.cached_by_group[group_id]
-        events = self.enable_kv_cache_events
-        last = -2
-        setdefault = table.setdefault
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
-            # gids, not hashes: testing a hash would touch its bytes object (see _gid).
-            if not block or gids[block] >= 0 or (
-                    mask is not None and not mask[i - num_cached_blocks]):
-                continue
-            block_hash = block_hashes[i]  # its own position's key (REQ-7), its prefix's tokens (KEYTOK-1)
-            hashes[block] = block_hash
-            gids[block] = group_id
-            self._key_tokens[block] = (i + 1) * block_size
-            # One probe of the table; a key already cached (identical
-            # blocks, rare) records this block as a later holder.
-            if setdefault(block_hash, block) != block:
-                self.dup_by_group[group_id].setdefault(block_hash, []).append(block)
-            if events:
-                if i == last + 1:
-                    runs[-1][1].append(block_hash)
-                else:
-                    runs.append((i, [block_hash]))
-                last = i
-        if events and (runs or self.block_stored_events == PER_CALL):
-            self._events.extend(stored_events(
-                request, runs, block_hashes, block_size, group_id, self.num_hash_lookahead_tokens,
-                call if self.block_stored_events == PER_CALL else None))
+    # (keying blocks: PoolCaching.cache_full_blocks, pool_caching.py)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks, in the given order (each

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from operator import is_
 from typing import TYPE_CHECKING
 
-from pagedkv.optimized.native import NATIVE
 from pagedkv.spec.types import BlockHash
 
 if TYPE_CHECKING:
@@ -36,16 +35,11 @@ if TYPE_CHECKING:
 __all__ = ["remember", "same_prefix", "vouches"]
 
 
-def _same_prefix(items: Sequence[object], prefix: Sequence[object]) -> bool:
-    """True when ``items`` starts with the very objects of ``prefix``."""
-    return len(items) >= len(prefix) and all(map(is_, items, prefix))
-
-
 def same_prefix(items: Sequence[object], prefix: Sequence[object]) -> bool:
     """True when ``items`` starts with the very objects (identity) of
-    ``prefix``, in C where both are exact lists or tuples. Cost: O(len(prefix))."""
-    found = None if NATIVE is None else NATIVE.same_prefix(items, prefix)
-    return _same_prefix(items, prefix) if found is None else found
+    ``prefix``. Cost: O(len(prefix)), one C-level pass (``map`` over
+    ``operator.is_``; a C twin of it did not pay, D-PERF-52)."""
+    return len(items) >= len(prefix) and all(map(is_, items, prefix))
 
 
 def remember(pool: PoolTables, block_hashes: Sequence[BlockHash], hit: list[int]) -> None:
