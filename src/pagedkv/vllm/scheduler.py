@@ -23,7 +23,7 @@ class Scheduler(_compat.VllmScheduler):  # type: ignore[misc]  # vLLM is untyped
     """vLLM's ``Scheduler``, building :class:`pagedkv.vllm.KVCacheManager`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        setup = setup_from_vllm(kwargs["vllm_config"] if "vllm_config" in kwargs else args[0])
+        setup = setup_from_vllm(kwargs.get("vllm_config", args[0] if args else None))
         manager = KVCacheManager if setup is None else partial(KVCacheManager, retention=setup)
         with _compat.scheduler_manager_class(manager):
             super().__init__(*args, **kwargs)
