@@ -165,3 +165,19 @@ def test_in_vllms_manager_a_pinned_prefix_outlives_a_flood() -> None:
     assert run(None) == 0
     assert run(RetentionSetup(RetentionConfig("lru", 0.0))) == 0
     assert run(RetentionSetup(RetentionConfig("lru", 0.25))) == 64
+
+
+def test_gate_the_pin_waits_for_its_prefix() -> None:
+    """A wiring that pins at the first allocation, before a chunked prefill has cached the
+    prefix, pins a part of it: the test above catches it."""
+    original = RequestRetention.after_allocation
+
+    def eager(self: RequestRetention, request: Any, num_cached_tokens: int) -> None:
+        original(self, request, 10**9)  # the bug: every token counted as cached
+
+    RequestRetention.after_allocation = eager  # type: ignore[method-assign]
+    try:
+        with pytest.raises(AssertionError):
+            test_directives_and_the_pin_reach_the_pool_after_allocation()
+    finally:
+        RequestRetention.after_allocation = original  # type: ignore[method-assign]
