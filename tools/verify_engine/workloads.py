@@ -151,7 +151,8 @@ def pinned_prefix(model: str, seed: int, pin_budget: float) -> Workload:
         max_num_seqs=4,
         batches=batches,
         retention={"policy": "lru", "pin_budget": pin_budget},
-        retained=(len(batches) - 1, len(system)) if pin_budget else None,
+        # The last request (requests are numbered over the batches in order).
+        retained=(sum(len(b.prompts) for b in batches) - 1, len(system)) if pin_budget else None,
     )
 
 
