@@ -14,8 +14,7 @@ from pagedkv.reference import rules, validation
 from pagedkv.reference.block_pool import BlockPool
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
-from pagedkv.reference.features.enabled import FEATURES, FeatureOperations, recover
-from pagedkv.reference.features.retention_manager import RetentionOperations, make_pool
+from pagedkv.reference.features.enabled import FEATURES, FeatureOperations, RetentionOperations, make_pool, recover
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
@@ -54,8 +53,7 @@ class KVCacheManager(FeatureOperations, RetentionOperations):
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  hash_seed: str | None = None, retention_interval: int | None = None,
                  max_num_batched_tokens: int | None = None, num_hash_lookahead_tokens: int = 0,
-                 num_prefill_lookahead: int = 0, block_stored_events: str = PER_CALL,
-                 retention: object = None) -> None:
+                 num_prefill_lookahead: int = 0, block_stored_events: str = PER_CALL, retention: Any = None) -> None:
         self.block_sizes, hash_block_size = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
