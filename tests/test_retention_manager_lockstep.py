@@ -275,7 +275,7 @@ TestRetentionManagerLockstep.settings = settings(stateful_step_count=30, deadlin
 
 
 @pytest.mark.parametrize("impl", [reference, optimized], ids=["reference", "optimized"])
-def test_ret_11_a_range_maps_onto_the_blocks_holding_its_first_tokens(impl: ModuleType) -> None:
+def test_retm_1_a_range_maps_onto_the_blocks_holding_its_first_tokens(impl: ModuleType) -> None:
     clock = Clock()
     manager = make_manager(impl, 12, RetentionConfig("priority", 0.5, clock=clock))
     request = manager.make_request("a", list(range(10, 20)))  # 5 blocks of 2 tokens
@@ -291,7 +291,7 @@ def test_ret_11_a_range_maps_onto_the_blocks_holding_its_first_tokens(impl: Modu
 
 
 @pytest.mark.parametrize("impl", [reference, optimized], ids=["reference", "optimized"])
-def test_ret_12_a_pinned_prefix_survives_a_flood_lru_does_not(impl: ModuleType) -> None:
+def test_retm_2_a_pinned_prefix_survives_a_flood_lru_does_not(impl: ModuleType) -> None:
     def flood(manager: Any) -> int:
         system = [7] * 8
         first = manager.make_request("sys", system + [1, 2])
@@ -416,7 +416,7 @@ def test_gate_fast_paths_left_on() -> None:
         _run_machine()
     with planted(optimized_manager, "route_to_general_paths", _fast_paths_kept), \
             pytest.raises((AssertionError, PagedKVError)):
-        test_ret_12_a_pinned_prefix_survives_a_flood_lru_does_not(optimized)
+        test_retm_2_a_pinned_prefix_survives_a_flood_lru_does_not(optimized)
 
 
 def test_gate_directive_on_the_wrong_block() -> None:
