@@ -37,6 +37,7 @@ from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.manager_args import check_manager_args
 from pagedkv.spec.request import Request, RequestFacts, RequestView, check_request_options
+from pagedkv.spec.retention_config import RetentionConfig
 from pagedkv.spec.stored_events import PER_CALL
 from pagedkv.spec.types import PrefixCacheStats
 
@@ -44,13 +45,14 @@ from . import validation
 from .manager_cache import ManagerCache
 from .manager_reads import ManagerReads
 from .native import NATIVE, LookupContext
+from .retention_manager import RetentionOperations, make_pool, route_to_general_paths
 from .sub_block_ops import SubBlockOperations
 
 __all__ = ["KVCacheManager"]
 
 
 
-class KVCacheManager(ManagerReads, ManagerCache, SubBlockOperations):
+class KVCacheManager(ManagerReads, ManagerCache, SubBlockOperations, RetentionOperations):
     """Allocates KV cache blocks to requests, with prefix caching.
 
     Args:
@@ -84,6 +86,9 @@ class KVCacheManager(ManagerReads, ManagerCache, SubBlockOperations):
             per caching call, as vLLM sends it; ``"per_run"``: one per
             contiguous run of newly cached blocks, each a valid chain segment
             (:mod:`pagedkv.spec.stored_events`, D-EVT-15).
+        retention: ``None`` (default: the plain pool, nothing changes) or a
+            :class:`~pagedkv.spec.retention_config.RetentionConfig`: the
+            retention pool, the fast paths off (``retention_manager``).
 
     Raises:
         InvalidConfigError: max_model_len, world sizes, hash_block_size,
@@ -112,6 +117,7 @@ class KVCacheManager(ManagerReads, ManagerCache, SubBlockOperations):
         num_hash_lookahead_tokens: int = 0,
         num_prefill_lookahead: int = 0,
         block_stored_events: str = PER_CALL,
+        retention: RetentionConfig | None = None,
     ) -> None:
         block_sizes, hbs = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
@@ -130,7 +136,7 @@ class KVCacheManager(ManagerReads, ManagerCache, SubBlockOperations):
         self.num_kv_cache_groups = len(block_sizes)
         self.block_sizes: tuple[int, ...] = block_sizes
         self.hash_block_size = hbs
-        self._pool = BlockPool(kv_cache_config.num_blocks, self.enable_caching,
+        self._pool = make_pool(retention, kv_cache_config.num_blocks, self.enable_caching,
                                enable_kv_cache_events=bool(enable_kv_cache_events),
                                num_groups=len(block_sizes), block_stored_events=block_stored_events)
         self._coordinator: KVCacheCoordinator = make_coordinator(
@@ -161,6 +167,8 @@ class KVCacheManager(ManagerReads, ManagerCache, SubBlockOperations):
             self._lookup = partial(NATIVE.lookup, LookupContext(
                 table=table, block_size=block_size, pool=pool, blocks_type=KVCacheBlocks, hashes=pool.block_hashes))
         self._release = self._coordinator.native_release() or self._coordinator.release
+        if retention is not None:
+            self._release = route_to_general_paths(self._coordinator)
 
     # ------------------------------------------------------------ properties
 

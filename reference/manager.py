@@ -14,7 +14,7 @@ from pagedkv.reference import rules, validation
 from pagedkv.reference.block_pool import BlockPool
 from pagedkv.reference.blocks import KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
-from pagedkv.reference.features.enabled import FEATURES, FeatureOperations, recover
+from pagedkv.reference.features.enabled import FEATURES, FeatureOperations, RetentionOperations, make_pool, recover
 from pagedkv.reference.hasher import make_block_hasher
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
@@ -36,7 +36,7 @@ def _request_id(request: RequestView) -> str:
         raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
 
 
-class KVCacheManager(FeatureOperations):
+class KVCacheManager(FeatureOperations, RetentionOperations):
     """Allocates, caches and frees the KV cache blocks of requests.
 
     The arguments are those of spec/operations.md, "KVCacheManager",
@@ -53,7 +53,7 @@ class KVCacheManager(FeatureOperations):
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  hash_seed: str | None = None, retention_interval: int | None = None,
                  max_num_batched_tokens: int | None = None, num_hash_lookahead_tokens: int = 0,
-                 num_prefill_lookahead: int = 0, block_stored_events: str = PER_CALL) -> None:
+                 num_prefill_lookahead: int = 0, block_stored_events: str = PER_CALL, retention: Any = None) -> None:
         self.block_sizes, hash_block_size = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
             hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
@@ -71,7 +71,7 @@ class KVCacheManager(FeatureOperations):
         self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
         self.hash_block_size = hash_block_size
         self.hash_seed = hash_seed
-        self._pool = BlockPool(kv_cache_config.num_blocks, enable_caching,
+        self._pool = make_pool(retention, kv_cache_config.num_blocks, enable_caching,  # retention: opt-in
                                enable_kv_cache_events=enable_kv_cache_events,
                                num_groups=len(self.block_sizes),
                                block_stored_events=block_stored_events)

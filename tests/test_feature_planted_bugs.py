@@ -123,6 +123,10 @@ def _slot_one_block_off(table: Any, block_size: int, token_rows: Any, positions:
     return [(table[r][p // block_size] + 1) * block_size + p % block_size for r, p in zip(token_rows, positions)]
 
 
+def _every_block_at_the_default(ranges: Any, generated: Any, first_token: int, num_prompt_tokens: int) -> Any:
+    return (35, None)  # RETM-1 dropped: no directive reaches a block
+
+
 def _last_directive_wins(old: Any, priority: int, duration: Any) -> Any:
     return (priority, duration)  # RET-2's maximum rule dropped: a lower directive demotes
 
@@ -187,6 +191,8 @@ PLANTS: dict[str, Plant] = {plant.module: plant for plant in (
     Plant("retention_rules", "merged_record", _last_directive_wins, ("tests/test_retention_lockstep.py",)),
     Plant("retention", "RetentionBlockPool.effective_priority", _priorities_ignored,
           ("tests/test_retention_lockstep.py",)),
+    Plant("retention_manager", "directive_of", _every_block_at_the_default,
+          ("tests/test_retention_manager_lockstep.py::test_retm_1_a_range_maps_onto_the_blocks_holding_its_first_tokens",)),
     Plant("mamba_states", "MambaStateManager.checkpoint_for", _no_checkpoint, ("tests/test_mamba_checkpoints.py",)),
     Plant("operations", "per_group_hits", _per_group_hits_of_nothing,
           ("tests/test_connector_completes_state.py", "tests/test_retention.py")),

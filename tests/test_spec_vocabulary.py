@@ -38,6 +38,7 @@ VOCABULARY: dict[str, str] = {
     "registry": "configuration: which manager kind serves a spec type",
     "request": "the request view and a ready-made request",
     "retention": "retention directive types, policy names and argument checks that only refuse",
+    "retention_config": "the opt-in retention configuration a manager is built with, and checks that only refuse",
     "setting": "configuration: the model setting",
     "sizing": "configuration arithmetic (CFG rules, one implementation)",
     "snapshot": "types: read-only snapshots",

@@ -15,12 +15,13 @@ from pagedkv.reference.features.mamba_partial import SubBlockHits
 from pagedkv.reference.features.mamba_states import MambaStates
 from pagedkv.reference.features.operations import FeatureOperations
 from pagedkv.reference.features.recovery import recover
+from pagedkv.reference.features.retention_manager import RetentionOperations, make_pool
 from pagedkv.reference.features.ring import Ring
 from pagedkv.reference.features.rswa import RSWA
 from pagedkv.reference.features.sparse_retention import SparseRetention
 from pagedkv.reference.hooks import Feature
 
-__all__ = ["FEATURES", "FeatureOperations", "recover"]
+__all__ = ["FEATURES", "FeatureOperations", "RetentionOperations", "make_pool", "recover"]
 
 FEATURES: tuple[type[Feature], ...] = (Ring, RSWA, SparseRetention, MambaStates, SubBlockHits, Eagle,
                                        ConnectorHits)

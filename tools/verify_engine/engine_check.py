@@ -179,6 +179,11 @@ def main() -> int:
             rows.append(row)
             known = next((why for prefix, why in KNOWN_DIFFERENCES.items() if w.name.startswith(prefix)), None)
             log(f"  {w.name}: {v.describe()} (cached {v.cached_tokens}, preemptions {v.preemptions})")
+            if w.retention is not None:
+                retained = check_retained(w, a, b, v, row)
+                if retained is not None:
+                    failures.append(f"{w.name}: {retained}")
+                continue
             if not v.identical:
                 if known and not args.strict and cmp.within_known_difference(v):
                     h, p = "vllm:prefix_cache_hits", "vllm:num_preemptions"
@@ -283,6 +288,31 @@ def main() -> int:
     else:
         log(f"OK: every workload identical, {control_note}")
     return 0
+
+
+def check_retained(w: wl.Workload, a: dict[str, Any], b: dict[str, Any], v: cmp.Verdict,
+                   row: dict[str, Any]) -> str | None:
+    """A retention workload (pagedkv's engine with ``additional_config["pagedkv_retention"]``):
+    tokens identical always (retention changes what stays cached, never what is computed); with
+    ``w.retained`` the named request hits its pinned prefix on pagedkv and not on stock, and that
+    (extra hits) is the only difference; without it everything is identical. The failure, or None."""
+    hits = "vllm:prefix_cache_hits"
+    last = len(a["outputs"]) - 1
+    index, tokens = w.retained if w.retained is not None else (last, 0)
+    stock_cached, cand_cached = a["outputs"][index]["cached"], b["outputs"][index]["cached"]
+    detail = (f"request {index}: {stock_cached} cached tokens on stock, {cand_cached} on pagedkv; prefix-cache "
+              f"hits {a['counters'][hits]:.0f} vs {b['counters'][hits]:.0f}")
+    log(f"    retention {w.retention}: {detail}")
+    row["cand_hits"] = b["counters"][hits]
+    if w.retained is None:
+        row["verdict"] = f"{v.describe()}; {detail}"
+        return None if v.identical else v.describe()
+    if v.differing_tokens:
+        return v.describe()
+    if not (cand_cached >= tokens > stock_cached and cmp.within_known_difference(v)):
+        return f"the pinned prefix ({tokens} tokens) was not kept: {detail}; {v.describe()}"
+    row["verdict"] = f"tokens identical; pinned prefix kept: {detail}"
+    return None
 
 
 def print_table(rows: list[dict[str, Any]], candidate: str) -> None:

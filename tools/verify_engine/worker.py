@@ -83,6 +83,9 @@ def make_llm(variant: str, model_dir: str, w: wl.Workload) -> Any:
         kwargs["num_gpu_blocks_override"] = w.num_blocks
     if KV_EVENTS:
         kwargs["kv_events_config"] = kv_events_config()
+    if w.retention is not None and variant.startswith("pagedkv"):
+        # How a vLLM user turns retention on (docs/retention.md); stock vLLM never sees it.
+        kwargs["additional_config"] = {"pagedkv_retention": w.retention}
     return LLM(**kwargs)
 
 
@@ -101,7 +104,9 @@ def run_batches(llm: Any, w: wl.Workload) -> tuple[list[dict[str, Any]], float, 
     seconds = 0.0
     out_tokens = 0
     for batch in w.batches:
-        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in batch.max_tokens]
+        extra = batch.extra_args or [None] * len(batch.prompts)
+        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, extra_args=x)
+                  for m, x in zip(batch.max_tokens, extra)]
         prompts = [{"prompt_token_ids": p} for p in batch.prompts]
         t0 = time.perf_counter()
         results = llm.generate(prompts, params, use_tqdm=False)

@@ -6,8 +6,10 @@ request runs with ignore_eos so its output length is fixed by max_tokens alone.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 BLOCK_SIZE = 32
 LOW_ID, HIGH_ID = 3, 1023
@@ -19,6 +21,8 @@ class Batch:
 
     prompts: list[list[int]]
     max_tokens: list[int]
+    # Per prompt, SamplingParams.extra_args (the OpenAI server's vllm_xargs), or None.
+    extra_args: list[dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -33,10 +37,17 @@ class Workload:
     # Workloads whose pool and model match run in the same engine, one after the other.
     expect_hits: bool = True
     expect_preemptions: bool = False
+    # pagedkv's retention setting (docs/retention.md), passed to pagedkv's engine as
+    # additional_config["pagedkv_retention"]; stock vLLM runs without it.
+    retention: dict[str, Any] | None = None
+    # (request index, tokens): that request must hit at least this many tokens on pagedkv and
+    # fewer on stock; the only difference allowed (extra hits, identical tokens). None: none.
+    retained: tuple[int, int] | None = None
 
     @property
-    def engine_key(self) -> tuple[str, int | None, int, int]:
-        return (self.model, self.num_blocks, self.max_model_len, self.max_num_seqs)
+    def engine_key(self) -> tuple[str, int | None, int, int, str]:
+        return (self.model, self.num_blocks, self.max_model_len, self.max_num_seqs,
+                json.dumps(self.retention, sort_keys=True))
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -118,6 +129,33 @@ def mixed(model: str, seed: int, count: int = 240) -> Workload:
     )
 
 
+def pinned_prefix(model: str, seed: int, pin_budget: float) -> Workload:
+    """A system prompt pinned by its first request (``vllm_xargs`` pin), then a flood of unique
+    long prompts through a 48-block pool that evicts every unpinned block, then the system prompt
+    again. With a pin budget the pin holds and the last request hits the whole prefix; with
+    budget 0 the pin is refused, and pagedkv (lru) loses the prefix exactly as stock vLLM does."""
+    rng = random.Random(seed)
+    system = _tokens(rng, BLOCK_SIZE * 4)
+    pin = {"pagedkv_retention": {"pin": {"num_tokens": len(system)}}}
+    batches = [Batch([system + _tokens(rng, 20)], [8], [pin]),
+               Batch([system + _tokens(rng, 25)], [8], [pin])]  # hits the prefix everywhere
+    for _ in range(4):  # 8 x 10 blocks through 47 usable blocks: LRU evicts everything older
+        prompts = [_tokens(rng, BLOCK_SIZE * 9 + rng.randint(5, 30)) for _ in range(2)]
+        batches.append(Batch(prompts, [4, 4]))
+    batches.append(Batch([system + _tokens(rng, 17)], [8]))
+    return Workload(
+        name=f"{model}/pinned prefix vs flood (pin budget {pin_budget})",
+        model=model,
+        num_blocks=48,
+        max_model_len=512,
+        max_num_seqs=4,
+        batches=batches,
+        retention={"policy": "lru", "pin_budget": pin_budget},
+        # The last request (requests are numbered over the batches in order).
+        retained=(sum(len(b.prompts) for b in batches) - 1, len(system)) if pin_budget else None,
+    )
+
+
 def all_workloads() -> list[Workload]:
     return [
         shared_prefix("llama", 1),
@@ -129,4 +167,7 @@ def all_workloads() -> list[Workload]:
         # Two groups share the pool; vLLM needs room for one max-length request in each.
         preempting_pool("hybrid", 7, num_blocks=32, max_model_len=384),
         mixed("hybrid", 8, count=80),
+        # Retention (docs/retention.md): budget 0 is lru, identical to stock; 0.25 keeps the pin.
+        pinned_prefix("llama", 9, 0.0),
+        pinned_prefix("llama", 9, 0.25),
     ]

@@ -11,6 +11,7 @@ pagedkv's side and duck-typed on vLLM's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -94,7 +95,7 @@ class scheduler_manager_class:  # noqa: N801 - used as a context manager, reads 
     """While open, vLLM's scheduler module builds ``manager_class`` as its KV
     cache manager (it names the class through its module global)."""
 
-    def __init__(self, manager_class: type) -> None:
+    def __init__(self, manager_class: Callable[..., Any]) -> None:
         self._manager_class = manager_class
         self._saved: Any = None
 

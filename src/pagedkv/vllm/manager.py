@@ -25,6 +25,7 @@ from pagedkv.optimized.engine import KVCacheBlocks as CoreBlocks
 from pagedkv.optimized.engine import KVCacheManager as CoreManager
 from pagedkv.spec.errors import InvalidConfigError
 from pagedkv.spec.registry import manager_kind_for
+from pagedkv.spec.retention_config import RetentionConfig
 
 from . import _compat
 from .blocks import BlockPoolView, BlockView, hit_block_ids
@@ -33,6 +34,7 @@ from .coordinator import make_coordinator_view
 from .lookups import Lookups
 from .mamba import enable_partial_hits_where_vllm_would
 from .requests import VllmRequestView, capture_request
+from .retention_wiring import RequestRetention, RetentionSetup
 from .step_drains import StepDrains
 from .zeroing import ZeroingRecorder
 
@@ -48,7 +50,9 @@ class KVCacheManager(Lookups, StepDrains):
 
     Lookahead hashing (``num_hash_lookahead_tokens``) and a multi-module
     drafter's re-prefilled tokens (``num_prefill_lookahead``) are pagedkv's
-    own (spec/hashing.md section 7, D-HASH-10..12).
+    own (spec/hashing.md section 7, D-HASH-10..12). ``retention`` (pagedkv's,
+    default ``None``: nothing changes) builds the core with its retention pool
+    and applies each request's directives (:mod:`pagedkv.vllm.retention_wiring`).
     """
 
     def __new__(cls, kv_cache_config: Any, *args: Any, **kwargs: Any) -> KVCacheManager:
@@ -56,6 +60,8 @@ class KVCacheManager(Lookups, StepDrains):
                                              None) is not None:
             # A HiSparse config: the device groups' manager composed with the host tier.
             from .hisparse_manager import HiSparseKVCacheManager
+            if kwargs.pop("retention", None) is not None:
+                raise InvalidConfigError("retention: not supported with a HiSparse host tier")
             return HiSparseKVCacheManager(kv_cache_config, *args, **kwargs)  # type: ignore[return-value]
         return super().__new__(cls)
 
@@ -77,6 +83,7 @@ class KVCacheManager(Lookups, StepDrains):
         metrics_collector: Any = None,
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
+        retention: RetentionSetup | RetentionConfig | None = None,
     ) -> None:
         self.num_hash_lookahead_tokens = int(num_hash_lookahead_tokens)
         self.num_prefill_lookahead = int(num_prefill_lookahead)
@@ -101,8 +108,8 @@ class KVCacheManager(Lookups, StepDrains):
         self.prefix_cache_stats: Any = _compat.PrefixCacheStats() if log_stats else None
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
-        retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-        if retention is not None and retention != 0:
+        interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+        if interval is not None and interval != 0:
             # vLLM's own checks, in its order; the scheduler block size is an
             # engine notion the core does not have (the core checks the rest).
             translated = translate_config(kv_cache_config, dcp_world_size)
@@ -111,10 +118,13 @@ class KVCacheManager(Lookups, StepDrains):
                 raise InvalidConfigError(
                     "prefix_cache_retention_interval is set but this model has no sliding-window or "
                     "Mamba KV cache group, so retention has no effect (D-CFG-12)")
-            if retention < 0 or retention % scheduler_block_size:
+            if interval < 0 or interval % scheduler_block_size:
                 raise InvalidConfigError(
-                    f"prefix_cache_retention_interval ({retention}) must be non-negative and a "
+                    f"prefix_cache_retention_interval ({interval}) must be non-negative and a "
                     f"multiple of scheduler_block_size ({scheduler_block_size})")
+        setup = RetentionSetup(retention) if isinstance(retention, RetentionConfig) else retention
+        if setup is not None and not isinstance(setup, RetentionSetup):
+            raise InvalidConfigError(f"retention must be None, a RetentionSetup or a RetentionConfig, got {setup!r}")
         # Context parallelism is translated into the block sizes (vLLM 0.33 scales
         # only DCP-sharded groups, by the DCP size: D-VLLM-7), so the core runs at 1.
         self._core = CoreManager(
@@ -123,17 +133,20 @@ class KVCacheManager(Lookups, StepDrains):
             hash_block_size=hash_block_size if self.num_kv_cache_groups else None,
             use_eagle=self.use_eagle, log_stats=False,
             enable_kv_cache_events=self.enable_kv_cache_events,
-            retention_interval=retention,
+            retention_interval=interval,
             max_num_batched_tokens=max_in_flight_tokens,
             num_hash_lookahead_tokens=self.num_hash_lookahead_tokens,
-            num_prefill_lookahead=self.num_prefill_lookahead)
+            num_prefill_lookahead=self.num_prefill_lookahead,
+            retention=None if setup is None else setup.config)
+        # Each request's retention directives, applied after its allocations (None: retention off).
+        self._retention = None if setup is None else RequestRetention(self._core, setup)
         # vLLM's EAGLE resume checkpoint, narrowed as vLLM narrows it (D-MAMBA-40).
         resume = enable_partial_hits_where_vllm_would(self._core, dcp_world_size,
                                                       bool(enable_mamba_shared_prefix_checkpoint))
         self.block_pool = BlockPoolView(self._core.block_pool, self.enable_caching,
                                         hash_block_size, self._translate_events)
         self.coordinator = make_coordinator_view(self._core.coordinator, kv_cache_config,
-                                                 self.block_pool, retention, self.enable_caching,
+                                                 self.block_pool, interval, self.enable_caching,
                                                  dcp_world_size)
         self.coordinator.scheduler_block_size = scheduler_block_size
         self._zeroing = ZeroingRecorder(kv_cache_config, self._core.coordinator.block_sizes)
@@ -345,6 +358,10 @@ class KVCacheManager(Lookups, StepDrains):
             watermark_blocks=watermark)
         if new_blocks is None:
             return None
+        if self._retention is not None:
+            cached = request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+            self._retention.after_allocation(
+                request, 0 if delay_cache_blocks else min(cached + num_new_tokens, request.num_tokens))
         if zeroing.groups:
             zeroing.record_allocation(
                 before, self._core.get_block_ids(request.request_id),
@@ -357,9 +374,13 @@ class KVCacheManager(Lookups, StepDrains):
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if self.enable_caching and request.request_id in self._core_coordinator.requests:
             self._core.cache_blocks(self._request(request), num_computed_tokens)
+            if self._retention is not None:
+                self._retention.after_allocation(request, num_computed_tokens)
 
     def free(self, request: Any) -> None:
         """Release the request's blocks (tail first); an unknown request is a no-op."""
+        if self._retention is not None:
+            self._retention.forget(request.request_id)
         if type(request) is _VLLM_REQUEST:
             # The core's free(request, missing_ok=True) for vLLM's Request, whose id is a
             # str, without the core's frame (once per finished request, D-PERF-34).
@@ -383,6 +404,8 @@ class KVCacheManager(Lookups, StepDrains):
         if request_id not in self._core_coordinator.requests:
             return []
         ids = [block for group in self._core.get_block_ids(request_id) for block in group if block]
+        if self._retention is not None:
+            self._retention.forget(request_id)
         self._core_pool.touch(ids)
         self._core.free(request)
         return self.block_pool.views(ids)
