@@ -1,28 +1,18 @@
 """The arithmetic and ordering rules of the block manager, as pure functions.
-
-Every rule here is small, total on its precondition and carries a PEP 316
-contract (``pre:`` / ``post:``) that CrossHair checks symbolically
-(``make crosshair``). The stateful classes of the reference call these rules
-instead of restating them, so the contracts cover the decisions the
-reference makes (spec/operations.md cites each rule by name).
+Every rule is small, total on its precondition and carries a PEP 316
+contract (``pre:`` / ``post:``) that CrossHair checks symbolically (``make
+crosshair``). The stateful classes of the reference call these rules instead
+of restating them, so the contracts cover the decisions the reference makes
+(spec/operations.md cites each rule by name).
 """
 
 from __future__ import annotations
 
 from pagedkv.spec import sizing
 
-__all__ = [
-    "cdiv",
-    "num_new_blocks_needed",
-    "requeue",
-    "usage",
-    "common_prefix_blocks",
-    "max_hit_tokens",
-    "sliding_window_skipped_tokens",
-    "chunked_local_skipped_tokens",
-    "contiguous_blocks_for_hit",
-    "hit_alignment",
-]
+__all__ = ["cdiv", "num_new_blocks_needed", "requeue", "usage", "common_prefix_blocks", "max_hit_tokens",
+           "sliding_window_skipped_tokens", "chunked_local_skipped_tokens", "contiguous_blocks_for_hit",
+           "hit_alignment"]
 
 
 # Ceiling division is shared vocabulary (its contract is checked there too).

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pagedkv.reference.block_pool import KVCacheBlock
-from pagedkv.reference.blocks import KVCacheBlocks
+from pagedkv.reference.block_pool import KVCacheBlock, KVCacheBlocks
 from pagedkv.reference.cross_attention import CrossAttentionManager
 from pagedkv.reference.single_type import FullAttentionManager
 from pagedkv.spec.allocate_args import check_counts, check_hit_allowed, check_max_model_len, count
@@ -32,12 +31,9 @@ def known(coordinator: KVCacheCoordinator, request_id: str) -> None:
             f"request {request_id!r} holds no blocks (never allocated or already freed)")
 
 
-def hit_blocks(*, coordinator: KVCacheCoordinator, hits: tuple[tuple[KVCacheBlock, ...], ...]) -> None:
-    """Step 1h: hit blocks are this pool's, and no full-attention hit holds the null block.
-
-    Raises:
-        UnknownBlockError, InvalidArgumentError.
-    """
+def hit_blocks(coordinator: KVCacheCoordinator, hits: tuple[tuple[KVCacheBlock, ...], ...]) -> None:
+    """Step 1h: hit blocks are this pool's, and no full-attention hit holds
+    the null block. Raises ``UnknownBlockError``, ``InvalidArgumentError``."""
     pool = coordinator.block_pool
     for manager, group_hits in zip(coordinator.managers, hits):
         for index, block in enumerate(group_hits):
@@ -55,15 +51,10 @@ def hit_blocks(*, coordinator: KVCacheCoordinator, hits: tuple[tuple[KVCacheBloc
 def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, known_request: bool,
                   max_model_len: int, num_new_tokens: int, num_new_computed_tokens: int,
                   new_computed_blocks: KVCacheBlocks | None, num_lookahead_tokens: int,
-                  num_external_computed_tokens: int, delay_cache_blocks: bool,
-                  num_encoder_tokens: int, reserved_blocks: int = 0,
-                  num_in_flight_tokens: int = 0,
-                  watermark_blocks: int = 0) -> tuple[tuple[KVCacheBlock, ...], ...]:
+                  num_external_computed_tokens: int, num_encoder_tokens: int, reserved_blocks: int,
+                  num_in_flight_tokens: int, watermark_blocks: int) -> tuple[tuple[KVCacheBlock, ...], ...]:
     """ALLOC-1, checks 1a to 1k in order; returns the hit blocks per group.
-
-    Raises:
-        InvalidTokenCountError, InvalidArgumentError, ExceedsMaxModelLenError.
-    """
+    Raises ``InvalidTokenCountError``, ``InvalidArgumentError``, ``ExceedsMaxModelLenError``."""
     request_id = request.request_id
     # 1a-1b″. counts.
     check_counts(request, known_request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
@@ -97,7 +88,7 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
                 f"{len(group_hits)} computed blocks of group {manager.group_id} "
                 f"(block size {manager.block_size})")
     if any(hits):
-        hit_blocks(coordinator=coordinator, hits=hits)  # 1h (D-API-23)
+        hit_blocks(coordinator, hits)  # 1h (D-API-23)
         # 1i. the hit is still cached (D-API-8).
         stale = coordinator.stale_hit(request.block_hashes, hits)
         if stale is not None:
@@ -109,21 +100,15 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
     return hits
 
 
-def cache_blocks_args(*, coordinator: KVCacheCoordinator, request: RequestView,
-                      num_computed_tokens: int) -> None:
+def cache_blocks_args(coordinator: KVCacheCoordinator, request: RequestView, num_computed_tokens: int) -> None:
     """``cache_blocks``' arguments: a known request, a count, the blocks it fills.
-
-    Raises:
-        UnknownRequestError, InvalidTokenCountError, InvalidArgumentError.
-    """
+    Raises ``UnknownRequestError``, ``InvalidTokenCountError``, ``InvalidArgumentError``."""
     known(coordinator, request.request_id)
     count("num_computed_tokens", num_computed_tokens, 0)
     for manager in coordinator.managers:
-        if isinstance(manager, CrossAttentionManager):
-            continue
         num_full = num_computed_tokens // manager.block_size
         held = len(manager.req_to_blocks[request.request_id])
-        if num_full > held:  # missing hashes only defer caching (D-API-11)
+        if num_full > held and not isinstance(manager, CrossAttentionManager):  # missing hashes only defer (D-API-11)
             raise InvalidArgumentError(
                 f"num_computed_tokens={num_computed_tokens} fills {num_full} blocks of request "
                 f"{request.request_id!r} in group {manager.group_id}, but it holds {held} blocks")
