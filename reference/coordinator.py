@@ -13,7 +13,7 @@ from typing import TypeVar
 from pagedkv.reference import rules
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.cross_attention import CrossAttentionManager
-from pagedkv.reference.hooks import Feature, attention_types
+from pagedkv.reference.hooks import Feature
 from pagedkv.reference.mamba import MambaManager
 from pagedkv.reference.single_type import FullAttentionManager, SingleTypeManager, SinkFullAttentionManager
 from pagedkv.reference.windowed import ChunkedLocalAttentionManager, SlidingWindowManager
@@ -60,7 +60,11 @@ class KVCacheCoordinator:
         self.block_pool, self.block_sizes, self.hash_block_size = block_pool, list(block_sizes), hash_block_size
         self.enable_caching, self.use_eagle = enable_caching, use_eagle
         self.features = tuple(make() for make in features)
-        manager_types = attention_types(MANAGER_FOR_KIND, self.features)  # H1
+        manager_types = dict(MANAGER_FOR_KIND)
+        for feature in self.features:  # H1: the features' kinds, none served twice
+            for kind, manager_type in feature.attention_types().items():
+                assert kind not in manager_types, f"manager kind {kind!r} is served twice"
+                manager_types[kind] = manager_type
         # Groups outside prefix caching neither hit nor cache nor bound the alignment (PFX-1).
         self.cacheable = [prefix_cacheable(group.kv_cache_spec) for group in groups]
         self.caching = enable_caching and any(self.cacheable)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pagedkv.reference.coordinator import KVCacheCoordinator
     from pagedkv.reference.single_type import SingleTypeManager
 
-__all__ = ["Feature", "attention_types"]
+__all__ = ["Feature"]
 
 
 class Feature:
@@ -58,14 +58,3 @@ class Feature:
     def check(self, coordinator: KVCacheCoordinator) -> str | None:
         """H8: ``"<ID>: <what>"`` of a broken invariant of this feature, or ``None``."""
         return None
-
-
-def attention_types(seed: Mapping[str, type[SingleTypeManager]],
-                    features: Iterable[Feature]) -> dict[str, type[SingleTypeManager]]:
-    """The kernel's seed kinds and every feature's (H1); no kind served twice."""
-    kinds = dict(seed)
-    for feature in features:
-        for kind, manager_type in feature.attention_types().items():
-            assert kind not in kinds, f"manager kind {kind!r} is served twice"
-            kinds[kind] = manager_type
-    return kinds

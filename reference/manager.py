@@ -14,6 +14,7 @@ from pagedkv.reference.block_pool import BlockPool, KVCacheBlocks
 from pagedkv.reference.coordinator import KVCacheCoordinator
 from pagedkv.reference.features.enabled import FEATURES, FeatureOperations, recover
 from pagedkv.reference.hasher import make_block_hasher
+from pagedkv.reference.invariants import check_manager
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hashing import normalize_hash_fn
@@ -24,14 +25,6 @@ from pagedkv.spec.stored_events import PER_CALL
 from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 
 __all__ = ["KVCacheManager"]
-
-
-def _request_id(request: RequestView) -> str:
-    """``request.request_id``, or a typed error for an object without one."""
-    try:
-        return request.request_id
-    except AttributeError:
-        raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
 
 
 class KVCacheManager(FeatureOperations):
@@ -168,7 +161,10 @@ class KVCacheManager(FeatureOperations):
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
         """FREE-1..6: release every block of the request, tail first. Raises
         ``UnknownRequestError`` if it holds no allocation (unless ``missing_ok``)."""
-        request_id = _request_id(request)
+        try:
+            request_id = request.request_id
+        except AttributeError:
+            raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
         if missing_ok:
             try:
                 if request_id not in self.coordinator.known:
@@ -250,6 +246,4 @@ class KVCacheManager(FeatureOperations):
 
     def check_invariants(self) -> None:
         """Raise ``InvariantViolation`` naming the first broken invariant (spec/invariants.md)."""
-        from pagedkv.reference.invariants import check_manager
-
         check_manager(self)
