@@ -78,9 +78,8 @@ class BlockPool:
     ``BlockStored`` shaped as ``block_stored_events`` says (D-EVT-15).
     Raises ``InvalidConfigError``: a malformed argument."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool, *,
-                 enable_kv_cache_events: bool = False, num_groups: int = 1,
-                 block_stored_events: str = PER_CALL) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool, *, enable_kv_cache_events: bool = False,
+                 num_groups: int = 1, block_stored_events: str = PER_CALL) -> None:
         if type(num_blocks) is not int or num_blocks < 1:
             raise errors.InvalidConfigError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         if type(num_groups) is not int or num_groups < 0:
@@ -114,8 +113,7 @@ class BlockPool:
         if type(num_blocks) is not int or num_blocks < 0:
             raise errors.InvalidArgumentError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
         if num_blocks > len(self.free_queue):
-            raise errors.PoolExhaustedError(
-                f"asked for {num_blocks} blocks, only {len(self.free_queue)} are free")
+            raise errors.PoolExhaustedError(f"asked for {num_blocks} blocks, only {len(self.free_queue)} are free")
         popped = self.choose_victims(num_blocks)  # EVICT-2
         taken = {block.block_id for block in popped}
         self.free_queue = [block for block in self.free_queue if block.block_id not in taken]
@@ -138,11 +136,10 @@ class BlockPool:
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on each non-null block (a hit); a free one leaves the queue."""
         for block in blocks:
-            if block.is_null:
-                continue
-            if block.ref_cnt == 0:
-                self.free_queue.remove(block)
-            block.ref_cnt += 1
+            if not block.is_null:
+                if block.ref_cnt == 0:
+                    self.free_queue.remove(block)
+                block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """FREE-3..5: drop one reference per block, in order; blocks reaching zero are requeued."""
@@ -152,19 +149,15 @@ class BlockPool:
             times = sum(1 for other in blocks if other is block)
             if block.ref_cnt < times:
                 raise errors.InvariantViolation(
-                    f"POOL-3: freeing block {block.block_id} {times} time(s) but its ref count is "
-                    f"{block.ref_cnt}")
+                    f"POOL-3: freeing block {block.block_id} {times} time(s) but its ref count is {block.ref_cnt}")
         # One pass, as vLLM's: released where its count reaches 0 (D-API-35).
         released: list[KVCacheBlock] = []
         for block in blocks:  # FREE-4
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 released.append(block)
-        order = rules.requeue(  # FREE-5
-            [block.block_id for block in self.free_queue],
-            [block.block_id for block in released],
-            [block.block_hash is not None for block in released],
-        )
+        order = rules.requeue([block.block_id for block in self.free_queue], [block.block_id for block in released],
+                              [block.block_hash is not None for block in released])  # FREE-5
         self.free_queue = [self.blocks[block_id] for block_id in order]
 
     def get_cached_block(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
@@ -173,9 +166,8 @@ class BlockPool:
         return [blocks[0] for blocks in found if blocks] if all(found) else None
 
     def cache_full_blocks(self, request: HashedRequest, blocks: Sequence[KVCacheBlock], *,
-                          block_hashes: Sequence[BlockHash], num_cached_blocks: int,
-                          num_full_blocks: int, block_size: int, group_id: int,
-                          mask: Sequence[bool] | None = None) -> None:
+                          block_hashes: Sequence[BlockHash], num_cached_blocks: int, num_full_blocks: int,
+                          block_size: int, group_id: int, mask: Sequence[bool] | None = None) -> None:
         """Key blocks ``[num_cached_blocks, num_full_blocks)`` with the group's
         view of the hashes, skipping null, keyed and masked-out blocks (REQ-7,
         KEYTOK-1); one ``BlockStored`` for the call (vLLM's shape) or one per
@@ -208,15 +200,10 @@ class BlockPool:
             self.events.append(types.BlockStored(
                 block_hashes=tuple(block_hashes[index] for index in positions),
                 parent_block_hash=None if first == 0 else block_hashes[first - 1],
-                token_ids=tuple(request.all_token_ids[first * block_size:end * block_size]),
-                block_size=block_size,
-                lora_id=request.lora_id,
-                lora_name=request.lora_name,
-                group_idx=group_id,
-                session_id=getattr(request, "session_id", None),
-                extra_keys=extra_keys,
-                lookahead_token_ids=lookahead_token_ids,
-            ))
+                token_ids=tuple(request.all_token_ids[first * block_size:end * block_size]), block_size=block_size,
+                lora_id=request.lora_id, lora_name=request.lora_name, group_idx=group_id,
+                session_id=getattr(request, "session_id", None), extra_keys=extra_keys,
+                lookahead_token_ids=lookahead_token_ids))
 
     def key_tokens(self, block_id: int) -> int | None:
         """Tokens the key of block ``block_id`` covers (KEYTOK-1); ``None`` unkeyed."""
@@ -249,8 +236,7 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> bool:
         """RESET-1..3: drop every key if no block but sinks is in use (D-SINK-2)."""
-        if any(block.ref_cnt > 0 and all(block is not kept for kept in self.reserved)
-               for block in self.blocks[1:]):
+        if any(block.ref_cnt > 0 and all(block is not kept for kept in self.reserved) for block in self.blocks[1:]):
             return False  # RESET-1
         self.cached.clear()  # RESET-2
         for block in self.blocks:
@@ -267,11 +253,8 @@ class BlockPool:
     def snapshot(self) -> PoolSnapshot:
         """Observable state (spec/state.md)."""
         return PoolSnapshot(
-            num_blocks=self.num_blocks,
+            num_blocks=self.num_blocks, block_hashes=tuple(block.block_hash for block in self.blocks),
             ref_counts=tuple(0 if block.is_null else block.ref_cnt for block in self.blocks),
-            block_hashes=tuple(block.block_hash for block in self.blocks),
-            free_queue=tuple(block.block_id for block in self.free_queue),
+            free_queue=tuple(block.block_id for block in self.free_queue), pending_events=tuple(self.events),
             cached=tuple(sorted((key, tuple(block.block_id for block in holders))
-                                for key, holders in self.cached.items())),
-            pending_events=tuple(self.events),
-        )
+                                for key, holders in self.cached.items())))

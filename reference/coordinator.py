@@ -114,14 +114,15 @@ class KVCacheCoordinator:
         prefix caching serves every length with no block (PFX-1)."""
         if not self.caching:
             return tuple([] for _ in self.managers), 0
-        groups = [(manager, *self.lookup(manager, block_hashes, max_length)) if cacheable else None
-                  for manager, cacheable in zip(self.managers, self.cacheable)]
+        lookups = [self.lookup(manager, block_hashes, max_length) if cacheable else ([], 0)
+                   for manager, cacheable in zip(self.managers, self.cacheable)]
+        groups = list(zip(self.managers, lookups, self.cacheable))
         length = max_length // self.hit_unit * self.hit_unit
-        while length > 0 and not all(group is None or group[0].can_hit(group[1], length, group[2])
-                                     for group in groups):
+        while length > 0 and not all(not cacheable or manager.can_hit(view, length, limit)
+                                     for manager, (view, limit), cacheable in groups):
             length -= self.hit_unit
-        return tuple([] if group is None else group[0].hit_blocks(group[1], length, group[2])  # LOOKUP-4
-                     for group in groups), length
+        return tuple(manager.hit_blocks(view, length, limit) if cacheable else []  # LOOKUP-4
+                     for manager, (view, limit), cacheable in groups), length
 
     def _tokens(self, manager: SingleTypeManager, num_tokens: int, num_encoder_tokens: int) -> int:
         """Cross-attention groups are sized by the encoder tokens (XATTN-1)."""
