@@ -52,13 +52,14 @@ class KVCacheManager(FeatureOperations):
         self.hash_fn, self.hash_seed = normalize_hash_fn(hash_fn), hash_seed
         self.num_hash_lookahead_tokens, self.num_prefill_lookahead = num_hash_lookahead_tokens, num_prefill_lookahead
         self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
-        self._pool = BlockPool(kv_cache_config.num_blocks, enable_caching, num_groups=len(self.block_sizes),
-                               enable_kv_cache_events=enable_kv_cache_events, block_stored_events=block_stored_events)
+        self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, num_groups=len(self.block_sizes),
+                                    enable_kv_cache_events=enable_kv_cache_events,
+                                    block_stored_events=block_stored_events)
         self.coordinator = KVCacheCoordinator(
-            kv_cache_config, self._pool, self.block_sizes, hash_block_size or 1, enable_caching, use_eagle,
+            kv_cache_config, self.block_pool, self.block_sizes, hash_block_size or 1, enable_caching, use_eagle,
             retention_interval, max_model_len, self.max_num_batched_tokens, FEATURES)
         # Events carry the lookahead tokens (spec/hashing.md §7); re-prefilled tokens are never cached (D-HASH-12).
-        self._pool.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.block_pool.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.coordinator.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
@@ -75,24 +76,17 @@ class KVCacheManager(FeatureOperations):
         return request
 
     @property
-    def block_pool(self) -> BlockPool:
-        """The shared block pool."""
-        return self._pool
-
-    @property
     def usage(self) -> float:
         """Fraction of usable blocks in use."""
-        return self._pool.get_usage()
+        return self.block_pool.get_usage()
 
     def get_computed_blocks(self, request: RequestView) -> tuple[KVCacheBlocks, int]:
         """The blocks of the longest prefix hit and its length (LOOKUP-1..6). Pure."""
         request = RequestFacts.capture(request)
-        empty = KVCacheBlocks([[] for _ in self.coordinator.managers])
         if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
-            return empty, 0  # LOOKUP-1
+            return KVCacheBlocks([[] for _ in self.coordinator.managers]), 0  # LOOKUP-1
         max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))  # LOOKUP-2
-        hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(  # LOOKUP-3, LOOKUP-4
-            request.block_hashes, max_length)
+        hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)  # LOOKUP-3, 4
         if self.prefix_cache_stats is not None:  # LOOKUP-5
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens,
                                            preempted=request.num_preemptions > 0)
@@ -134,7 +128,7 @@ class KVCacheManager(FeatureOperations):
             demand += coordinator.step_blocks(request, request_id, total, main, reserve=False)
             # The step keeps reserved_blocks and the watermark free; the whole
             # request (full_sequence_must_fit, §8) the watermark (D-API-13, D-API-48).
-            free = self._pool.get_num_free_blocks()
+            free = self.block_pool.get_num_free_blocks()
             if demand + reserved_blocks + watermark_blocks > free:
                 return None
             whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
@@ -192,12 +186,12 @@ class KVCacheManager(FeatureOperations):
         except TypeError:
             raise InvalidArgumentError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
         with self._changing():
-            self._pool.evict_blocks(ids)
+            self.block_pool.evict_blocks(ids)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cache key if no block is in use; ``False`` otherwise."""
         with self._changing():
-            reset = self._pool.reset_prefix_cache()
+            reset = self.block_pool.reset_prefix_cache()
         if reset and self.prefix_cache_stats is not None:  # RESET-4
             self.prefix_cache_stats.reset = True
         return reset
@@ -218,7 +212,7 @@ class KVCacheManager(FeatureOperations):
 
     def take_events(self) -> list[KVCacheEvent]:
         """Pending KV cache events, oldest first; emptied."""
-        return self._pool.take_events()
+        return self.block_pool.take_events()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The statistics since the last call (then reset), or ``None`` without ``log_stats``."""
@@ -242,7 +236,7 @@ class KVCacheManager(FeatureOperations):
             num_cached_blocks=tuple(manager.num_cached_blocks[request_id] for manager in managers))
             for request_id in sorted(self.coordinator.known))
         stats = None if self.prefix_cache_stats is None else dataclasses.replace(self.prefix_cache_stats)
-        return ManagerSnapshot(pool=self._pool.snapshot(), requests=requests, prefix_cache_stats=stats)
+        return ManagerSnapshot(pool=self.block_pool.snapshot(), requests=requests, prefix_cache_stats=stats)
 
     def check_invariants(self) -> None:
         """Raise ``InvariantViolation`` naming the first broken invariant (spec/invariants.md)."""
