@@ -128,12 +128,6 @@ class KVCacheCoordinator:
         """Cross-attention groups are sized by the encoder tokens (XATTN-1)."""
         return num_encoder_tokens if isinstance(manager, CrossAttentionManager) else num_tokens
 
-    def remove_skipped_blocks(self, request_id: str, num_total_computed_tokens: int,
-                              num_prompt_tokens: int | None = None) -> None:
-        """ALLOC-3 in every group."""
-        for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_total_computed_tokens, num_prompt_tokens)
-
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, hits: Hits, num_total_computed_tokens: int,
                                    num_main_tokens: int, num_encoder_tokens: int,
                                    num_external_computed_tokens: int = 0) -> int:
@@ -168,16 +162,6 @@ class KVCacheCoordinator:
         for manager in self.managers:
             manager.allocate_external(request_id, num_local_computed_tokens + num_external_computed_tokens,
                                       num_external_computed_tokens)
-
-    def stale_hit(self, block_hashes: Sequence[BlockHash], hits: Hits) -> str | None:
-        """Why a hit handed to ``allocate_slots`` is no longer cached, or ``None`` (D-API-8)."""
-        for manager, group_hits in zip(self.managers, hits):
-            view = self.view(manager, block_hashes) if group_hits else []
-            for index, block in enumerate(group_hits):
-                if not block.is_null and not manager.holds_hit(block_hashes, view, index, block):
-                    return (f"group {manager.group_id} position {index}: block {block.block_id} no longer "
-                            "caches that position (evicted or reused since get_computed_blocks)")
-        return None
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_main_tokens: int,
                             num_encoder_tokens: int) -> tuple[list[KVCacheBlock], ...]:

@@ -120,8 +120,9 @@ class KVCacheManager(FeatureOperations):
         need = min(main + num_lookahead_tokens, self.max_model_len)
         with self._changing():
             # ALLOC-3: released even if the allocation is refused (D-API-6), on the settled basis (D-API-14).
-            settled = max(0, total - num_in_flight_tokens)
-            coordinator.remove_skipped_blocks(request_id, settled, request.num_prompt_tokens)
+            for manager in coordinator.managers:
+                manager.remove_skipped_blocks(request_id, max(0, total - num_in_flight_tokens),
+                                              request.num_prompt_tokens)
             # ALLOC-4, ALLOC-5: capacity, the features' step blocks included (H5).
             demand = coordinator.get_num_blocks_to_allocate(request_id, need, hits, total, main, num_encoder_tokens,
                                                             num_external_computed_tokens)

@@ -73,10 +73,14 @@ def allocate_args(*, coordinator: KVCacheCoordinator, request: RequestView, know
             if block.is_null and isinstance(manager, FullAttentionManager):
                 raise InvalidArgumentError(f"new_computed_blocks: group {manager.group_id} position {index} is the "
                                            "null block, which a full-attention hit never holds (D-API-23)")
-    if any(hits):  # 1i. the hit is still cached (D-API-8).
-        stale = coordinator.stale_hit(request.block_hashes, hits)
-        if stale is not None:
-            raise InvalidArgumentError(f"request {request_id!r}: stale new_computed_blocks: {stale}")
+    for manager, group_hits in zip(coordinator.managers, hits):  # 1i. the hit is still cached (D-API-8)
+        view = coordinator.view(manager, request.block_hashes) if group_hits else []
+        for index, block in enumerate(group_hits):
+            if not block.is_null and not manager.holds_hit(request.block_hashes, view, index, block):
+                raise InvalidArgumentError(
+                    f"request {request_id!r}: stale new_computed_blocks: group {manager.group_id} position {index}: "
+                    f"block {block.block_id} no longer caches that position (evicted or reused since "
+                    "get_computed_blocks)")
     # 1j. max_model_len.
     check_max_model_len(request_id, request.num_computed_tokens + num_new_computed_tokens
                         + num_external_computed_tokens + num_new_tokens, max_model_len)
