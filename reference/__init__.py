@@ -5,8 +5,7 @@
 features (``features/``) plug in through :mod:`.hooks` (spec/managers.md §9).
 """
 
-from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
-from pagedkv.reference.blocks import KVCacheBlocks
+from pagedkv.reference.block_pool import BlockPool, KVCacheBlock, KVCacheBlocks
 from pagedkv.reference.manager import KVCacheManager
 from pagedkv.spec.metrics import PrefixCachingMetrics
 

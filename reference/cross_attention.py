@@ -21,15 +21,10 @@ class CrossAttentionManager(SingleTypeManager):
     def can_hit(self, block_hashes: Sequence[BlockHash], length: int, max_length: int) -> bool:
         return length == 0
 
-    def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int,
-                   max_length: int | None = None) -> list[KVCacheBlock]:
-        return []
-
     def admit(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
               num_local_computed_tokens: int, num_external_computed_tokens: int) -> None:
         """A new request holds no encoder blocks until they are allocated."""
-        self.req_to_blocks[request_id] = []
-        self.num_cached_blocks[request_id] = 0
+        self.req_to_blocks[request_id], self.num_cached_blocks[request_id] = [], 0
 
     def allocate_external(self, request_id: str, num_total_computed_tokens: int,
                           num_external_computed_tokens: int) -> None:
@@ -40,7 +35,6 @@ class CrossAttentionManager(SingleTypeManager):
         """Never cached: encoder output is specific to one request."""
 
     def check_request_blocks(self, request_id: str, blocks: Sequence[KVCacheBlock]) -> str | None:
-        # XATTN-1: cross-attention blocks are never cached.
-        if any(block.block_hash is not None for block in blocks):
+        if any(block.block_hash is not None for block in blocks):  # XATTN-1: never cached
             return f"XATTN-1: request {request_id!r} holds a hashed cross-attention block"
         return None

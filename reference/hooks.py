@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pagedkv.reference.coordinator import KVCacheCoordinator
     from pagedkv.reference.single_type import SingleTypeManager
 
-__all__ = ["Feature", "attention_types"]
+__all__ = ["Feature"]
 
 
 class Feature:
@@ -31,14 +31,12 @@ class Feature:
 
     def lookup(self, coordinator: KVCacheCoordinator, manager: SingleTypeManager,
                block_hashes: Sequence[BlockHash], max_length: int) -> tuple[Sequence[BlockHash], int] | None:
-        """H3: the hashes ``manager``'s lookups read and how far they may
-        reach, when not its group view and the search cap (LOOKUP-3)."""
+        """H3: the hashes ``manager``'s lookups read and their reach, if not its view and the cap (LOOKUP-3)."""
         return None
 
     def accepts_hit(self, coordinator: KVCacheCoordinator, manager: SingleTypeManager, num_tokens: int,
                     num_blocks: int, num_external_computed_tokens: int) -> bool:
-        """H4: whether a hit shape the kernel refuses (not whole blocks) is
-        valid for ``manager``'s group (ALLOC-1, step 1f)."""
+        """H4: whether a hit shape the kernel refuses (not whole blocks) fits ``manager`` (ALLOC-1, step 1f)."""
         return False
 
     def step_blocks(self, coordinator: KVCacheCoordinator, request: RequestFacts, request_id: str,
@@ -51,21 +49,9 @@ class Feature:
         """H6: before the groups cache up to ``num_tokens`` (ALLOC-8, ``cache_blocks``)."""
 
     def held_blocks(self, coordinator: KVCacheCoordinator) -> Iterable[int]:
-        """H7: ids of the blocks this feature holds a reference on, beside
-        the requests' lists, once per reference (REQ-1, recovery)."""
+        """H7: ids of the blocks this feature holds, beside the requests', once per reference (REQ-1)."""
         return ()
 
     def check(self, coordinator: KVCacheCoordinator) -> str | None:
         """H8: ``"<ID>: <what>"`` of a broken invariant of this feature, or ``None``."""
         return None
-
-
-def attention_types(seed: Mapping[str, type[SingleTypeManager]],
-                    features: Iterable[Feature]) -> dict[str, type[SingleTypeManager]]:
-    """The kernel's seed kinds and every feature's (H1); no kind served twice."""
-    kinds = dict(seed)
-    for feature in features:
-        for kind, manager_type in feature.attention_types().items():
-            assert kind not in kinds, f"manager kind {kind!r} is served twice"
-            kinds[kind] = manager_type
-    return kinds

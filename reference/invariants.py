@@ -1,6 +1,5 @@
 """``check_invariants`` (spec/invariants.md): an ``InvariantViolation``
-names the first broken invariant's ID and ends with a dump of the state.
-"""
+names the first broken invariant's ID and ends with a dump of the state."""
 
 from __future__ import annotations
 
@@ -23,6 +22,13 @@ __all__ = ["check_pool", "check_manager"]
 
 def _fail(invariant: str, message: str, state: object) -> InvariantViolation:
     return InvariantViolation(f"{invariant}: {message}\nstate:\n{pprint.pformat(state, width=120)}")
+
+
+def _raise(violation: str | None, state: object) -> None:
+    """Raise a hook's ``"<ID>: <what>"`` verdict, if any, as :func:`_fail` does."""
+    if violation is not None:
+        invariant, message = violation.split(": ", 1)
+        raise _fail(invariant, message, state)
 
 
 def check_pool(pool: BlockPool, num_groups: int) -> None:
@@ -82,8 +88,7 @@ def check_manager(manager: KVCacheManager) -> None:
             raise _fail("REQ-5", f"group {group.group_id} tracks {sorted(group.req_to_blocks)}, "
                         f"known requests are {sorted(known)}", pool.snapshot())
     state = manager.snapshot()
-    # REQ-1: a block's ref count is the number of places requests hold it
-    # (plus one for a reserved sink block).
+    # REQ-1: a block's ref count is the number of places requests hold it (plus one for a reserved sink block).
     holders: Counter[int] = Counter(block.block_id for block in pool.reserved)
     for feature in manager.coordinator.features:  # H7: e.g. copy endpoints (MPART-3)
         holders.update(feature.held_blocks(manager.coordinator))
@@ -107,10 +112,7 @@ def check_manager(manager: KVCacheManager) -> None:
                                 f"cached for group {get_group_id(block.block_hash)}", state)
             # The type's own invariant, stated by its manager class: REQ-4 (full
             # attention), SKIP-1 (windowed), XATTN-1, RSWA-1, RING-1.
-            violation = group.check_request_blocks(request_id, blocks)
-            if violation is not None:
-                invariant, message = violation.split(": ", 1)
-                raise _fail(invariant, message, state)
+            _raise(group.check_request_blocks(request_id, blocks), state)
     reserved = {block.block_id for block in pool.reserved}
     for request_id in known:
         # REQ-6: a request holds each real block once over all groups, and no reserved block.
@@ -137,7 +139,4 @@ def check_manager(manager: KVCacheManager) -> None:
     if sorted(block.block_id for block in sink_blocks) != sorted(reserved):
         raise _fail("SINK-1", "the reserved blocks are not exactly the sink groups' blocks", state)
     for feature in manager.coordinator.features:  # H8: the features' own invariants
-        violation = feature.check(manager.coordinator)
-        if violation is not None:
-            invariant, message = violation.split(": ", 1)
-            raise _fail(invariant, message, state)
+        _raise(feature.check(manager.coordinator), state)

@@ -7,8 +7,8 @@ request instead of per-token KV. Modes (``MambaSpec.mamba_cache_mode``):
   forward each step; the previous step's block is released once the copy no
   longer needs it.
 ``num_speculative_blocks`` extra blocks hold draft states (MTP/EAGLE). A
-state cached during a step serves no hit in that step (MAMBA-2).
-Prefill checkpoints, sub-block hits and publication are a feature
+state cached during a step serves no hit in that step (MAMBA-2). Prefill
+checkpoints, sub-block hits and publication are a feature
 (``pagedkv.reference.features.mamba_states``).
 """
 
@@ -36,8 +36,7 @@ class MambaManager(SingleTypeManager):
     def __init__(self, kv_cache_spec: KVCacheSpec, **options: Any) -> None:
         super().__init__(kv_cache_spec, **options)
         assert isinstance(kv_cache_spec, MambaSpec)
-        self.mode = kv_cache_spec.mamba_cache_mode
-        self.num_speculative_blocks = kv_cache_spec.num_speculative_blocks
+        self.mode, self.num_speculative_blocks = kv_cache_spec.mamba_cache_mode, kv_cache_spec.num_speculative_blocks
         self.cached_this_step: set[BlockHashWithGroupId] = set()
         # align mode: index of the state block the previous step wrote, and
         # the requests that have been given state blocks at least once.
@@ -54,24 +53,20 @@ class MambaManager(SingleTypeManager):
     def skipped_tokens(self, num_computed: int) -> int:
         return num_computed - 1  # only the state after the last computed token is read
 
-    # -- allocation -----------------------------------------------------------------
-
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[KVCacheBlock], num_total_computed_tokens: int,
                                    num_main_tokens: int, num_external_computed_tokens: int = 0) -> int:
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
             return self.block_pool.num_blocks + 1  # MAMBA-2: refused this step (ALLOC-4)
         if self.mode != "align":
-            with_drafts = num_tokens + self.block_size * self.num_speculative_blocks
-            return super().get_num_blocks_to_allocate(request_id, with_drafts, new_computed_blocks,
-                                                      num_total_computed_tokens, num_main_tokens,
-                                                      num_external_computed_tokens)
+            return super().get_num_blocks_to_allocate(
+                request_id, num_tokens + self.block_size * self.num_speculative_blocks, new_computed_blocks,
+                num_total_computed_tokens, num_main_tokens, num_external_computed_tokens)
         # align: lookahead tokens get no state blocks (draft models have no
         # Mamba layers); at most one state block (plus the speculative ones
         # on the first allocation) is added per step.
         required = rules.cdiv(num_main_tokens, self.block_size) + self.num_speculative_blocks
-        held = len(self.req_to_blocks.get(request_id, ()))
-        num_new = required - len(new_computed_blocks) - held
+        num_new = required - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
         if num_new > 0:
             num_new = 1 if request_id in self.given_state else 1 + self.num_speculative_blocks
         # A new request's external tokens get blocks at admission, before the
@@ -96,15 +91,13 @@ class MambaManager(SingleTypeManager):
         them with null blocks. ``real_column``: the column before the state
         gets a real block too; ``always``: allocate even when the request
         holds enough blocks (both for the feature, MCKPT-1, MPART-2)."""
-        blocks = self.req_to_blocks[request_id]
-        spec_blocks = self.num_speculative_blocks
+        blocks, spec_blocks = self.req_to_blocks[request_id], self.num_speculative_blocks
         required = rules.cdiv(num_main_tokens, self.block_size) + spec_blocks
         if required <= len(blocks) and not real_column and not always:
             # Holding its blocks already (a connector's) still makes the request running (D-API-45).
             self.given_state.add(request_id)
             return []
-        previous_len = len(blocks)
-        given_before = request_id in self.given_state
+        previous_len, given_before = len(blocks), request_id in self.given_state
         if given_before:  # the running state sits just before the speculative blocks
             self.last_state_block[request_id] = previous_len - 1 - spec_blocks
         elif previous_len > 0:  # a hit: its last block holds the state to continue from
@@ -113,9 +106,7 @@ class MambaManager(SingleTypeManager):
         blocks.extend([self.block_pool.null_block] * max(0, num_padded - previous_len))
         if given_before:
             # Move last step's speculative blocks past the padding so they are reused.
-            for index in range(previous_len - spec_blocks, previous_len):
-                if index >= num_padded:
-                    break
+            for index in range(previous_len - spec_blocks, min(previous_len, num_padded)):
                 blocks.append(blocks[index])
                 blocks[index] = self.block_pool.null_block
         blocks.extend(self.block_pool.get_new_blocks(max(0, required - len(blocks))))
@@ -137,17 +128,14 @@ class MambaManager(SingleTypeManager):
     def admission_blocks(self, num_tokens: int) -> int:
         return 1 + self.num_speculative_blocks  # the running state and the draft states
 
-    # -- caching and freeing ------------------------------------------------------------
-
     def cache_blocks(self, request: HashedRequest, block_hashes: Sequence[BlockHash],
                      request_id: str, num_tokens: int) -> None:
         if self.mode == "none":
             return
         before = self.num_cached_blocks[request_id]
         super().cache_blocks(request, block_hashes, request_id, num_tokens)
-        for block in self.req_to_blocks[request_id][before:self.num_cached_blocks[request_id]]:
-            if block.block_hash is not None:
-                self.cached_this_step.add(block.block_hash)
+        new = self.req_to_blocks[request_id][before:self.num_cached_blocks[request_id]]
+        self.cached_this_step.update(block.block_hash for block in new if block.block_hash is not None)
 
     def release(self, request_id: str) -> None:
         self.given_state.discard(request_id)

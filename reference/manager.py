@@ -1,7 +1,6 @@
 """The facade an engine's scheduler calls (spec/operations.md,
 "KVCacheManager"). Each method validates everything first, so a refused
-call changes nothing.
-"""
+call changes nothing."""
 
 from __future__ import annotations
 
@@ -11,11 +10,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from pagedkv.reference import rules, validation
-from pagedkv.reference.block_pool import BlockPool
-from pagedkv.reference.blocks import KVCacheBlocks
-from pagedkv.reference.coordinator import KVCacheCoordinator, make_coordinator
+from pagedkv.reference.block_pool import KVCacheBlocks
+from pagedkv.reference.coordinator import KVCacheCoordinator
 from pagedkv.reference.features.enabled import FEATURES, FeatureOperations, RetentionOperations, make_pool, recover
 from pagedkv.reference.hasher import make_block_hasher
+from pagedkv.reference.invariants import check_manager
 from pagedkv.spec.config import KVCacheConfig
 from pagedkv.spec.errors import InvalidArgumentError
 from pagedkv.spec.hashing import normalize_hash_fn
@@ -28,72 +27,45 @@ from pagedkv.spec.types import KVCacheEvent, PrefixCacheStats
 __all__ = ["KVCacheManager"]
 
 
-def _request_id(request: RequestView) -> str:
-    """``request.request_id``, or a typed error for an object without one."""
-    try:
-        return request.request_id
-    except AttributeError:
-        raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
-
-
 class KVCacheManager(FeatureOperations, RetentionOperations):
-    """Allocates, caches and frees the KV cache blocks of requests.
+    """Allocates, caches and frees the KV cache blocks of requests. The
+    arguments are those of spec/operations.md, "KVCacheManager", checked by
+    ``pagedkv.spec.manager_args``. The facade builds the pool; the
+    coordinator builds the per-group managers over it, holds the state and
+    plugs in the features (``FEATURES``, spec/managers.md §9), whose own
+    operations this class inherits from ``FeatureOperations``."""
 
-    The arguments are those of spec/operations.md, "KVCacheManager",
-    checked by ``pagedkv.spec.manager_args``. The facade builds the pool;
-    the coordinator builds the per-group managers over it, holds the state
-    and plugs in the features (``FEATURES``, spec/managers.md §9), whose
-    own operations this class inherits from ``FeatureOperations``.
-    """
-
-    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *,
-                 enable_caching: bool = True, hash_fn: str = "sha256",
-                 hash_block_size: int | None = None, use_eagle: bool = False,
-                 log_stats: bool = False, enable_kv_cache_events: bool = False,
-                 dcp_world_size: int = 1, pcp_world_size: int = 1,
-                 hash_seed: str | None = None, retention_interval: int | None = None,
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, *, enable_caching: bool = True,
+                 hash_fn: str = "sha256", hash_block_size: int | None = None, use_eagle: bool = False,
+                 log_stats: bool = False, enable_kv_cache_events: bool = False, dcp_world_size: int = 1,
+                 pcp_world_size: int = 1, hash_seed: str | None = None, retention_interval: int | None = None,
                  max_num_batched_tokens: int | None = None, num_hash_lookahead_tokens: int = 0,
                  num_prefill_lookahead: int = 0, block_stored_events: str = PER_CALL, retention: Any = None) -> None:
         self.block_sizes, hash_block_size = check_manager_args(
             kv_cache_config=kv_cache_config, max_model_len=max_model_len, hash_fn=hash_fn,
-            hash_block_size=hash_block_size, dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size, retention_interval=retention_interval,
-            max_num_batched_tokens=max_num_batched_tokens, hash_seed=hash_seed,
-            num_hash_lookahead_tokens=num_hash_lookahead_tokens, num_prefill_lookahead=num_prefill_lookahead)
-        self.kv_cache_config = kv_cache_config
-        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
-        self.num_prefill_lookahead = num_prefill_lookahead
-        self.max_model_len = max_model_len
-        self.enable_caching = enable_caching
-        self.use_eagle = use_eagle
-        self.log_stats = log_stats
-        self.hash_fn = normalize_hash_fn(hash_fn)
+            hash_block_size=hash_block_size, dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
+            retention_interval=retention_interval, max_num_batched_tokens=max_num_batched_tokens,
+            hash_seed=hash_seed, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            num_prefill_lookahead=num_prefill_lookahead)
+        self.kv_cache_config, self.max_model_len, self.hash_block_size = kv_cache_config, max_model_len, hash_block_size
+        self.enable_caching, self.use_eagle, self.log_stats = enable_caching, use_eagle, log_stats
+        self.hash_fn, self.hash_seed = normalize_hash_fn(hash_fn), hash_seed
+        self.num_hash_lookahead_tokens, self.num_prefill_lookahead = num_hash_lookahead_tokens, num_prefill_lookahead
         self.max_num_batched_tokens = max_num_batched_tokens or max_model_len
-        self.hash_block_size = hash_block_size
-        self.hash_seed = hash_seed
-        self._pool = make_pool(retention, kv_cache_config.num_blocks, enable_caching,  # retention: opt-in
-                               enable_kv_cache_events=enable_kv_cache_events,
-                               num_groups=len(self.block_sizes),
-                               block_stored_events=block_stored_events)
-        self.coordinator: KVCacheCoordinator = make_coordinator(
-            kv_cache_config, block_pool=self._pool, block_sizes=self.block_sizes,
-            hash_block_size=hash_block_size or 1, enable_caching=enable_caching,
-            use_eagle=use_eagle, retention_interval=retention_interval,
-            max_model_len=max_model_len, max_num_batched_tokens=self.max_num_batched_tokens,
-            features=FEATURES)
+        self.block_pool = make_pool(retention, kv_cache_config.num_blocks, enable_caching,  # retention: opt-in
+                                    num_groups=len(self.block_sizes), enable_kv_cache_events=enable_kv_cache_events,
+                                    block_stored_events=block_stored_events)
+        self.coordinator = KVCacheCoordinator(
+            kv_cache_config, self.block_pool, self.block_sizes, hash_block_size or 1, enable_caching, use_eagle,
+            retention_interval, max_model_len, self.max_num_batched_tokens, FEATURES)
         # Events carry the lookahead tokens (spec/hashing.md §7); re-prefilled tokens are never cached (D-HASH-12).
-        self._pool.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.block_pool.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.coordinator.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
-    # -- requests -------------------------------------------------------------
-
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int], **extra: Any) -> Request:
-        """A :class:`Request` hashed as this manager hashes.
-
-        Raises:
-            InvalidArgumentError: as ``Request`` does, or a live request's id (D-API-22).
-        """
+        """A :class:`Request` hashed as this manager hashes. Raises
+        ``InvalidArgumentError`` as ``Request`` does, or for a live request's id (D-API-22)."""
         check_request_options(extra)
         hasher = None if self.hash_block_size is None else make_block_hasher(
             self.hash_fn, self.hash_block_size, self.hash_seed, self.num_hash_lookahead_tokens)
@@ -104,60 +76,41 @@ class KVCacheManager(FeatureOperations, RetentionOperations):
         return request
 
     @property
-    def block_pool(self) -> BlockPool:
-        """The shared block pool."""
-        return self._pool
-
-    @property
     def usage(self) -> float:
         """Fraction of usable blocks in use."""
-        return self._pool.get_usage()
-
-    # -- the scheduler's calls -------------------------------------------------
+        return self.block_pool.get_usage()
 
     def get_computed_blocks(self, request: RequestView) -> tuple[KVCacheBlocks, int]:
         """The blocks of the longest prefix hit and its length (LOOKUP-1..6). Pure."""
         request = RequestFacts.capture(request)
-        empty = KVCacheBlocks([[] for _ in self.coordinator.managers])
         if not self.enable_caching or request.skip_reading_prefix_cache or not self.coordinator.managers:
-            return empty, 0  # LOOKUP-1
+            return KVCacheBlocks([[] for _ in self.coordinator.managers]), 0  # LOOKUP-1
         max_length = rules.max_hit_tokens(validation.count("request.num_tokens", request.num_tokens, 1))  # LOOKUP-2
-        hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(  # LOOKUP-3, LOOKUP-4
-            request.block_hashes, max_length)
+        hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)  # LOOKUP-3, 4
         if self.prefix_cache_stats is not None:  # LOOKUP-5
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hit_tokens,
                                            preempted=request.num_preemptions > 0)
         return KVCacheBlocks(hits), num_hit_tokens  # LOOKUP-6: nothing else changed
 
-    def allocate_slots(self, request: RequestView, num_new_tokens: int,
-                       num_new_computed_tokens: int = 0,
-                       new_computed_blocks: KVCacheBlocks | None = None,
-                       num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
-                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
-                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+    def allocate_slots(self, request: RequestView, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
                        num_in_flight_tokens: int = 0, watermark_blocks: int = 0) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` more tokens (plus lookahead), taking
         the hit of ``get_computed_blocks``: the new blocks, or ``None`` when
         the pool cannot supply them (ALLOC-1..9; the arguments:
-        spec/operations.md, "allocate_slots").
-
-        Raises:
-            InvalidTokenCountError, InvalidArgumentError, UnknownBlockError,
-            ExceedsMaxModelLenError.
-        """
+        spec/operations.md, "allocate_slots"). Raises ``InvalidTokenCountError``,
+        ``InvalidArgumentError``, ``UnknownBlockError``, ``ExceedsMaxModelLenError``."""
         # The engine's object is read once, before any change ("Exception safety").
         request = RequestFacts.capture(request)
-        request_id = request.request_id
-        coordinator = self.coordinator
+        request_id, coordinator = request.request_id, self.coordinator
         known = request_id in coordinator.known
-        # ALLOC-1: validate, all before any change.
-        hits = validation.allocate_args(
-            coordinator=coordinator, request=request, known_request=known,
-            max_model_len=self.max_model_len, num_new_tokens=num_new_tokens,
-            num_new_computed_tokens=num_new_computed_tokens,
+        hits = validation.allocate_args(  # ALLOC-1: validate, all before any change.
+            coordinator=coordinator, request=request, known_request=known, max_model_len=self.max_model_len,
+            num_new_tokens=num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
             new_computed_blocks=new_computed_blocks, num_lookahead_tokens=num_lookahead_tokens,
-            num_external_computed_tokens=num_external_computed_tokens,
-            delay_cache_blocks=delay_cache_blocks, num_encoder_tokens=num_encoder_tokens,
+            num_external_computed_tokens=num_external_computed_tokens, num_encoder_tokens=num_encoder_tokens,
             reserved_blocks=reserved_blocks, num_in_flight_tokens=num_in_flight_tokens,
             watermark_blocks=watermark_blocks)
         # ALLOC-2: token counts; lookahead capped (D-API-3).
@@ -166,38 +119,29 @@ class KVCacheManager(FeatureOperations, RetentionOperations):
         main = total + num_new_tokens
         need = min(main + num_lookahead_tokens, self.max_model_len)
         with self._changing():
-            # ALLOC-3: released even if the allocation is refused (D-API-6), on
-            # the settled basis (D-API-14).
-            coordinator.remove_skipped_blocks(request_id=request_id,
-                                              num_total_computed_tokens=max(0, total - num_in_flight_tokens),
-                                              num_prompt_tokens=request.num_prompt_tokens)
+            # ALLOC-3: released even if the allocation is refused (D-API-6), on the settled basis (D-API-14).
+            for manager in coordinator.managers:
+                manager.remove_skipped_blocks(request_id, max(0, total - num_in_flight_tokens),
+                                              request.num_prompt_tokens)
             # ALLOC-4, ALLOC-5: capacity, the features' step blocks included (H5).
-            demand = coordinator.get_num_blocks_to_allocate(
-                request_id=request_id, num_tokens=need, new_computed_blocks=hits,
-                num_total_computed_tokens=total, num_main_tokens=main, num_encoder_tokens=num_encoder_tokens,
-                num_external_computed_tokens=num_external_computed_tokens)
+            demand = coordinator.get_num_blocks_to_allocate(request_id, need, hits, total, main, num_encoder_tokens,
+                                                            num_external_computed_tokens)
             demand += coordinator.step_blocks(request, request_id, total, main, reserve=False)
             # The step keeps reserved_blocks and the watermark free; the whole
             # request (full_sequence_must_fit, §8) the watermark (D-API-13, D-API-48).
-            free = self._pool.get_num_free_blocks()
+            free = self.block_pool.get_num_free_blocks()
             if demand + reserved_blocks + watermark_blocks > free:
                 return None
             whole = min(request.num_tokens + num_lookahead_tokens, self.max_model_len)
             if full_sequence_must_fit and coordinator.full_sequence_demand(
-                    request_id=request_id, num_tokens=whole, new_computed_blocks=hits,
-                    num_encoder_tokens=num_encoder_tokens) + watermark_blocks > free:
+                    request_id, whole, hits, num_encoder_tokens) + watermark_blocks > free:
                 return None
             if not known:  # ALLOC-6
-                coordinator.admit(request_id=request_id, new_computed_blocks=hits,
-                                  num_local_computed_tokens=local,
-                                  num_external_computed_tokens=num_external_computed_tokens)
-            # ALLOC-7
-            coordinator.step_blocks(request, request_id, total, main, reserve=True)
-            new_blocks = coordinator.allocate_new_blocks(request_id=request_id, num_tokens=need,
-                                                         num_main_tokens=main, num_encoder_tokens=num_encoder_tokens)
+                coordinator.admit(request_id, hits, local, num_external_computed_tokens)
+            coordinator.step_blocks(request, request_id, total, main, reserve=True)  # ALLOC-7
+            new_blocks = coordinator.allocate_new_blocks(request_id, need, main, num_encoder_tokens)
             if self.enable_caching and not delay_cache_blocks:  # ALLOC-8: lookahead tokens never
-                coordinator.cache_blocks(request=request, request_id=request_id,
-                                         num_tokens=min(main, request.num_tokens))
+                coordinator.cache_blocks(request, request_id, min(main, request.num_tokens))
             return KVCacheBlocks(new_blocks)  # ALLOC-9
 
     @contextmanager
@@ -210,12 +154,12 @@ class KVCacheManager(FeatureOperations, RetentionOperations):
             raise
 
     def free(self, request: RequestView, *, missing_ok: bool = False) -> None:
-        """FREE-1..6: release every block of the request, tail first.
-
-        Raises:
-            UnknownRequestError: it holds no allocation (unless ``missing_ok``).
-        """
-        request_id = _request_id(request)
+        """FREE-1..6: release every block of the request, tail first. Raises
+        ``UnknownRequestError`` if it holds no allocation (unless ``missing_ok``)."""
+        try:
+            request_id = request.request_id
+        except AttributeError:
+            raise InvalidArgumentError(f"request must have the attributes of RequestView, got {request!r}") from None
         if missing_ok:
             try:
                 if request_id not in self.coordinator.known:
@@ -231,30 +175,24 @@ class KVCacheManager(FeatureOperations, RetentionOperations):
         if not self.enable_caching:
             return
         request = RequestFacts.capture(request)
-        validation.cache_blocks_args(coordinator=self.coordinator, request=request,
-                                     num_computed_tokens=num_computed_tokens)
+        validation.cache_blocks_args(self.coordinator, request, num_computed_tokens)
         with self._changing():
-            self.coordinator.cache_blocks(request=request, request_id=request.request_id,
-                                          num_tokens=num_computed_tokens)
+            self.coordinator.cache_blocks(request, request.request_id, num_computed_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drop the cache keys of the given blocks.
-
-        Raises:
-            InvalidArgumentError: ``block_ids`` is not iterable.
-            UnknownBlockError: an id outside ``[0, num_blocks)`` (no change).
-        """
+        """Drop the cache keys of the given blocks. Raises ``InvalidArgumentError``
+        (not iterable), ``UnknownBlockError`` (an id outside ``[0, num_blocks)``; no change)."""
         try:
             ids = list(block_ids)
         except TypeError:
             raise InvalidArgumentError(f"block_ids must be an iterable of block ids, got {block_ids!r}") from None
         with self._changing():
-            self._pool.evict_blocks(ids)
+            self.block_pool.evict_blocks(ids)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cache key if no block is in use; ``False`` otherwise."""
         with self._changing():
-            reset = self._pool.reset_prefix_cache()
+            reset = self.block_pool.reset_prefix_cache()
         if reset and self.prefix_cache_stats is not None:  # RESET-4
             self.prefix_cache_stats.reset = True
         return reset
@@ -262,12 +200,12 @@ class KVCacheManager(FeatureOperations, RetentionOperations):
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """Per group, the leading blocks of ``request_id`` every known request holds."""
         validation.known(self.coordinator, request_id)
-        return self.coordinator.get_num_common_prefix_blocks(request_id)
+        return [manager.get_num_common_prefix_blocks(request_id) for manager in self.coordinator.managers]
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks per group."""
         validation.known(self.coordinator, request_id)
-        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+        return KVCacheBlocks([manager.req_to_blocks[request_id] for manager in self.coordinator.managers])
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block ids per group."""
@@ -275,7 +213,7 @@ class KVCacheManager(FeatureOperations, RetentionOperations):
 
     def take_events(self) -> list[KVCacheEvent]:
         """Pending KV cache events, oldest first; emptied."""
-        return self._pool.take_events()
+        return self.block_pool.take_events()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The statistics since the last call (then reset), or ``None`` without ``log_stats``."""
@@ -287,26 +225,20 @@ class KVCacheManager(FeatureOperations, RetentionOperations):
     def new_step_starts(self) -> None:
         """A scheduler step begins (MAMBA-2)."""
         with self._changing():
-            self.coordinator.new_step_starts()
-
-    # -- observation ------------------------------------------------------------
+            for manager in self.coordinator.managers:
+                manager.new_step_starts()
 
     def snapshot(self) -> ManagerSnapshot:
         """Observable state (spec/state.md)."""
         managers = self.coordinator.managers
-        requests = tuple(
-            RequestSnapshot(
-                request_id=request_id,
-                block_ids=tuple(tuple(block.block_id for block in manager.req_to_blocks[request_id])
-                                for manager in managers),
-                num_cached_blocks=tuple(manager.num_cached_blocks[request_id] for manager in managers),
-            )
+        requests = tuple(RequestSnapshot(
+            request_id=request_id, block_ids=tuple(tuple(block.block_id for block in manager.req_to_blocks[request_id])
+                                                   for manager in managers),
+            num_cached_blocks=tuple(manager.num_cached_blocks[request_id] for manager in managers))
             for request_id in sorted(self.coordinator.known))
         stats = None if self.prefix_cache_stats is None else dataclasses.replace(self.prefix_cache_stats)
-        return ManagerSnapshot(pool=self._pool.snapshot(), requests=requests, prefix_cache_stats=stats)
+        return ManagerSnapshot(pool=self.block_pool.snapshot(), requests=requests, prefix_cache_stats=stats)
 
     def check_invariants(self) -> None:
         """Raise ``InvariantViolation`` naming the first broken invariant (spec/invariants.md)."""
-        from pagedkv.reference.invariants import check_manager
-
         check_manager(self)

@@ -1,38 +1,26 @@
 """The arithmetic and ordering rules of the block manager, as pure functions.
-
-Every rule here is small, total on its precondition and carries a PEP 316
-contract (``pre:`` / ``post:``) that CrossHair checks symbolically
-(``make crosshair``). The stateful classes of the reference call these rules
-instead of restating them, so the contracts cover the decisions the
-reference makes (spec/operations.md cites each rule by name).
+Every rule is small, total on its precondition and carries a PEP 316
+contract (``pre:`` / ``post:``) that CrossHair checks symbolically (``make
+crosshair``). The stateful classes of the reference call these rules instead
+of restating them, so the contracts cover the decisions the reference makes
+(spec/operations.md cites each rule by name).
 """
 
 from __future__ import annotations
 
 from pagedkv.spec import sizing
 
-__all__ = [
-    "cdiv",
-    "num_new_blocks_needed",
-    "requeue",
-    "usage",
-    "common_prefix_blocks",
-    "max_hit_tokens",
-    "sliding_window_skipped_tokens",
-    "chunked_local_skipped_tokens",
-    "contiguous_blocks_for_hit",
-    "hit_alignment",
-]
+__all__ = ["cdiv", "num_new_blocks_needed", "requeue", "usage", "common_prefix_blocks", "max_hit_tokens",
+           "sliding_window_skipped_tokens", "chunked_local_skipped_tokens", "contiguous_blocks_for_hit",
+           "hit_alignment"]
 
 
-# Ceiling division is shared vocabulary (its contract is checked there too).
-cdiv = sizing.cdiv
+cdiv = sizing.cdiv  # shared vocabulary (its contract is checked there too)
 
 
 def num_new_blocks_needed(num_tokens: int, block_size: int, num_held: int) -> int:
-    """Blocks a group must add so that ``num_tokens`` tokens have a slot,
-    given it already holds ``num_held`` blocks (never negative: a request
-    keeps blocks it allocated for rejected draft tokens).
+    """Blocks a group holding ``num_held`` must add so that ``num_tokens`` tokens have
+    a slot (never negative: a request keeps blocks it allocated for rejected draft tokens).
 
     pre: num_tokens >= 0
     pre: block_size > 0
@@ -45,8 +33,7 @@ def num_new_blocks_needed(num_tokens: int, block_size: int, num_held: int) -> in
 
 
 def max_hit_tokens(num_tokens: int) -> int:
-    """The longest prefix a hit may cover: the last token is always
-    recomputed, because the engine needs its logits.
+    """The longest prefix a hit may cover: the last token is always recomputed (its logits).
 
     pre: num_tokens >= 1
     post: __return__ == num_tokens - 1
@@ -86,8 +73,8 @@ def usage(num_free: int, num_blocks: int) -> float:
 
 
 def common_prefix_blocks(ref_counts: list[int], num_requests: int) -> int:
-    """Leading blocks of one request that every known request holds: the
-    blocks whose ref count equals the number of requests holding blocks.
+    """Leading blocks of one request that every known request holds: those
+    whose ref count equals the number of requests holding blocks.
 
     pre: num_requests >= 1
     post: 0 <= __return__ <= len(ref_counts)
@@ -103,8 +90,7 @@ def common_prefix_blocks(ref_counts: list[int], num_requests: int) -> int:
 
 
 def sliding_window_skipped_tokens(num_computed_tokens: int, sliding_window: int) -> int:
-    """Leading tokens outside the window of the next token: it reads the
-    ``sliding_window`` tokens ending with itself.
+    """Leading tokens outside the window of the next token (the ``sliding_window`` tokens ending with it).
 
     pre: num_computed_tokens >= 0
     pre: sliding_window >= 1
@@ -138,8 +124,7 @@ def contiguous_blocks_for_hit(sliding_window: int, block_size: int) -> int:
 
 
 def hit_alignment(block_sizes: list[int]) -> int:
-    """Hit lengths of a hybrid model are multiples of every group's block
-    size: their least common multiple (1 with no groups).
+    """Hit lengths of a hybrid model: multiples of every group's block size, their LCM (1 with no groups).
 
     pre: all(size >= 1 for size in block_sizes)
     post: __return__ >= 1

@@ -23,28 +23,20 @@ class SingleTypeManager:
     """One group: per request, its blocks in token order (null blocks where
     attention no longer reads) and how many are cached. ``alignment`` is the
     hybrid hit unit; ``use_eagle`` keeps one hit block back for the drafter
-    (spec/coordinators.md §4)."""
+    (spec/coordinators.md §4), where the type ``uses_eagle_rule``."""
 
     uses_eagle_rule = True
-    """Whether the EAGLE rule applies to this type's hits."""
 
     def __init__(self, kv_cache_spec: KVCacheSpec, *, block_pool: BlockPool, group_id: int,
                  block_size: int, enable_caching: bool, alignment: int, use_eagle: bool,
                  retention_interval: int | None = None, admission_cap: int | None = None) -> None:
-        self.kv_cache_spec = kv_cache_spec
-        self.block_pool = block_pool
-        self.group_id = group_id
-        self.block_size = block_size
-        self.enable_caching = enable_caching
-        self.alignment = alignment
+        self.kv_cache_spec, self.block_pool, self.group_id = kv_cache_spec, block_pool, group_id
+        self.block_size, self.enable_caching, self.alignment = block_size, enable_caching, alignment
         self.use_eagle = use_eagle and self.uses_eagle_rule
         self.replay_eagle = use_eagle  # whether the model drafts at all (D-SWA-14)
-        self.retention_interval = retention_interval
-        self.admission_cap = admission_cap
+        self.retention_interval, self.admission_cap = retention_interval, admission_cap
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
-
-    # -- the rules an attention type states -------------------------------------
 
     def skipped_tokens(self, num_computed: int) -> int:
         """Leading tokens attention no longer reads once ``num_computed`` are computed."""
@@ -64,9 +56,8 @@ class SingleTypeManager:
             if length + self.block_size > max_length:
                 return False
             end += 1
-        if end > len(block_hashes):
-            return False
-        return all(self._lookup(block_hashes[index]) is not None for index in range(first, end))
+        return end <= len(block_hashes) and all(self._lookup(block_hashes[index]) is not None
+                                                for index in range(first, end))
 
     def hit_blocks(self, block_hashes: Sequence[BlockHash], length: int,
                    max_length: int | None = None) -> list[KVCacheBlock]:
@@ -83,8 +74,6 @@ class SingleTypeManager:
     def _lookup(self, block_hash: BlockHash) -> KVCacheBlock | None:
         found = self.block_pool.get_cached_block(block_hash, [self.group_id])
         return None if found is None else found[0]
-
-    # -- allocation ---------------------------------------------------------------
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
                                    new_computed_blocks: Sequence[KVCacheBlock], num_total_computed_tokens: int,
@@ -152,8 +141,6 @@ class SingleTypeManager:
         held = self.req_to_blocks.get(request_id)
         return sum(1 for block in (new_computed_blocks if held is None else held) if not block.is_null)
 
-    # -- caching, freeing, queries ------------------------------------------------------
-
     def cache_mask(self, request: HashedRequest, num_cached: int, num_full: int) -> list[bool] | None:
         """Which of blocks ``[num_cached, num_full)`` are worth caching (``None``: all)."""
         return None
@@ -162,15 +149,13 @@ class SingleTypeManager:
                      request_id: str, num_tokens: int) -> None:
         """ALLOC-8: key the full blocks among the first ``num_tokens`` tokens
         (``block_hashes``: the request's hashes at this group's block size)."""
-        num_full = num_tokens // self.block_size
-        num_cached = self.num_cached_blocks[request_id]
-        if num_cached >= num_full:
-            return
-        self.block_pool.cache_full_blocks(
-            request, self.req_to_blocks[request_id], block_hashes=block_hashes,
-            num_cached_blocks=num_cached, num_full_blocks=num_full, block_size=self.block_size,
-            group_id=self.group_id, mask=self.cache_mask(request, num_cached, num_full))
-        self.num_cached_blocks[request_id] = num_full
+        num_full, num_cached = num_tokens // self.block_size, self.num_cached_blocks[request_id]
+        if num_cached < num_full:
+            self.block_pool.cache_full_blocks(
+                request, self.req_to_blocks[request_id], block_hashes=block_hashes, num_cached_blocks=num_cached,
+                num_full_blocks=num_full, block_size=self.block_size, group_id=self.group_id,
+                mask=self.cache_mask(request, num_cached, num_full))
+            self.num_cached_blocks[request_id] = num_full
 
     def release(self, request_id: str) -> None:
         """FREE-2: release the request's blocks tail first, so the tail is evicted first."""

@@ -36,14 +36,10 @@ class SlidingWindowManager(_WindowedManager):
     before those are served as null blocks."""
 
     @property
-    def window(self) -> int:
-        assert isinstance(self.kv_cache_spec, SlidingWindowSpec)
-        return self.kv_cache_spec.sliding_window
-
-    @property
     def contiguous_blocks(self) -> int:
         """``n``: blocks a hit must have cached right before its end."""
-        return rules.contiguous_blocks_for_hit(self.window, self.block_size)
+        assert isinstance(self.kv_cache_spec, SlidingWindowSpec)
+        return rules.contiguous_blocks_for_hit(self.kv_cache_spec.sliding_window, self.block_size)
 
     def skipped_tokens(self, num_computed: int) -> int:
         # The extra retained tokens extend the window's trailing edge (D-SWA-13).
@@ -61,14 +57,9 @@ class ChunkedLocalAttentionManager(_WindowedManager):
     blocks from the start of ``L``'s chunk up to ``L`` cached; blocks before
     the chunk are served as null blocks."""
 
-    @property
-    def chunk_size(self) -> int:
-        assert isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec)
-        return self.kv_cache_spec.attention_chunk_size
-
     def skipped_tokens(self, num_computed: int) -> int:
-        return rules.chunked_local_skipped_tokens(num_computed, self.chunk_size)
+        assert isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec)
+        return rules.chunked_local_skipped_tokens(num_computed, self.kv_cache_spec.attention_chunk_size)
 
     def hit_span(self, length: int) -> tuple[int, int]:
-        chunk_start = rules.chunked_local_skipped_tokens(length, self.chunk_size)
-        return chunk_start // self.block_size, length // self.block_size
+        return self.skipped_tokens(length) // self.block_size, length // self.block_size

@@ -20,7 +20,7 @@ ALLOWED = {("manager.py", "pagedkv.reference.features.enabled")}
 """The one place the kernel names the features: the facade, handing them to the coordinator."""
 KERNEL_LINE_BUDGET = 1500
 """The kernel's target size (issue: "read in one sitting"), lines of Python, comments and docstrings included."""
-KERNEL_LINE_CEILING = 1970
+KERNEL_LINE_CEILING = 1650
 """What the kernel may not exceed today: lowered as code leaves it, until it reaches the budget."""
 MAX_HOOKS = 8
 

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pagedkv.reference import rules, validation
-from pagedkv.reference.block_pool import KVCacheBlock
-from pagedkv.reference.blocks import KVCacheBlocks
+from pagedkv.reference.block_pool import KVCacheBlock, KVCacheBlocks
 from pagedkv.reference.features.mamba_partial import SubBlockHits
 from pagedkv.reference.features.mamba_states import MambaStateManager
 from pagedkv.reference.single_type import FullAttentionManager
