@@ -22,7 +22,7 @@ from pagedkv.optimized.coordination.coordinator import KVCacheCoordinator
 from pagedkv.optimized.pool.block_pool import BlockPool
 from pagedkv.optimized.pool.retention import RetentionBlockPool
 from pagedkv.spec.errors import InvalidRetentionError
-from pagedkv.spec.retention import DEFAULT_PRIORITY, Policy, RetentionDirective, check_seconds
+from pagedkv.spec.retention import DEFAULT_PRIORITY, Policy, RetentionDirective, check_directives, check_seconds
 from pagedkv.spec.retention_config import RetentionConfig, check_retention_config
 from pagedkv.spec.stored_events import check_block_stored_events
 
@@ -60,27 +60,6 @@ def route_to_general_paths(coordinator: KVCacheCoordinator) -> Callable[[str], N
     return general
 
 
-def _check_directives(ranges: object, generated: object,
-                      tenant: object, num_prompt_tokens: object) -> tuple[RetentionDirective, ...]:
-    if isinstance(ranges, (str, bytes)) or not isinstance(ranges, Sequence):
-        raise InvalidRetentionError(f"ranges must be a sequence of RetentionDirective, got {ranges!r}")
-    out = tuple(ranges)
-    for index, directive in enumerate(out):
-        if not isinstance(directive, RetentionDirective):
-            raise InvalidRetentionError(f"ranges[{index}] must be a RetentionDirective, got {directive!r}")
-    ordered = sorted(out, key=lambda directive: directive.start)
-    for before, after in zip(ordered, ordered[1:]):
-        if before.end is None or before.end > after.start:
-            raise InvalidRetentionError(f"ranges: ranges overlap at token {after.start}")
-    if generated is not None and not isinstance(generated, RetentionDirective):
-        raise InvalidRetentionError(f"generated must be None or a RetentionDirective, got {generated!r}")
-    if tenant is not None and (type(tenant) is not str or not tenant):
-        raise InvalidRetentionError(f"tenant must be None or a non-empty str, got {tenant!r}")
-    if type(num_prompt_tokens) is not int or num_prompt_tokens < 0:
-        raise InvalidRetentionError(f"num_prompt_tokens must be an int >= 0, got {num_prompt_tokens!r}")
-    return out
-
-
 class RetentionOperations:
     """Mixed into the optimized facade: the manager's retention calls."""
 
@@ -115,7 +94,7 @@ class RetentionOperations:
             UnknownRequestError: the request holds no blocks.
         """
         pool = self._retention()
-        checked = _check_directives(ranges, generated, tenant, num_prompt_tokens)
+        checked = check_directives(ranges, generated, tenant, num_prompt_tokens)
         held = self._held(request_id)
         if not checked and generated is None and tenant is None:
             return

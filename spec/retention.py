@@ -10,6 +10,7 @@ naming the field, before anything changes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,7 @@ __all__ = [
     "Policy",
     "RetentionDirective",
     "PinDirective",
+    "check_directives",
     "check_policy",
     "check_pin_budget",
     "check_seconds",
@@ -133,3 +135,28 @@ class PinDirective:
         if self.num_tokens is not None and (type(self.num_tokens) is not int or self.num_tokens < 1):
             raise InvalidRetentionError(f"num_tokens must be None or an int >= 1, got {self.num_tokens!r}")
         check_seconds(self.ttl, "ttl")
+
+
+def check_directives(ranges: object, generated: object, tenant: object,
+                     num_prompt_tokens: object) -> tuple[RetentionDirective, ...]:
+    """The arguments of a manager's ``apply_retention``, checked (the message
+    names the field): ``ranges`` a sequence of non-overlapping directives,
+    ``generated`` one or ``None``, ``tenant`` ``None`` or a non-empty str,
+    ``num_prompt_tokens`` an int >= 0. Returns ``ranges`` as a tuple."""
+    if isinstance(ranges, (str, bytes)) or not isinstance(ranges, Sequence):
+        raise InvalidRetentionError(f"ranges must be a sequence of RetentionDirective, got {ranges!r}")
+    checked = tuple(ranges)
+    for index, directive in enumerate(checked):
+        if not isinstance(directive, RetentionDirective):
+            raise InvalidRetentionError(f"ranges[{index}] must be a RetentionDirective, got {directive!r}")
+    ordered = sorted(checked, key=lambda directive: directive.start)
+    for before, after in zip(ordered, ordered[1:]):
+        if before.end is None or before.end > after.start:
+            raise InvalidRetentionError(f"ranges: ranges overlap at token {after.start}")
+    if generated is not None and not isinstance(generated, RetentionDirective):
+        raise InvalidRetentionError(f"generated must be None or a RetentionDirective, got {generated!r}")
+    if tenant is not None and (type(tenant) is not str or not tenant):
+        raise InvalidRetentionError(f"tenant must be None or a non-empty str, got {tenant!r}")
+    if type(num_prompt_tokens) is not int or num_prompt_tokens < 0:
+        raise InvalidRetentionError(f"num_prompt_tokens must be an int >= 0, got {num_prompt_tokens!r}")
+    return checked

@@ -19,7 +19,7 @@ from pagedkv.reference import validation
 from pagedkv.reference.block_pool import BlockPool, KVCacheBlock
 from pagedkv.reference.features.retention import RetentionBlockPool
 from pagedkv.spec.errors import InvalidRetentionError
-from pagedkv.spec.retention import DEFAULT_PRIORITY, Policy, RetentionDirective, check_seconds
+from pagedkv.spec.retention import DEFAULT_PRIORITY, Policy, RetentionDirective, check_directives, check_seconds
 from pagedkv.spec.retention_config import check_retention_config
 from pagedkv.spec.stored_events import check_block_stored_events
 
@@ -186,24 +186,3 @@ class RetentionOperations:
     def retention_state(self) -> tuple[object, ...]:
         """The pool's retention state (what lockstep compares)."""
         return self._retention().retention_state()
-
-
-def check_directives(ranges: object, generated: object,
-                     tenant: object, num_prompt_tokens: object) -> tuple[RetentionDirective, ...]:
-    """The ranges as a tuple, each argument checked (the message names it)."""
-    if isinstance(ranges, (str, bytes)) or not isinstance(ranges, Sequence):
-        raise InvalidRetentionError(f"ranges must be a sequence of RetentionDirective, got {ranges!r}")
-    for index, directive in enumerate(ranges):
-        if not isinstance(directive, RetentionDirective):
-            raise InvalidRetentionError(f"ranges[{index}] must be a RetentionDirective, got {directive!r}")
-    ordered = sorted(ranges, key=lambda directive: directive.start)
-    for before, after in zip(ordered, ordered[1:]):
-        if before.end is None or before.end > after.start:
-            raise InvalidRetentionError(f"ranges: ranges overlap at token {after.start}")
-    if generated is not None and not isinstance(generated, RetentionDirective):
-        raise InvalidRetentionError(f"generated must be None or a RetentionDirective, got {generated!r}")
-    if tenant is not None and (type(tenant) is not str or not tenant):
-        raise InvalidRetentionError(f"tenant must be None or a non-empty str, got {tenant!r}")
-    if type(num_prompt_tokens) is not int or num_prompt_tokens < 0:
-        raise InvalidRetentionError(f"num_prompt_tokens must be an int >= 0, got {num_prompt_tokens!r}")
-    return tuple(ranges)
