@@ -27,7 +27,8 @@ from vllm.v1.request import RequestStatus as _RequestStatus
 
 __all__ = [
     "VLLM_VERSION", "VLLM_0_32", "VLLM_0_33", "KVCacheBlocks", "BlockStored", "BlockRemoved",
-    "AllBlocksCleared", "PrefixCacheStats", "RequestStatus", "VllmRequest", "VllmScheduler", "spec_classes",
+    "AllBlocksCleared", "PrefixCacheStats", "RequestStatus", "WAITING_STATES", "VllmRequest", "VllmScheduler",
+    "spec_classes",
     "block_hash_with_group_id", "external_block_hash", "kv_cache_spec_kind",
     "kv_cache_manager_logger",
     "kv_cache_spec_sliding_window", "KVCacheBlockCopy", "block_stored_hash_inputs",
@@ -49,6 +50,8 @@ BlockRemoved: Any = _kv_events.BlockRemoved
 AllBlocksCleared: Any = _kv_events.AllBlocksCleared
 PrefixCacheStats: Any = _stats.PrefixCacheStats
 RequestStatus: Any = _RequestStatus
+WAITING_STATES: tuple[Any, ...] = (_RequestStatus.WAITING, _RequestStatus.PREEMPTED)
+"""The statuses of a request not yet running, whose admission keeps the watermark."""
 VllmRequest: Any = _Request
 """vLLM's ``Request`` class (the scheduler's requests are exactly this type)."""
 VllmScheduler: Any = _scheduler.Scheduler

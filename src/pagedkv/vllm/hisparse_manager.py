@@ -29,7 +29,6 @@ from .hisparse_views import (
     host_events,
     make_hisparse_coordinator,
 )
-from .manager import _WAITING_STATES
 
 __all__ = ["HiSparseKVCacheManager"]
 
@@ -155,12 +154,14 @@ class HiSparseKVCacheManager:
     """See the module docstring; built by ``pagedkv.vllm.KVCacheManager`` for
     a config with ``hisparse_host_num_blocks``."""
 
+    device_manager: Any = None
+    """The adapter's ``KVCacheManager``, which serves the device groups; that
+    module sets it, so this one need not import it back."""
+
     def __init__(self, kv_cache_config: Any, max_model_len: int, scheduler_block_size: int,
                  hash_block_size: int, max_in_flight_tokens: int | None = None,
                  enable_caching: bool = True, num_prefill_lookahead: int = 0,
                  **kwargs: Any) -> None:
-        from .manager import KVCacheManager
-
         groups = list(kv_cache_config.kv_cache_groups)
         kinds = [_kind(group) for group in groups]
         if kinds.count("resident") != 1 or kinds.count("hot") != 1:
@@ -171,9 +172,9 @@ class HiSparseKVCacheManager:
         inner_config = dataclasses.replace(
             kv_cache_config, kv_cache_groups=[groups[i] for i in self._device_ids],
             hisparse_host_num_blocks=None)
-        self._inner = KVCacheManager(inner_config, max_model_len, scheduler_block_size,
-                                     hash_block_size, max_in_flight_tokens, enable_caching,
-                                     num_prefill_lookahead=num_prefill_lookahead, **kwargs)
+        self._inner = self.device_manager(inner_config, max_model_len, scheduler_block_size,
+                                          hash_block_size, max_in_flight_tokens, enable_caching,
+                                          num_prefill_lookahead=num_prefill_lookahead, **kwargs)
         _, config = translate_hisparse_config(kv_cache_config, max_model_len, enable_caching,
                                               max_in_flight_tokens, num_prefill_lookahead)
         # Host-medium events need the publishing requests' tokens: kept while
@@ -340,7 +341,7 @@ class HiSparseKVCacheManager:
             new_computed_blocks=hits if hits and any(hits) else None,
             num_encoder_tokens=num_encoder_tokens)
         watermark = 0
-        if has_scheduled_reqs and request.status in _WAITING_STATES:
+        if has_scheduled_reqs and request.status in _compat.WAITING_STATES:
             watermark = int(inner.watermark_blocks)
         return bool(device + tier_device + watermark <= inner.block_pool.get_num_free_blocks())
 

@@ -31,6 +31,7 @@ from . import _compat
 from .blocks import BlockPoolView, BlockView, hit_block_ids
 from .config import translate_config
 from .coordinator import make_coordinator_view
+from .hisparse_manager import HiSparseKVCacheManager
 from .lookups import Lookups
 from .mamba import enable_partial_hits_where_vllm_would
 from .requests import VllmRequestView, capture_request
@@ -40,8 +41,6 @@ from .zeroing import ZeroingRecorder
 
 __all__ = ["KVCacheManager"]
 
-_WAITING_STATES: tuple[Any, ...] = (_compat.RequestStatus.WAITING,
-                                    _compat.RequestStatus.PREEMPTED)
 _VLLM_REQUEST: Any = _compat.VllmRequest
 
 
@@ -59,7 +58,6 @@ class KVCacheManager(Lookups, StepDrains):
         if cls is KVCacheManager and getattr(kv_cache_config, "hisparse_host_num_blocks",
                                              None) is not None:
             # A HiSparse config: the device groups' manager composed with the host tier.
-            from .hisparse_manager import HiSparseKVCacheManager
             if kwargs.pop("retention", None) is not None:
                 raise InvalidConfigError("retention: not supported with a HiSparse host tier")
             return HiSparseKVCacheManager(kv_cache_config, *args, **kwargs)  # type: ignore[return-value]
@@ -286,7 +284,7 @@ class KVCacheManager(Lookups, StepDrains):
                 and reserved_blocks is zero and tier_blocks is zero and not full_sequence_must_fit
                 and type(num_new_tokens) is int and num_new_tokens >= 1
                 and not self._core_pool.enable_kv_cache_events
-                and not (has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES)
+                and not (has_scheduled_reqs and self.watermark_blocks and request.status in _compat.WAITING_STATES)
                 and not request.num_in_flight_tokens):  # vLLM's Request sets it (0.32, 0.33)
             decode_step = self._core_coordinator.decode_step
             if decode_step is not None and self._records_no_zeroing:
@@ -308,7 +306,7 @@ class KVCacheManager(Lookups, StepDrains):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
         watermark = tier_blocks  # plus vLLM's, for a waiting request while others are scheduled (D-VLLM-4)
-        if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING_STATES:
+        if has_scheduled_reqs and self.watermark_blocks and request.status in _compat.WAITING_STATES:
             watermark += self.watermark_blocks
         hit_ids: tuple[list[int], ...] | None = None
         if new_computed_blocks is not None and any(new_computed_blocks.blocks):
@@ -433,3 +431,7 @@ class KVCacheManager(Lookups, StepDrains):
 
     def __repr__(self) -> str:
         return f"pagedkv.vllm.KVCacheManager({self._core!r})"
+
+
+# The HiSparse manager wraps this one around the device groups (set here: no import back).
+HiSparseKVCacheManager.device_manager = KVCacheManager
