@@ -156,6 +156,7 @@ class Workload:
         return picks
 
 
+@dataclass
 class Check:
     phase: str
     block_size: int
